@@ -1,0 +1,1 @@
+//! stampfs-chunkserver (being built).

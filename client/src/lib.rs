@@ -1,0 +1,1 @@
+//! stampfs-client (being built).

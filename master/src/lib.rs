@@ -1,0 +1,1 @@
+//! stampfs-master (being built).

@@ -1,0 +1,354 @@
+//! The frame codec: how every stampfs message crosses a socket.
+//!
+//! ```text
+//! frame  := len:u32be | crc:u32be | body[len]
+//! body   := hlen:u32be | header[hlen] | data[len - 4 - hlen]
+//! crc    := crc32(body)                          (crc32fast, IEEE)
+//! header := bincode 2, `standard()` config (varint integers), at most MAX_HEADER_LEN
+//! data   := raw bytes (a packet's payload, a read's result), never inside bincode
+//! ```
+//!
+//! Limits are checked before anything is allocated: `len <= MAX_FRAME_LEN`,
+//! `hlen <= MAX_HEADER_LEN` and `hlen <= len - 4`. The body buffer grows as bytes
+//! actually arrive, so a peer that announces a large frame and sends nothing costs
+//! nothing. bincode decodes with a byte limit, so a length field inside a header can
+//! not make it allocate more than the header itself could hold. A frame whose CRC does
+//! not match is an error; the caller closes that connection.
+
+use crate::error::{Error, Result};
+use bincode::{Decode, Encode};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+
+/// Largest body a frame may announce.
+pub const MAX_FRAME_LEN: usize = 32 << 20;
+/// Largest bincode header inside a frame.
+pub const MAX_HEADER_LEN: usize = 16 << 20;
+/// Largest raw data section inside a frame.
+pub const MAX_DATA_LEN: usize = 16 << 20;
+/// Bytes before the body: length and CRC.
+pub const PREFIX_LEN: usize = 8;
+/// How much the body buffer grows by at most per read, so memory follows real bytes.
+const READ_STEP: usize = 1 << 20;
+
+/// The one bincode configuration used everywhere on the wire.
+pub fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_HEADER_LEN>()
+}
+
+/// Encodes a value with the wire configuration.
+pub fn encode_value<T: Encode>(value: &T) -> Result<Vec<u8>> {
+    bincode::encode_to_vec(value, bincode_config()).map_err(|e| Error::Encode {
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes a value that must occupy `bytes` exactly.
+pub fn decode_value<T: Decode<()>>(bytes: &[u8]) -> Result<T> {
+    let (value, used) = decode_prefix(bytes)?;
+    if used != bytes.len() {
+        return Err(Error::Malformed {
+            reason: format!("{} trailing bytes after message", bytes.len() - used),
+        });
+    }
+    Ok(value)
+}
+
+/// Decodes a value from the start of `bytes`, returning it and the bytes it used.
+pub fn decode_prefix<T: Decode<()>>(bytes: &[u8]) -> Result<(T, usize)> {
+    bincode::decode_from_slice(bytes, bincode_config()).map_err(|e| Error::Malformed {
+        reason: e.to_string(),
+    })
+}
+
+/// One frame: a bincode header and optional raw data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    /// The bincode-encoded message.
+    pub header: Bytes,
+    /// Raw bytes that follow the message (may be empty).
+    pub data: Bytes,
+}
+
+impl Frame {
+    /// A frame carrying `msg` and `data`. Fails if either is over its limit.
+    pub fn new<M: Encode>(msg: &M, data: Bytes) -> Result<Self> {
+        let header = Bytes::from(encode_value(msg)?);
+        let frame = Self { header, data };
+        frame.check_limits()?;
+        Ok(frame)
+    }
+
+    /// A frame carrying only `msg`.
+    pub fn message<M: Encode>(msg: &M) -> Result<Self> {
+        Self::new(msg, Bytes::new())
+    }
+
+    /// Decodes the header as `M`; trailing bytes in the header are an error.
+    pub fn decode<M: Decode<()>>(&self) -> Result<M> {
+        decode_value(&self.header)
+    }
+
+    /// Length of the body on the wire.
+    pub fn body_len(&self) -> usize {
+        4 + self.header.len() + self.data.len()
+    }
+
+    fn check_limits(&self) -> Result<()> {
+        if self.header.len() > MAX_HEADER_LEN {
+            return Err(Error::FrameTooLarge {
+                len: self.header.len() as u64,
+                max: MAX_HEADER_LEN as u64,
+            });
+        }
+        if self.data.len() > MAX_DATA_LEN {
+            return Err(Error::FrameTooLarge {
+                len: self.data.len() as u64,
+                max: MAX_DATA_LEN as u64,
+            });
+        }
+        if self.body_len() > MAX_FRAME_LEN {
+            return Err(Error::FrameTooLarge {
+                len: self.body_len() as u64,
+                max: MAX_FRAME_LEN as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// The frame's prefix and header-length field, ready to be followed by the header
+    /// and data. The CRC covers `hlen | header | data` without copying them together.
+    pub fn encode_prefix(&self) -> Result<[u8; PREFIX_LEN + 4]> {
+        self.check_limits()?;
+        let hlen = (self.header.len() as u32).to_be_bytes();
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&hlen);
+        crc.update(&self.header);
+        crc.update(&self.data);
+        let mut out = [0u8; PREFIX_LEN + 4];
+        out[0..4].copy_from_slice(&(self.body_len() as u32).to_be_bytes());
+        out[4..8].copy_from_slice(&crc.finalize().to_be_bytes());
+        out[8..12].copy_from_slice(&hlen);
+        Ok(out)
+    }
+
+    /// The whole frame as one buffer (tests and small messages).
+    pub fn to_bytes(&self) -> Result<Bytes> {
+        let prefix = self.encode_prefix()?;
+        let mut out = BytesMut::with_capacity(prefix.len() + self.header.len() + self.data.len());
+        out.put_slice(&prefix);
+        out.put_slice(&self.header);
+        out.put_slice(&self.data);
+        Ok(out.freeze())
+    }
+
+    /// Parses a complete body whose prefix has already been checked.
+    fn from_body(mut body: Bytes, expected_crc: u32) -> Result<Self> {
+        let actual = crc32fast::hash(&body);
+        if actual != expected_crc {
+            return Err(Error::FrameChecksum {
+                expected: expected_crc,
+                actual,
+            });
+        }
+        if body.len() < 4 {
+            return Err(Error::Malformed {
+                reason: "body shorter than its header length field".into(),
+            });
+        }
+        let hlen = body.get_u32() as usize;
+        if hlen > MAX_HEADER_LEN || hlen > body.len() {
+            return Err(Error::Malformed {
+                reason: format!("header length {hlen} exceeds the body or the limit"),
+            });
+        }
+        let header = body.split_to(hlen);
+        if body.len() > MAX_DATA_LEN {
+            return Err(Error::FrameTooLarge {
+                len: body.len() as u64,
+                max: MAX_DATA_LEN as u64,
+            });
+        }
+        Ok(Self { header, data: body })
+    }
+
+    /// Decodes one frame from a complete buffer; returns it and the bytes used, or
+    /// `None` when the buffer does not yet hold a whole frame.
+    pub fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>> {
+        if buf.len() < PREFIX_LEN {
+            return Ok(None);
+        }
+        let (len, crc) = parse_prefix(buf[..PREFIX_LEN].try_into().map_err(|_| {
+            Error::Malformed {
+                reason: "short prefix".into(),
+            }
+        })?)?;
+        let total = PREFIX_LEN + len;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        let body = Bytes::copy_from_slice(&buf[PREFIX_LEN..total]);
+        Ok(Some((Self::from_body(body, crc)?, total)))
+    }
+}
+
+fn parse_prefix(prefix: [u8; PREFIX_LEN]) -> Result<(usize, u32)> {
+    let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    let crc = u32::from_be_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
+    if len > MAX_FRAME_LEN {
+        return Err(Error::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME_LEN as u64,
+        });
+    }
+    if len < 4 {
+        return Err(Error::Malformed {
+            reason: format!("body of {len} bytes cannot hold its header length"),
+        });
+    }
+    Ok((len, crc))
+}
+
+/// Reads frames from any byte stream.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: BufReader<R>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner: BufReader::with_capacity(128 << 10, inner),
+        }
+    }
+
+    /// The next frame; `Ok(None)` on a clean end of stream between frames.
+    pub async fn read_frame(&mut self) -> Result<Option<Frame>> {
+        let mut prefix = [0u8; PREFIX_LEN];
+        let mut got = 0;
+        while got < PREFIX_LEN {
+            let n = self.inner.read(&mut prefix[got..]).await?;
+            if n == 0 {
+                return if got == 0 {
+                    Ok(None)
+                } else {
+                    Err(Error::Truncated)
+                };
+            }
+            got += n;
+        }
+        let (len, crc) = parse_prefix(prefix)?;
+        let mut body = BytesMut::new();
+        while body.len() < len {
+            let want = (len - body.len()).min(READ_STEP);
+            body.reserve(want);
+            let n = (&mut self.inner).take(want as u64).read_buf(&mut body).await?;
+            if n == 0 {
+                return Err(Error::Truncated);
+            }
+        }
+        Frame::from_body(body.freeze(), crc).map(Some)
+    }
+
+    /// The underlying reader.
+    pub fn into_inner(self) -> R {
+        self.inner.into_inner()
+    }
+}
+
+/// Writes frames to any byte stream.
+#[derive(Debug)]
+pub struct FrameWriter<W: AsyncWrite> {
+    inner: BufWriter<W>,
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    pub fn new(inner: W) -> Self {
+        Self {
+            inner: BufWriter::with_capacity(64 << 10, inner),
+        }
+    }
+
+    /// Queues a frame without flushing (for batching several frames).
+    pub async fn feed(&mut self, frame: &Frame) -> Result<()> {
+        let prefix = frame.encode_prefix()?;
+        self.inner.write_all(&prefix).await?;
+        self.inner.write_all(&frame.header).await?;
+        self.inner.write_all(&frame.data).await?;
+        Ok(())
+    }
+
+    /// Writes a frame and flushes it.
+    pub async fn write_frame(&mut self, frame: &Frame) -> Result<()> {
+        self.feed(frame).await?;
+        self.flush().await
+    }
+
+    /// Flushes queued frames.
+    pub async fn flush(&mut self) -> Result<()> {
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Flushes and shuts the write side down.
+    pub async fn shutdown(&mut self) -> Result<()> {
+        self.inner.shutdown().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_over_a_duplex_stream() {
+        let (a, b) = tokio::io::duplex(1024);
+        let mut w = FrameWriter::new(a);
+        let mut r = FrameReader::new(b);
+        let sent = Frame::new(&(1u32, String::from("hi")), Bytes::from(vec![9u8; 5000]))
+            .expect("frame");
+        let writer = tokio::spawn(async move {
+            w.write_frame(&sent).await.expect("write");
+            w.write_frame(&Frame::message(&7u64).expect("frame"))
+                .await
+                .expect("write");
+            w.shutdown().await.expect("shutdown");
+            sent
+        });
+        let got = r.read_frame().await.expect("read").expect("frame");
+        let sent = writer.await.expect("join");
+        assert_eq!(got, sent);
+        assert_eq!(got.decode::<(u32, String)>().expect("decode"), (1, "hi".into()));
+        let second = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(second.decode::<u64>().expect("decode"), 7);
+        assert!(r.read_frame().await.expect("clean eof").is_none());
+    }
+
+    #[test]
+    fn parse_needs_the_whole_frame() {
+        let bytes = Frame::message(&5u8).expect("frame").to_bytes().expect("bytes");
+        for cut in 0..bytes.len() {
+            assert!(Frame::parse(&bytes[..cut]).expect("prefix ok").is_none());
+        }
+        let (f, used) = Frame::parse(&bytes).expect("ok").expect("whole");
+        assert_eq!(used, bytes.len());
+        assert_eq!(f.decode::<u8>().expect("decode"), 5);
+    }
+
+    #[test]
+    fn oversized_data_is_refused_when_building() {
+        let big = Bytes::from(vec![0u8; MAX_DATA_LEN + 1]);
+        assert!(matches!(
+            Frame::new(&1u8, big),
+            Err(Error::FrameTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn trailing_header_bytes_are_rejected() {
+        let mut f = Frame::message(&(1u8, 2u8)).expect("frame");
+        f.header = Bytes::from(encode_value(&(1u8, 2u8, 3u8)).expect("encode"));
+        assert!(f.decode::<(u8, u8)>().is_err());
+    }
+}

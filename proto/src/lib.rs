@@ -1,0 +1,33 @@
+//! `stampfs-proto`: the vocabulary every stampfs process speaks.
+//!
+//! - [`ids`]: [`ChunkHandle`], [`ChunkVersion`] (the fencing token's payload, ordered),
+//!   [`ChunkserverId`], [`ClientId`], [`InodeId`].
+//! - [`token`]: [`ChunkToken`], signed with HMAC-SHA256 under the [`ClusterKey`] shared
+//!   by master and chunkservers, and [`Signed`] master commands.
+//! - [`msg`]: every request and reply ([`MasterRequest`], [`ChunkRequest`],
+//!   [`ChunkCommand`], pipeline [`Packet`]s and [`Ack`]s).
+//! - [`rpc`]: the [`Rpc`] trait naming each request's response, and [`RpcClient`].
+//! - [`codec`]: the length-limited, CRC-checked [`Frame`] and its readers and writers.
+//! - [`error`]: wire errors ([`RemoteError`], [`ErrorCode`]) and this crate's [`Error`].
+//! - [`path`]: namespace path validation.
+
+pub mod codec;
+pub mod error;
+pub mod ids;
+pub mod msg;
+pub mod path;
+pub mod rpc;
+pub mod token;
+pub mod units;
+
+pub use codec::{Frame, FrameReader, FrameWriter, MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN};
+pub use error::{Error, ErrorCode, RemoteError, Result};
+pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
+pub use msg::*;
+pub use rpc::{Rpc, RpcClient};
+pub use token::{ChunkToken, ClusterKey, Signed};
+
+/// Default packet payload size on the write pipeline.
+pub const DEFAULT_PACKET_SIZE: usize = 64 << 10;
+/// Checksum block size of replica data.
+pub const CHECKSUM_BLOCK: usize = 64 << 10;

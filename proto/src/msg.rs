@@ -1,0 +1,438 @@
+//! Every message stampfs processes exchange.
+//!
+//! Three conversations:
+//! - **client → master** and **chunkserver → master**: [`MasterRequest`], one variant
+//!   per request struct; each struct names its reply through [`crate::rpc::Rpc`].
+//! - **client / peer / master → chunkserver**: [`ChunkRequest`]. A [`WriteSetup`] turns
+//!   its connection into a pipeline stream of [`Packet`]s answered by [`Ack`]s.
+//! - **master → chunkserver commands**: [`ChunkCommand`], always inside a
+//!   [`Signed`](crate::token::Signed) envelope, sent directly when the master must wait
+//!   for the result (version bumps) or in a [`HeartbeatReply`] otherwise.
+//!
+//! Bulk bytes (packet payloads, read results) never appear here: they travel as the
+//! frame's raw data section.
+
+use crate::error::RemoteError;
+use crate::ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
+use crate::token::{ChunkToken, Signed};
+use bincode::{Decode, Encode};
+use serde::Serialize;
+
+// ---------------------------------------------------------------- shared shapes
+
+/// The state of one replica on a chunkserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaState {
+    /// Open for a writer; its length may still grow.
+    Writing,
+    /// Sealed at a final length.
+    Finalized,
+}
+
+/// Where a chunkserver listens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Encode, Decode, Serialize)]
+pub struct ChunkserverAddr {
+    pub id: ChunkserverId,
+    pub addr: String,
+}
+
+/// What a chunkserver says about one of its replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct ReplicaReport {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub length: u64,
+    pub state: ReplicaState,
+}
+
+/// Directory or file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    File,
+    Directory,
+}
+
+/// Whether a file has a writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileState {
+    /// A client holds the write lease.
+    Open,
+    /// No writer; the length is final until the next append.
+    Closed,
+    /// The master is recovering the lease of a writer that went away.
+    Recovering,
+}
+
+/// A namespace entry as clients see it.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct FileStatus {
+    pub path: String,
+    pub inode: InodeId,
+    pub kind: FileKind,
+    /// Committed length (for an open file: up to the last committed chunk).
+    pub length: u64,
+    pub replication: u8,
+    pub chunk_size: u64,
+    pub state: FileState,
+    pub mtime_ms: u64,
+}
+
+/// One replica of a chunk as the master knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct ReplicaLocation {
+    pub chunkserver: ChunkserverId,
+    pub addr: String,
+    pub version: ChunkVersion,
+    pub state: ReplicaState,
+}
+
+/// A chunk of a file with the replicas a reader may use.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct LocatedChunk {
+    pub handle: ChunkHandle,
+    /// The master's current version: only replicas at this version are listed.
+    pub version: ChunkVersion,
+    /// Offset of the chunk's first byte in the file.
+    pub file_offset: u64,
+    /// Committed length; the last chunk of an open file may hold more on its replicas.
+    pub length: u64,
+    /// False for the last chunk of a file that is being written.
+    pub complete: bool,
+    /// Read token for this chunk at `version`.
+    pub token: ChunkToken,
+    pub replicas: Vec<ReplicaLocation>,
+}
+
+/// What `GetLocations` returns.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct FileLocations {
+    pub status: FileStatus,
+    pub chunks: Vec<LocatedChunk>,
+}
+
+/// Permission to write one chunk through a pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct WriteGrant {
+    /// The fencing token: the chunk, its freshly minted version, this client.
+    pub token: ChunkToken,
+    /// Index of the chunk in the file.
+    pub chunk_index: u64,
+    /// File offset of the chunk's first byte.
+    pub file_offset: u64,
+    /// Where in the chunk writing starts (non-zero when appending to a partial chunk).
+    pub chunk_offset: u64,
+    pub chunk_size: u64,
+    /// The replicas in pipeline order; the client connects to the first.
+    pub pipeline: Vec<ChunkserverAddr>,
+}
+
+/// A chunk's final length, committed by the writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ChunkCommit {
+    pub handle: ChunkHandle,
+    pub length: u64,
+}
+
+// ---------------------------------------------------------------- client → master
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Mkdir {
+    pub path: String,
+    pub parents: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Create {
+    pub path: String,
+    pub client: ClientId,
+    pub replication: Option<u8>,
+    pub chunk_size: Option<u64>,
+    pub overwrite: bool,
+}
+
+/// Reopens a closed file for writing at its end.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Append {
+    pub path: String,
+    pub client: ClientId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct AppendReply {
+    pub status: FileStatus,
+    /// The last chunk re-leased under a new version when it is not full.
+    pub last_chunk: Option<WriteGrant>,
+}
+
+/// Asks for the next chunk of a file being written, committing the previous one.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct AddChunk {
+    pub path: String,
+    pub client: ClientId,
+    pub previous: Option<ChunkCommit>,
+}
+
+/// Pipeline recovery: a new version for `handle` over the surviving replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct UpdatePipeline {
+    pub path: String,
+    pub client: ClientId,
+    pub handle: ChunkHandle,
+    pub survivors: Vec<ChunkserverId>,
+    /// Bytes of the chunk acknowledged by every replica so far.
+    pub acked_length: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Close {
+    pub path: String,
+    pub client: ClientId,
+    pub last: Option<ChunkCommit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct RenewLease {
+    pub client: ClientId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct GetLocations {
+    pub path: String,
+    pub client: ClientId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct List {
+    pub path: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Stat {
+    pub path: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Rename {
+    pub src: String,
+    pub dst: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Delete {
+    pub path: String,
+    pub recursive: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct RecoverLease {
+    pub path: String,
+    pub client: ClientId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct RecoveryOutcome {
+    pub path: String,
+    /// True when the file is closed now; false when recovery is still running.
+    pub closed: bool,
+    pub old_version: Option<ChunkVersion>,
+    pub new_version: Option<ChunkVersion>,
+    pub length: u64,
+}
+
+/// A reader or chunkserver found a replica whose checksums do not match.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReportCorrupt {
+    pub handle: ChunkHandle,
+    pub chunkserver: ChunkserverId,
+}
+
+// ---------------------------------------------------------------- chunkserver → master
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Register {
+    /// The id persisted in the chunkserver's directory, if it has one.
+    pub id: Option<ChunkserverId>,
+    pub addr: String,
+    pub capacity: u64,
+    pub used: u64,
+    pub replicas: Vec<ReplicaReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct RegisterReply {
+    pub id: ChunkserverId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Heartbeat {
+    pub id: ChunkserverId,
+    pub capacity: u64,
+    pub used: u64,
+    pub replica_count: u64,
+    pub active_streams: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct HeartbeatReply {
+    /// Work for the chunkserver: deletions, replications.
+    pub commands: Vec<Signed<ChunkCommand>>,
+    /// The master does not know this chunkserver (it restarted): register again.
+    pub reregister: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ChunkReport {
+    pub id: ChunkserverId,
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// Every request the master serves.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum MasterRequest {
+    Mkdir(Mkdir),
+    Create(Create),
+    Append(Append),
+    AddChunk(AddChunk),
+    UpdatePipeline(UpdatePipeline),
+    Close(Close),
+    RenewLease(RenewLease),
+    GetLocations(GetLocations),
+    List(List),
+    Stat(Stat),
+    Rename(Rename),
+    Delete(Delete),
+    RecoverLease(RecoverLease),
+    ReportCorrupt(ReportCorrupt),
+    Register(Register),
+    Heartbeat(Heartbeat),
+    ChunkReport(ChunkReport),
+}
+
+// ---------------------------------------------------------------- → chunkserver
+
+/// Opens a pipeline stream: from here on the connection carries [`Packet`]s one way
+/// and [`Ack`]s the other.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct WriteSetup {
+    pub token: ChunkToken,
+    /// Chunk offset of the first packet.
+    pub offset: u64,
+    /// The rest of the pipeline, in order.
+    pub downstream: Vec<ChunkserverAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct WriteSetupReply {
+    /// Replicas that accepted the stream, this one first.
+    pub accepted: Vec<ChunkserverId>,
+    /// Replicas that refused or could not be reached, with the reason.
+    pub failed: Vec<(ChunkserverId, RemoteError)>,
+}
+
+/// One packet of a pipeline stream; its payload is the frame's data section.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Packet {
+    pub token: ChunkToken,
+    pub seq: u64,
+    /// Chunk offset of the payload's first byte.
+    pub offset: u64,
+    /// CRC32 of the payload, computed by the client.
+    pub crc: u32,
+    /// fdatasync before acknowledging (hsync).
+    pub sync: bool,
+}
+
+/// One replica's outcome for a packet.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReplicaAck {
+    pub chunkserver: ChunkserverId,
+    /// The replica's length after the packet, or why it failed.
+    pub result: Result<u64, RemoteError>,
+}
+
+/// Acknowledgement of a packet, with a status for every replica of the pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Ack {
+    pub seq: u64,
+    pub replicas: Vec<ReplicaAck>,
+}
+
+/// Reads a byte range of a replica; the bytes come back as the reply's data section.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Read {
+    pub token: ChunkToken,
+    pub offset: u64,
+    pub len: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReadReply {
+    /// The replica's length and state at the time of the read.
+    pub replica: ReplicaReport,
+}
+
+/// Asks a replica for its version, length and state (readers of open files use it to
+/// learn how much has been acknowledged).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReplicaInfo {
+    pub token: ChunkToken,
+}
+
+/// Pushes a finalized replica to another chunkserver (re-replication). The bytes follow
+/// as [`Packet`]s on the same connection, then a final [`Ack`] confirms.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReceiveReplica {
+    /// Signed by the master for the chunk's current version.
+    pub token: ChunkToken,
+    pub length: u64,
+}
+
+/// A command the master authenticates with the cluster key.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum ChunkCommand {
+    /// Raise the replica to `version` durably (header write + fsync), creating an empty
+    /// replica when `create` is set and none exists.
+    BumpVersion {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        create: bool,
+    },
+    /// Delete the replica if its version is at most `max_version`.
+    Delete {
+        handle: ChunkHandle,
+        max_version: ChunkVersion,
+    },
+    /// Copy the finalized replica at `version` to `target`.
+    Replicate {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        target: ChunkserverAddr,
+    },
+    /// Cut the replica at `version` to `length`.
+    Truncate {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    },
+    /// Seal the replica at `version` with `length`.
+    Finalize {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    },
+    /// Report version, length and state.
+    Info { handle: ChunkHandle },
+}
+
+/// Every request a chunkserver serves.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum ChunkRequest {
+    WriteSetup(WriteSetup),
+    Read(Read),
+    ReplicaInfo(ReplicaInfo),
+    ReceiveReplica(ReceiveReplica),
+    Command(Signed<ChunkCommand>),
+}

@@ -1,0 +1,159 @@
+//! Request/reply over frames.
+//!
+//! A request frame's header is `(id: u64, request enum)`; its reply's header is
+//! `(id: u64, Result<Response, RemoteError>)`. Each request struct implements [`Rpc`],
+//! which names its response type and the enum it travels in, so a caller can not
+//! decode a reply as the wrong type. [`RpcClient`] runs one request at a time on one
+//! connection; callers that want concurrency use several connections.
+
+use crate::codec::{decode_prefix, decode_value, Frame, FrameReader, FrameWriter};
+use crate::error::{Error, RemoteError, Result};
+use crate::msg::*;
+use crate::token::Signed;
+use bincode::{Decode, Encode};
+use bytes::Bytes;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// A request type and the reply it gets.
+pub trait Rpc: Sized {
+    /// The enum the request travels in.
+    type Request: Encode + Decode<()>;
+    /// What a successful call returns.
+    type Response: Encode + Decode<()>;
+    /// Wraps the request in its enum.
+    fn into_request(self) -> Self::Request;
+}
+
+macro_rules! rpc {
+    ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty;)*) => {$(
+        impl Rpc for $req {
+            type Request = $enum;
+            type Response = $resp;
+            fn into_request(self) -> $enum {
+                $enum::$variant(self)
+            }
+        }
+    )*};
+}
+
+rpc! {
+    MasterRequest::Mkdir(Mkdir) -> FileStatus;
+    MasterRequest::Create(Create) -> FileStatus;
+    MasterRequest::Append(Append) -> AppendReply;
+    MasterRequest::AddChunk(AddChunk) -> WriteGrant;
+    MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant;
+    MasterRequest::Close(Close) -> FileStatus;
+    MasterRequest::RenewLease(RenewLease) -> ();
+    MasterRequest::GetLocations(GetLocations) -> FileLocations;
+    MasterRequest::List(List) -> Vec<FileStatus>;
+    MasterRequest::Stat(Stat) -> FileStatus;
+    MasterRequest::Rename(Rename) -> ();
+    MasterRequest::Delete(Delete) -> ();
+    MasterRequest::RecoverLease(RecoverLease) -> RecoveryOutcome;
+    MasterRequest::ReportCorrupt(ReportCorrupt) -> ();
+    MasterRequest::Register(Register) -> RegisterReply;
+    MasterRequest::Heartbeat(Heartbeat) -> HeartbeatReply;
+    MasterRequest::ChunkReport(ChunkReport) -> ();
+    ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
+    ChunkRequest::Read(Read) -> ReadReply;
+    ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;
+    ChunkRequest::ReceiveReplica(ReceiveReplica) -> WriteSetupReply;
+    ChunkRequest::Command(Signed<ChunkCommand>) -> Option<ReplicaReport>;
+}
+
+/// Builds a request frame.
+pub fn request_frame<R: Rpc>(id: u64, req: R, data: Bytes) -> Result<Frame> {
+    Frame::new(&(id, req.into_request()), data)
+}
+
+/// Splits a request frame into its id and request.
+pub fn parse_request<Q: Decode<()>>(frame: &Frame) -> Result<(u64, Q)> {
+    decode_value(&frame.header)
+}
+
+/// Builds a reply frame.
+pub fn reply_frame<T: Encode>(
+    id: u64,
+    result: &std::result::Result<T, RemoteError>,
+    data: Bytes,
+) -> Result<Frame> {
+    Frame::new(&(id, result), data)
+}
+
+/// Decodes a reply frame for request `id`.
+pub fn parse_reply<T: Decode<()>>(id: u64, frame: &Frame) -> Result<T> {
+    let (got, used): (u64, usize) = decode_prefix(&frame.header)?;
+    if got != id {
+        return Err(Error::UnexpectedReply { expected: id, got });
+    }
+    let result: std::result::Result<T, RemoteError> = decode_value(&frame.header[used..])?;
+    Ok(result?)
+}
+
+/// One connection, one request at a time.
+#[derive(Debug)]
+pub struct RpcClient<R = OwnedReadHalf, W: AsyncWrite = OwnedWriteHalf> {
+    reader: FrameReader<R>,
+    writer: FrameWriter<W>,
+    next_id: u64,
+}
+
+impl RpcClient {
+    /// Connects over TCP (with `TCP_NODELAY`) within `timeout`.
+    pub async fn connect(addr: &str, timeout: Duration) -> Result<Self> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                Error::Remote(RemoteError::Unavailable {
+                    reason: format!("connecting to {addr} timed out"),
+                })
+            })?
+            .map_err(|e| {
+                Error::Remote(RemoteError::Unavailable {
+                    reason: format!("cannot connect to {addr}: {e}"),
+                })
+            })?;
+        stream.set_nodelay(true)?;
+        let (r, w) = stream.into_split();
+        Ok(Self::new(r, w))
+    }
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RpcClient<R, W> {
+    pub fn new(reader: R, writer: W) -> Self {
+        Self {
+            reader: FrameReader::new(reader),
+            writer: FrameWriter::new(writer),
+            next_id: 1,
+        }
+    }
+
+    /// Sends `req` with `data` and waits for its reply and the reply's data.
+    pub async fn call_with_data<Q: Rpc>(
+        &mut self,
+        req: Q,
+        data: Bytes,
+    ) -> Result<(Q::Response, Bytes)> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.writer
+            .write_frame(&request_frame(id, req, data)?)
+            .await?;
+        let frame = self.reader.read_frame().await?.ok_or(Error::Truncated)?;
+        let resp = parse_reply(id, &frame)?;
+        Ok((resp, frame.data))
+    }
+
+    /// Sends `req` and waits for its reply.
+    pub async fn call<Q: Rpc>(&mut self, req: Q) -> Result<Q::Response> {
+        Ok(self.call_with_data(req, Bytes::new()).await?.0)
+    }
+
+    /// Takes the connection apart (a pipeline stream continues on it).
+    pub fn into_parts(self) -> (FrameReader<R>, FrameWriter<W>) {
+        (self.reader, self.writer)
+    }
+}

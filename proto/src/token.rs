@@ -1,0 +1,314 @@
+//! Fencing tokens and the cluster key that authenticates them.
+//!
+//! A [`ChunkToken`] is `(chunk handle, chunk version, client, HMAC-SHA256)`. The master
+//! signs it with the [`ClusterKey`] it shares with the chunkservers; a client holds it
+//! but cannot forge one or raise its version, because it does not know the key.
+//! Chunkservers verify the MAC, then compare the version with the replica header's.
+//!
+//! Commands the master sends to chunkservers travel as [`Signed`] values, authenticated
+//! with the same key under a different domain string, so a token can never be replayed
+//! as a command or the other way round.
+
+use crate::error::{Error, Result};
+use crate::ids::{ChunkHandle, ChunkVersion, ClientId};
+use bincode::{Decode, Encode};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Length of the cluster key in bytes.
+pub const CLUSTER_KEY_LEN: usize = 32;
+
+const TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/v1";
+const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v1";
+
+/// The secret shared by the master and every chunkserver. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterKey([u8; CLUSTER_KEY_LEN]);
+
+impl fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterKey(<redacted>)")
+    }
+}
+
+impl ClusterKey {
+    /// A key from raw bytes.
+    pub fn from_bytes(bytes: [u8; CLUSTER_KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// A new random key.
+    pub fn generate() -> Self {
+        Self(rand::random())
+    }
+
+    /// Parses the key file format: 64 hex digits, surrounding whitespace ignored.
+    pub fn from_hex(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let mut out = [0u8; CLUSTER_KEY_LEN];
+        hex::decode_to_slice(text, &mut out).map_err(|_| Error::InvalidKey {
+            reason: format!("expected {} hex digits", CLUSTER_KEY_LEN * 2),
+        })?;
+        Ok(Self(out))
+    }
+
+    /// The key file format.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Reads a key file; the error says which file and why.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::KeyFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_hex(&text).map_err(|e| Error::KeyFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Reads the key file, or creates it (mode 0600, written atomically) with a fresh
+    /// random key when it does not exist. Returns the key and whether it was created.
+    pub fn load_or_create(path: &Path) -> Result<(Self, bool)> {
+        if path.exists() {
+            return Ok((Self::load(path)?, false));
+        }
+        let key = Self::generate();
+        let key_err = |e: std::io::Error| Error::KeyFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(dir).map_err(key_err)?;
+        }
+        let tmp = path.with_extension("key.tmp");
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(key_err)?;
+            writeln!(f, "{}", key.to_hex()).map_err(key_err)?;
+            f.sync_all().map_err(key_err)?;
+        }
+        std::fs::rename(&tmp, path).map_err(key_err)?;
+        if let Some(dir) = dir {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(key_err)?;
+        }
+        Ok((key, true))
+    }
+
+    fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+        // HMAC accepts keys of any length; 32 bytes can never be rejected.
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(domain);
+        for p in parts {
+            mac.update(&(p.len() as u64).to_be_bytes());
+            mac.update(p);
+        }
+        mac
+    }
+
+    fn sign_parts(&self, domain: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        self.mac(domain, parts).finalize().into_bytes().into()
+    }
+
+    fn verify_parts(&self, domain: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
+        self.mac(domain, parts).verify_slice(tag).is_ok()
+    }
+}
+
+/// The fencing token carried by every data-path request: it names a chunk, the chunk
+/// version the master granted, and the client it was granted to, and is signed by the
+/// master with the cluster key.
+#[derive(Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct ChunkToken {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub client: ClientId,
+    pub mac: [u8; 32],
+}
+
+impl fmt::Debug for ChunkToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChunkToken")
+            .field("handle", &self.handle)
+            .field("version", &self.version)
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChunkToken {
+    fn parts(
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        client: ClientId,
+    ) -> [[u8; 8]; 3] {
+        [
+            handle.0.to_be_bytes(),
+            version.0.to_be_bytes(),
+            client.0.to_be_bytes(),
+        ]
+    }
+
+    /// Signs a token. Only the master calls this.
+    pub fn sign(
+        key: &ClusterKey,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        client: ClientId,
+    ) -> Self {
+        let p = Self::parts(handle, version, client);
+        let mac = key.sign_parts(TOKEN_DOMAIN, &[&p[0], &p[1], &p[2]]);
+        Self {
+            handle,
+            version,
+            client,
+            mac,
+        }
+    }
+
+    /// Checks the MAC: any altered field, or a token signed with another key, fails
+    /// with [`Error::BadToken`].
+    pub fn verify(&self, key: &ClusterKey) -> Result<()> {
+        let p = Self::parts(self.handle, self.version, self.client);
+        if key.verify_parts(TOKEN_DOMAIN, &[&p[0], &p[1], &p[2]], &self.mac) {
+            Ok(())
+        } else {
+            Err(Error::BadToken {
+                handle: self.handle,
+            })
+        }
+    }
+}
+
+/// A master command authenticated with the cluster key. The MAC covers the command's
+/// canonical bincode encoding.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Signed<T> {
+    pub body: T,
+    pub mac: [u8; 32],
+}
+
+impl<T: Encode> Signed<T> {
+    /// Signs `body`. Only the master calls this.
+    pub fn new(key: &ClusterKey, body: T) -> Result<Self> {
+        let bytes = crate::codec::encode_value(&body)?;
+        let mac = key.sign_parts(COMMAND_DOMAIN, &[&bytes]);
+        Ok(Self { body, mac })
+    }
+
+    /// Returns the body when the MAC is valid, [`Error::BadCommandMac`] otherwise.
+    pub fn verify(self, key: &ClusterKey) -> Result<T> {
+        let bytes = crate::codec::encode_value(&self.body)?;
+        if key.verify_parts(COMMAND_DOMAIN, &[&bytes], &self.mac) {
+            Ok(self.body)
+        } else {
+            Err(Error::BadCommandMac)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ClusterKey {
+        ClusterKey::from_bytes([7u8; 32])
+    }
+
+    fn token() -> ChunkToken {
+        ChunkToken::sign(&key(), ChunkHandle(10), ChunkVersion(3), ClientId(99))
+    }
+
+    #[test]
+    fn signed_token_verifies() {
+        token().verify(&key()).expect("genuine token");
+    }
+
+    #[test]
+    fn altering_any_field_breaks_the_mac() {
+        let mut t = token();
+        t.version = ChunkVersion(4);
+        assert!(matches!(t.verify(&key()), Err(Error::BadToken { .. })));
+        let mut t = token();
+        t.handle = ChunkHandle(11);
+        assert!(t.verify(&key()).is_err());
+        let mut t = token();
+        t.client = ClientId(98);
+        assert!(t.verify(&key()).is_err());
+        let mut t = token();
+        t.mac[31] ^= 1;
+        assert!(t.verify(&key()).is_err());
+    }
+
+    #[test]
+    fn another_key_is_rejected() {
+        let other = ClusterKey::from_bytes([8u8; 32]);
+        assert!(token().verify(&other).is_err());
+    }
+
+    #[test]
+    fn signed_commands_verify_and_reject_tampering() {
+        let s = Signed::new(&key(), (ChunkHandle(1), ChunkVersion(2))).expect("sign");
+        assert_eq!(
+            s.clone().verify(&key()).expect("valid"),
+            (ChunkHandle(1), ChunkVersion(2))
+        );
+        let mut bad = s;
+        bad.body.1 = ChunkVersion(3);
+        assert!(matches!(bad.verify(&key()), Err(Error::BadCommandMac)));
+    }
+
+    #[test]
+    fn a_token_mac_is_not_a_command_mac() {
+        let t = token();
+        let forged = Signed {
+            body: (t.handle, t.version, t.client),
+            mac: t.mac,
+        };
+        assert!(forged.verify(&key()).is_err());
+    }
+
+    #[test]
+    fn key_file_is_created_with_mode_0600_and_reloads() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/cluster.key");
+        let (k1, created) = ClusterKey::load_or_create(&path).expect("create");
+        assert!(created);
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (k2, created) = ClusterKey::load_or_create(&path).expect("load");
+        assert!(!created);
+        assert_eq!(k1, k2);
+        assert_eq!(ClusterKey::load(&path).expect("load"), k1);
+    }
+
+    #[test]
+    fn bad_key_files_say_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("nope.key");
+        let err = ClusterKey::load(&missing).unwrap_err().to_string();
+        assert!(err.contains("nope.key"), "{err}");
+        let garbage = dir.path().join("garbage.key");
+        std::fs::write(&garbage, "not hex").expect("write");
+        let err = ClusterKey::load(&garbage).unwrap_err().to_string();
+        assert!(err.contains("hex"), "{err}");
+    }
+}
