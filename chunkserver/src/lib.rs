@@ -1,1 +1,36 @@
-//! stampfs-chunkserver (being built).
+//! `stampfs-chunkserver`: stores chunk replicas on local disk and enforces the fencing
+//! contract where the data lives (DESIGN.md invariants 2, 3 and 7).
+//!
+//! Start one with [`start`] and a [`ChunkserverConfig`]; stop it with
+//! [`ChunkserverHandle::shutdown`]. It serves clients and peers without a master, and
+//! registers / heartbeats in the background, retrying while the master is away.
+//!
+//! Rooms:
+//! - [`header`]: the replica file layout and its two-slot header (encode/decode/verify).
+//! - [`checksum`]: per-64 KiB-block CRC32 arithmetic (pure).
+//! - [`gate`]: the version comparison every data-path request passes (pure).
+//! - [`io`]: the [`io::IoEngine`] trait with io_uring ([`io::UringEngine`]) and
+//!   plain-threads ([`io::ThreadsEngine`]) implementations.
+//! - [`store`]: the [`store::Store`] of replicas, per-chunk locks, durability rules,
+//!   start-up scan and recovery, corrupt replicas moved aside.
+//! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
+//! - [`replication`]: copying a finalized replica to another chunkserver.
+//! - [`heartbeat`]: registration, heartbeats, chunk reports, master commands.
+//! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.
+//! - [`config`] and [`error`].
+
+pub mod checksum;
+pub mod config;
+pub mod error;
+pub mod gate;
+pub mod header;
+pub mod heartbeat;
+pub mod io;
+pub mod pipeline;
+pub mod replication;
+pub mod server;
+pub mod store;
+
+pub use config::{ChunkserverConfig, IoEngineKind};
+pub use error::{Error, Result};
+pub use server::{start, ChunkserverHandle, ADDR_FILE, ID_FILE};

@@ -1,1 +1,24 @@
-//! stampfs-client (being built).
+//! `stampfs-client`: the library applications use to talk to a stampfs cluster.
+//!
+//! - [`Client`]: connects to the master; namespace calls ([`Client::mkdir`],
+//!   [`Client::list`], [`Client::stat`], [`Client::rename`], [`Client::delete`],
+//!   [`Client::recover_lease`]) and the entry points for data.
+//! - [`FileWriter`]: from [`Client::create`] / [`Client::append`]; a tokio
+//!   `AsyncWrite` that streams packets through a chain of chunkservers with a window
+//!   of packets in flight, plus [`FileWriter::hflush`], [`FileWriter::hsync`] and
+//!   [`FileWriter::close`]. It renews its lease in the background and recovers the
+//!   pipeline when a replica fails. A writer whose token the storage rejects gets
+//!   [`Error::Fenced`] and never retries with the old token.
+//! - [`FileReader`]: from [`Client::open`]; `AsyncRead + AsyncSeek` and
+//!   [`FileReader::read_at`], reading only replicas at the current version.
+
+mod client;
+mod error;
+mod pipeline;
+mod reader;
+mod writer;
+
+pub use client::{Client, ClientConfig, CreateOptions};
+pub use error::{Error, Result};
+pub use reader::FileReader;
+pub use writer::FileWriter;

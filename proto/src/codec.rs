@@ -178,11 +178,10 @@ impl Frame {
         if buf.len() < PREFIX_LEN {
             return Ok(None);
         }
-        let (len, crc) = parse_prefix(buf[..PREFIX_LEN].try_into().map_err(|_| {
-            Error::Malformed {
+        let (len, crc) =
+            parse_prefix(buf[..PREFIX_LEN].try_into().map_err(|_| Error::Malformed {
                 reason: "short prefix".into(),
-            }
-        })?)?;
+            })?)?;
         let total = PREFIX_LEN + len;
         if buf.len() < total {
             return Ok(None);
@@ -242,7 +241,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         while body.len() < len {
             let want = (len - body.len()).min(READ_STEP);
             body.reserve(want);
-            let n = (&mut self.inner).take(want as u64).read_buf(&mut body).await?;
+            let n = (&mut self.inner)
+                .take(want as u64)
+                .read_buf(&mut body)
+                .await?;
             if n == 0 {
                 return Err(Error::Truncated);
             }
@@ -306,8 +308,8 @@ mod tests {
         let (a, b) = tokio::io::duplex(1024);
         let mut w = FrameWriter::new(a);
         let mut r = FrameReader::new(b);
-        let sent = Frame::new(&(1u32, String::from("hi")), Bytes::from(vec![9u8; 5000]))
-            .expect("frame");
+        let sent =
+            Frame::new(&(1u32, String::from("hi")), Bytes::from(vec![9u8; 5000])).expect("frame");
         let writer = tokio::spawn(async move {
             w.write_frame(&sent).await.expect("write");
             w.write_frame(&Frame::message(&7u64).expect("frame"))
@@ -319,7 +321,10 @@ mod tests {
         let got = r.read_frame().await.expect("read").expect("frame");
         let sent = writer.await.expect("join");
         assert_eq!(got, sent);
-        assert_eq!(got.decode::<(u32, String)>().expect("decode"), (1, "hi".into()));
+        assert_eq!(
+            got.decode::<(u32, String)>().expect("decode"),
+            (1, "hi".into())
+        );
         let second = r.read_frame().await.expect("read").expect("frame");
         assert_eq!(second.decode::<u64>().expect("decode"), 7);
         assert!(r.read_frame().await.expect("clean eof").is_none());
@@ -327,7 +332,10 @@ mod tests {
 
     #[test]
     fn parse_needs_the_whole_frame() {
-        let bytes = Frame::message(&5u8).expect("frame").to_bytes().expect("bytes");
+        let bytes = Frame::message(&5u8)
+            .expect("frame")
+            .to_bytes()
+            .expect("bytes");
         for cut in 0..bytes.len() {
             assert!(Frame::parse(&bytes[..cut]).expect("prefix ok").is_none());
         }

@@ -40,14 +40,18 @@ pub enum ErrorCode {
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, thiserror::Error)]
 pub enum RemoteError {
     /// The token's version is below the replica's: the writer has been fenced.
-    #[error("stale token for chunk {handle}: presented version {presented}, current version {current}")]
+    #[error(
+        "stale token for chunk {handle}: presented version {presented}, current version {current}"
+    )]
     StaleToken {
         handle: ChunkHandle,
         presented: ChunkVersion,
         current: ChunkVersion,
     },
     /// The token's version is above the replica's: this replica missed a bump.
-    #[error("replica of chunk {handle} is stale: token version {presented}, replica version {current}")]
+    #[error(
+        "replica of chunk {handle} is stale: token version {presented}, replica version {current}"
+    )]
     ReplicaStale {
         handle: ChunkHandle,
         presented: ChunkVersion,

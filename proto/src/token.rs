@@ -154,11 +154,7 @@ impl fmt::Debug for ChunkToken {
 }
 
 impl ChunkToken {
-    fn parts(
-        handle: ChunkHandle,
-        version: ChunkVersion,
-        client: ClientId,
-    ) -> [[u8; 8]; 3] {
+    fn parts(handle: ChunkHandle, version: ChunkVersion, client: ClientId) -> [[u8; 8]; 3] {
         [
             handle.0.to_be_bytes(),
             version.0.to_be_bytes(),

@@ -5,9 +5,7 @@
 /// ignored). Returns a message a person understands on failure.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
         return Err(format!("{text:?} is not a size (try 64MiB, 4KiB, 1GiB)"));
@@ -21,7 +19,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => return Err(format!("{text:?}: unknown unit {other:?} (use KiB, MiB, GiB)")),
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use KiB, MiB, GiB)"
+            ))
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("{text:?}: size too large"))

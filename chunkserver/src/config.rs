@@ -1,0 +1,194 @@
+//! Chunkserver configuration (`stampfs chunkserver ...` flags).
+
+use crate::error::{Error, Result};
+use stampfs_proto::units::parse_size;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which disk I/O engine runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoEngineKind {
+    /// io_uring when a probe succeeds, plain threads otherwise.
+    #[default]
+    Auto,
+    /// io_uring; start-up fails when it is unavailable.
+    Uring,
+    /// Blocking pread/pwrite/fdatasync on a thread pool.
+    Threads,
+}
+
+/// Everything a chunkserver needs to start.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ChunkserverConfig {
+    /// Data directory (replicas, chunkserver.id, addr file).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Listen address; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// The master's address.
+    #[arg(long, env = "STAMPFS_MASTER", default_value = "127.0.0.1:7070")]
+    pub master: String,
+    /// Cluster key file shared with the master (required: the chunkserver refuses to
+    /// start when it is unreadable).
+    #[arg(long)]
+    pub cluster_key_file: PathBuf,
+    /// Disk I/O engine: auto probes io_uring and falls back to threads.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io_engine: IoEngineKind,
+    /// Interval between heartbeats to the master.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub heartbeat: Duration,
+    /// Interval between full chunk reports to the master.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub report_every: Duration,
+    /// Address announced to the master (and through it to clients and peers); defaults
+    /// to the bound listen address.
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Capacity to report instead of the file system's size (e.g. 10GiB); used space is
+    /// then the sum of replica lengths.
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Most client/peer connections served at once; further ones wait in the backlog.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Bytes of packets a write stream may hold in flight (received but not yet
+    /// acknowledged upstream) before it stops reading: backpressure.
+    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    pub stream_buffer: u64,
+    /// Timeout for connecting to a peer or the master.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub connect_timeout: Duration,
+    /// How long a pipeline waits for a downstream ack before declaring it lost.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub ack_timeout: Duration,
+    /// Replications to other chunkservers running at once.
+    #[arg(long, default_value_t = 4)]
+    pub max_replications: usize,
+}
+
+impl ChunkserverConfig {
+    /// A configuration with every default.
+    pub fn new(dir: PathBuf, master: String, cluster_key_file: PathBuf) -> Self {
+        Self {
+            dir,
+            listen: "127.0.0.1:0".into(),
+            master,
+            cluster_key_file,
+            io_engine: IoEngineKind::Auto,
+            heartbeat: Duration::from_secs(1),
+            report_every: Duration::from_secs(60),
+            advertise: None,
+            capacity: None,
+            max_connections: 1024,
+            stream_buffer: 16 << 20,
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(30),
+            max_replications: 4,
+        }
+    }
+
+    /// Checks every value; the error names the flag.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, reason: &str| {
+            Err(Error::Config {
+                field,
+                reason: reason.into(),
+            })
+        };
+        if self.dir.as_os_str().is_empty() {
+            return bad("dir", "must not be empty");
+        }
+        if self.listen.trim().is_empty() {
+            return bad("listen", "must not be empty");
+        }
+        if self.master.trim().is_empty() {
+            return bad("master", "must not be empty");
+        }
+        if self.heartbeat.is_zero() {
+            return bad("heartbeat", "must be greater than zero");
+        }
+        if self.report_every.is_zero() {
+            return bad("report-every", "must be greater than zero");
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("connect-timeout", "must be greater than zero");
+        }
+        if self.ack_timeout.is_zero() {
+            return bad("ack-timeout", "must be greater than zero");
+        }
+        if self.max_connections == 0 {
+            return bad("max-connections", "must be at least 1");
+        }
+        if self.max_replications == 0 {
+            return bad("max-replications", "must be at least 1");
+        }
+        if !(64 << 10..=1 << 30).contains(&self.stream_buffer) {
+            return bad("stream-buffer", "must be between 64KiB and 1GiB");
+        }
+        if let Some(a) = &self.advertise {
+            if a.trim().is_empty() {
+                return bad("advertise", "must not be empty");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cs: ChunkserverConfig,
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = ChunkserverConfig::new("/tmp/x".into(), "127.0.0.1:7070".into(), "k".into());
+        c.validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn flags_parse_with_humantime_and_sizes() {
+        let cli = Cli::try_parse_from([
+            "cs",
+            "--dir",
+            "/d",
+            "--cluster-key-file",
+            "/k",
+            "--master",
+            "m:1",
+            "--io-engine",
+            "threads",
+            "--heartbeat",
+            "250ms",
+            "--stream-buffer",
+            "4MiB",
+            "--capacity",
+            "1GiB",
+        ])
+        .expect("parses");
+        assert_eq!(cli.cs.io_engine, IoEngineKind::Threads);
+        assert_eq!(cli.cs.heartbeat, Duration::from_millis(250));
+        assert_eq!(cli.cs.stream_buffer, 4 << 20);
+        assert_eq!(cli.cs.capacity, Some(1 << 30));
+        assert_eq!(cli.cs.report_every, Duration::from_secs(60));
+        cli.cs.validate().expect("valid");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let mut c = ChunkserverConfig::new("/d".into(), "m:1".into(), "k".into());
+        c.heartbeat = Duration::ZERO;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("--heartbeat"), "{err}");
+        let mut c = ChunkserverConfig::new("/d".into(), "m:1".into(), "k".into());
+        c.stream_buffer = 10;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,163 @@
+//! The chunkserver's error type.
+//!
+//! Every variant maps to a stable [`ErrorCode`] through [`Error::code`] and to the typed
+//! [`RemoteError`] a peer receives through [`Error::to_remote`]. Gate failures carry the
+//! versions involved, so a fenced writer learns the version it presented and the
+//! current one.
+
+use stampfs_proto::{ChunkHandle, ChunkVersion, ErrorCode, RemoteError};
+
+/// Errors of the chunkserver.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The token's version is below the replica's: the writer has been fenced.
+    #[error(
+        "stale token for chunk {handle}: presented version {presented}, current version {current}"
+    )]
+    StaleToken {
+        handle: ChunkHandle,
+        presented: ChunkVersion,
+        current: ChunkVersion,
+    },
+    /// The token's version is above the replica's: this replica missed a bump.
+    #[error(
+        "replica of chunk {handle} is stale: token version {presented}, replica version {current}"
+    )]
+    ReplicaStale {
+        handle: ChunkHandle,
+        presented: ChunkVersion,
+        current: ChunkVersion,
+    },
+    /// A token whose MAC does not verify under the cluster key.
+    #[error("token for chunk {handle} failed authentication")]
+    BadToken { handle: ChunkHandle },
+    /// A master command whose MAC does not verify under the cluster key.
+    #[error("master command failed authentication")]
+    BadCommand,
+    /// Data on disk (or a packet on the wire) does not match its CRC32.
+    #[error("checksum mismatch in chunk {handle} at offset {offset}")]
+    ChecksumMismatch { handle: ChunkHandle, offset: u64 },
+    /// This chunkserver holds no replica of the chunk.
+    #[error("no replica of chunk {handle} on this chunkserver")]
+    NotFound { handle: ChunkHandle },
+    /// A request that is well-formed but not acceptable (not contiguous, too long, ...).
+    #[error("bad request: {reason}")]
+    BadRequest { reason: String },
+    /// A replica header slot that does not decode.
+    #[error("corrupt replica header: {reason}")]
+    CorruptHeader { reason: String },
+    /// A disk operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A peer or the master could not be reached or went away.
+    #[error("unavailable: {reason}")]
+    Unavailable { reason: String },
+    /// A configuration value is unusable.
+    #[error("invalid configuration --{field}: {reason}")]
+    Config { field: &'static str, reason: String },
+    /// The cluster key file could not be loaded (the chunkserver refuses to start).
+    #[error("cannot load the cluster key: {0}")]
+    ClusterKey(#[source] stampfs_proto::Error),
+    /// Framing, decoding or a typed error from a peer.
+    #[error(transparent)]
+    Proto(#[from] stampfs_proto::Error),
+}
+
+impl Error {
+    /// An I/O error with the operation and the path it concerned.
+    pub fn io(op: &'static str, path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+
+    /// A [`Error::BadRequest`] with `reason`.
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        Error::BadRequest {
+            reason: reason.into(),
+        }
+    }
+
+    /// The wire code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::StaleToken { .. } => ErrorCode::StaleToken,
+            Error::ReplicaStale { .. } => ErrorCode::ReplicaStale,
+            Error::BadToken { .. } => ErrorCode::BadToken,
+            Error::BadCommand => ErrorCode::BadToken,
+            Error::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
+            Error::NotFound { .. } => ErrorCode::NotFound,
+            Error::BadRequest { .. } => ErrorCode::BadRequest,
+            Error::CorruptHeader { .. } => ErrorCode::Io,
+            Error::Io { .. } => ErrorCode::Io,
+            Error::Unavailable { .. } => ErrorCode::Unavailable,
+            Error::Config { .. } => ErrorCode::BadRequest,
+            Error::ClusterKey(_) => ErrorCode::BadRequest,
+            Error::Proto(e) => e.code(),
+        }
+    }
+
+    /// This error as it is sent to a peer.
+    pub fn to_remote(&self) -> RemoteError {
+        match self {
+            Error::StaleToken {
+                handle,
+                presented,
+                current,
+            } => RemoteError::StaleToken {
+                handle: *handle,
+                presented: *presented,
+                current: *current,
+            },
+            Error::ReplicaStale {
+                handle,
+                presented,
+                current,
+            } => RemoteError::ReplicaStale {
+                handle: *handle,
+                presented: *presented,
+                current: *current,
+            },
+            Error::BadToken { handle } => RemoteError::BadToken { handle: *handle },
+            Error::BadCommand => RemoteError::BadRequest {
+                reason: self.to_string(),
+            },
+            Error::ChecksumMismatch { handle, offset } => RemoteError::ChecksumMismatch {
+                handle: *handle,
+                offset: *offset,
+            },
+            Error::NotFound { handle } => RemoteError::NotFound {
+                what: format!("replica of chunk {handle}"),
+            },
+            Error::BadRequest { reason } => RemoteError::BadRequest {
+                reason: reason.clone(),
+            },
+            Error::CorruptHeader { .. } | Error::Io { .. } => RemoteError::Io {
+                reason: self.to_string(),
+            },
+            Error::Unavailable { reason } => RemoteError::Unavailable {
+                reason: reason.clone(),
+            },
+            Error::Config { .. } | Error::ClusterKey(_) => RemoteError::BadRequest {
+                reason: self.to_string(),
+            },
+            Error::Proto(e) => e.to_remote(),
+        }
+    }
+}
+
+impl From<RemoteError> for Error {
+    fn from(e: RemoteError) -> Self {
+        Error::Proto(stampfs_proto::Error::Remote(e))
+    }
+}
+
+/// Result with the chunkserver's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

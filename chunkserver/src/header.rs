@@ -1,0 +1,279 @@
+//! The replica file layout and its header.
+//!
+//! ```text
+//! offset 0        header slot 0          4 KiB
+//! offset 4 KiB    header slot 1          4 KiB
+//! offset 8 KiB    checksum table         64 KiB: CRC32 (little endian) per 64 KiB data block,
+//!                                        16384 entries, enough for a 1 GiB chunk
+//! offset 72 KiB   data                   (4 KiB aligned), up to MAX_CHUNK_SIZE bytes
+//! ```
+//!
+//! A header slot holds (little endian):
+//!
+//! ```text
+//! 0..8    magic "STAMPCHK"
+//! 8..12   format version (1)
+//! 12..16  checksum block size (65536)
+//! 16..24  chunk handle
+//! 24..32  chunk version
+//! 32..40  length: bytes of data known durable (exact for finalized replicas)
+//! 40..48  sequence number
+//! 48      state: 1 = Writing, 2 = Finalized
+//! 49..56  zero
+//! 56..60  CRC32 of bytes 0..56
+//! ```
+//!
+//! Header writes alternate between the two slots by sequence number (`seq % 2`), and each
+//! is followed by an fsync, so a write torn by a crash leaves the other slot, holding the
+//! previous durable header, intact. [`Header::newest`] picks the valid slot with the
+//! highest sequence number.
+
+use crate::error::{Error, Result};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState, CHECKSUM_BLOCK};
+
+/// Size of one header slot.
+pub const SLOT_SIZE: u64 = 4096;
+/// Where the checksum table starts.
+pub const TABLE_OFFSET: u64 = 2 * SLOT_SIZE;
+/// Largest chunk a replica file can hold.
+pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
+/// Checksum block size as a `u64`.
+pub const BLOCK: u64 = CHECKSUM_BLOCK as u64;
+/// Bytes of the checksum table.
+pub const TABLE_LEN: u64 = (MAX_CHUNK_SIZE / BLOCK) * 4;
+/// Where data starts (4 KiB aligned).
+pub const DATA_OFFSET: u64 = TABLE_OFFSET + TABLE_LEN;
+/// Format version written into every header.
+pub const FORMAT_VERSION: u32 = 1;
+
+const MAGIC: &[u8; 8] = b"STAMPCHK";
+const CRC_AT: usize = 56;
+const STATE_WRITING: u8 = 1;
+const STATE_FINALIZED: u8 = 2;
+
+const _: () = assert!(DATA_OFFSET % 4096 == 0);
+
+/// Offset in the file of checksum table entry `block`.
+pub fn table_entry_offset(block: u64) -> u64 {
+    TABLE_OFFSET + 4 * block
+}
+
+/// One replica header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub state: ReplicaState,
+    /// Data bytes made durable when this header was written.
+    pub length: u64,
+    /// Increases with every header write; picks the slot.
+    pub seq: u64,
+}
+
+impl Header {
+    /// The first header of a new replica.
+    pub fn new(
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        state: ReplicaState,
+        length: u64,
+    ) -> Self {
+        Self {
+            handle,
+            version,
+            state,
+            length,
+            seq: 1,
+        }
+    }
+
+    /// The header that replaces this one (next sequence number, so the other slot).
+    #[must_use]
+    pub fn next(&self, version: ChunkVersion, state: ReplicaState, length: u64) -> Self {
+        Self {
+            handle: self.handle,
+            version,
+            state,
+            length,
+            seq: self.seq.wrapping_add(1),
+        }
+    }
+
+    /// File offset of the slot this header is written to.
+    pub fn slot_offset(&self) -> u64 {
+        (self.seq % 2) * SLOT_SIZE
+    }
+
+    /// The slot's bytes (a whole 4 KiB slot, zero padded).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; SLOT_SIZE as usize];
+        out[0..8].copy_from_slice(MAGIC);
+        out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&(CHECKSUM_BLOCK as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&self.handle.0.to_le_bytes());
+        out[24..32].copy_from_slice(&self.version.0.to_le_bytes());
+        out[32..40].copy_from_slice(&self.length.to_le_bytes());
+        out[40..48].copy_from_slice(&self.seq.to_le_bytes());
+        out[48] = match self.state {
+            ReplicaState::Writing => STATE_WRITING,
+            ReplicaState::Finalized => STATE_FINALIZED,
+        };
+        let crc = crc32fast::hash(&out[..CRC_AT]);
+        out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Checks a slot's magic and CRC without interpreting its fields.
+    pub fn verify(slot: &[u8]) -> Result<()> {
+        if slot.len() < CRC_AT + 4 {
+            return Err(corrupt(format!(
+                "slot of {} bytes is too short",
+                slot.len()
+            )));
+        }
+        if &slot[0..8] != MAGIC {
+            return Err(corrupt("bad magic".into()));
+        }
+        let stored = u32::from_le_bytes([
+            slot[CRC_AT],
+            slot[CRC_AT + 1],
+            slot[CRC_AT + 2],
+            slot[CRC_AT + 3],
+        ]);
+        let computed = crc32fast::hash(&slot[..CRC_AT]);
+        if stored != computed {
+            return Err(corrupt(format!(
+                "header CRC {stored:#010x} does not match {computed:#010x}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Decodes and validates a slot.
+    pub fn decode(slot: &[u8]) -> Result<Self> {
+        Self::verify(slot)?;
+        let u32_at = |at: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&slot[at..at + 4]);
+            u32::from_le_bytes(b)
+        };
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&slot[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let format = u32_at(8);
+        if format != FORMAT_VERSION {
+            return Err(corrupt(format!("unsupported format version {format}")));
+        }
+        let block = u32_at(12);
+        if block as usize != CHECKSUM_BLOCK {
+            return Err(corrupt(format!("unsupported checksum block size {block}")));
+        }
+        let state = match slot[48] {
+            STATE_WRITING => ReplicaState::Writing,
+            STATE_FINALIZED => ReplicaState::Finalized,
+            other => return Err(corrupt(format!("unknown replica state {other}"))),
+        };
+        let length = u64_at(32);
+        if length > MAX_CHUNK_SIZE {
+            return Err(corrupt(format!("length {length} exceeds the chunk limit")));
+        }
+        Ok(Self {
+            handle: ChunkHandle(u64_at(16)),
+            version: ChunkVersion(u64_at(24)),
+            state,
+            length,
+            seq: u64_at(40),
+        })
+    }
+
+    /// The newest valid header of the two slots, or why neither is valid.
+    pub fn newest(slot0: &[u8], slot1: &[u8]) -> Result<Self> {
+        match (Self::decode(slot0), Self::decode(slot1)) {
+            (Ok(a), Ok(b)) => Ok(if b.seq > a.seq { b } else { a }),
+            (Ok(a), Err(_)) => Ok(a),
+            (Err(_), Ok(b)) => Ok(b),
+            (Err(a), Err(b)) => Err(corrupt(format!("slot 0: {a}; slot 1: {b}"))),
+        }
+    }
+}
+
+fn corrupt(reason: String) -> Error {
+    Error::CorruptHeader { reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header::new(
+            ChunkHandle(0xabc),
+            ChunkVersion(7),
+            ReplicaState::Writing,
+            123_456,
+        )
+    }
+
+    #[test]
+    fn layout_constants() {
+        assert_eq!(TABLE_LEN, 64 << 10);
+        assert_eq!(DATA_OFFSET, 72 << 10);
+        assert_eq!(table_entry_offset(1), TABLE_OFFSET + 4);
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = header();
+        let bytes = h.encode();
+        assert_eq!(bytes.len(), SLOT_SIZE as usize);
+        assert_eq!(Header::decode(&bytes).expect("decodes"), h);
+        let f = h.next(ChunkVersion(8), ReplicaState::Finalized, 99);
+        assert_eq!(Header::decode(&f.encode()).expect("decodes"), f);
+        assert_ne!(f.slot_offset(), h.slot_offset());
+    }
+
+    #[test]
+    fn any_flipped_byte_is_detected() {
+        let bytes = header().encode();
+        for i in 0..CRC_AT + 4 {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(Header::decode(&b).is_err(), "flip at {i} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn torn_newest_slot_falls_back_to_the_previous_header() {
+        let old = header();
+        let new = old.next(ChunkVersion(8), ReplicaState::Writing, 0);
+        let mut slots = [vec![0u8; 4096], vec![0u8; 4096]];
+        slots[(old.slot_offset() / SLOT_SIZE) as usize] = old.encode();
+        slots[(new.slot_offset() / SLOT_SIZE) as usize] = new.encode();
+        assert_eq!(Header::newest(&slots[0], &slots[1]).expect("valid"), new);
+        // Tear the newest slot: only its first 512 bytes reached the disk.
+        let i = (new.slot_offset() / SLOT_SIZE) as usize;
+        let mut torn = vec![0u8; 4096];
+        torn[..20].copy_from_slice(&new.encode()[..20]);
+        slots[i] = torn;
+        let got = Header::newest(&slots[0], &slots[1]).expect("previous slot");
+        assert_eq!(got, old);
+        assert_eq!(got.version, ChunkVersion(7));
+    }
+
+    #[test]
+    fn two_bad_slots_are_an_error() {
+        let err = Header::newest(&[0u8; 4096], &[7u8; 4096]).unwrap_err();
+        assert!(matches!(err, Error::CorruptHeader { .. }), "{err}");
+    }
+
+    #[test]
+    fn garbage_fields_are_rejected_even_with_a_valid_crc() {
+        let mut b = header().encode();
+        b[48] = 9;
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        assert!(Header::decode(&b).is_err());
+    }
+}

@@ -1,0 +1,280 @@
+//! The conversation with the master: registration, heartbeats, chunk reports,
+//! corruption reports, and carrying out the commands heartbeat replies bring.
+//!
+//! One background task owns one [`RpcClient`] connection to the master. Every
+//! `--heartbeat` (or at once when the store signals a change) it:
+//! 1. connects if needed, and registers (with a full chunk report) if not yet
+//!    registered — the assigned id is persisted atomically in `DIR/chunkserver.id`;
+//! 2. reports replicas found corrupt since the last beat (`ReportCorrupt`);
+//! 3. sends a `Heartbeat` (capacity, used, replica count, open streams) and runs every
+//!    command of the reply (each verified with the cluster key; `Replicate` runs in the
+//!    background); `reregister` makes it register again with a full report;
+//! 4. sends a full `ChunkReport` every `--report-every`, or after a change.
+//!
+//! Any failure drops the connection and retries with exponential backoff (100 ms up to
+//! 5 s, jittered), logging each failure; the data path never depends on the master.
+
+use crate::error::{Error, Result};
+use crate::server::{run_command, Shared};
+use rand::Rng;
+use stampfs_proto::{
+    ChunkReport, Heartbeat, Register, ReplicaReport, ReportCorrupt, Rpc, RpcClient,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Exponential backoff with jitter.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+    failures: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            next: BACKOFF_MIN,
+            failures: 0,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before the next attempt (grows each time).
+    pub fn fail(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        self.failures += 1;
+        base.mul_f64(rand::thread_rng().gen_range(0.5..1.0))
+    }
+
+    /// Consecutive failures so far.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// After a success.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Space to report: `--capacity` (used = bytes of replica data) or the file system's.
+pub fn space(
+    dir: &std::path::Path,
+    capacity: Option<u64>,
+    replicas: &[ReplicaReport],
+) -> (u64, u64) {
+    match capacity {
+        Some(cap) => (cap, replicas.iter().map(|r| r.length).sum()),
+        None => match rustix::fs::statvfs(dir) {
+            Ok(s) => {
+                let total = s.f_blocks.saturating_mul(s.f_frsize);
+                let avail = s.f_bavail.saturating_mul(s.f_frsize);
+                (total, total.saturating_sub(avail))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "statvfs failed; reporting no capacity");
+                (0, 0)
+            }
+        },
+    }
+}
+
+struct Session {
+    client: Option<RpcClient>,
+    registered: bool,
+    last_report: Instant,
+}
+
+/// Runs until shutdown.
+pub(crate) async fn run(shared: Arc<Shared>) {
+    let mut session = Session {
+        client: None,
+        registered: false,
+        last_report: Instant::now(),
+    };
+    let mut backoff = Backoff::default();
+    let mut ticker = tokio::time::interval(shared.config.heartbeat);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let changed = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = shared.store.changed().notified() => true,
+            _ = shared.cancel.cancelled() => return,
+        };
+        let outcome = tokio::select! {
+            r = beat(&shared, &mut session, changed) => r,
+            _ = shared.cancel.cancelled() => return,
+        };
+        match outcome {
+            Ok(()) => {
+                if backoff.failures() > 0 {
+                    tracing::info!(master = %shared.config.master, "master reachable again");
+                }
+                backoff.reset();
+            }
+            Err(e) => {
+                session.client = None;
+                let delay = backoff.fail();
+                tracing::warn!(
+                    master = %shared.config.master,
+                    error = %e,
+                    failures = backoff.failures(),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "master unreachable"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.cancel.cancelled() => return,
+                }
+                ticker.reset_immediately();
+            }
+        }
+    }
+}
+
+async fn call<Q: Rpc>(shared: &Shared, client: &mut RpcClient, req: Q) -> Result<Q::Response> {
+    let limit = (shared.config.connect_timeout * 2).max(Duration::from_secs(10));
+    tokio::time::timeout(limit, client.call(req))
+        .await
+        .map_err(|_| Error::Unavailable {
+            reason: "the master did not answer in time".into(),
+        })?
+        .map_err(Error::from)
+}
+
+async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
+    let replicas = shared.store.reports().await;
+    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, &replicas);
+    let count = replicas.len();
+    let reply = call(
+        shared,
+        client,
+        Register {
+            id: shared.id(),
+            addr: shared.advertised.clone(),
+            capacity,
+            used,
+            replicas,
+        },
+    )
+    .await?;
+    if let Some(old) = shared.id() {
+        if old != reply.id {
+            tracing::warn!(old = %old, new = %reply.id, "the master assigned a different id");
+        }
+    }
+    shared.set_id(reply.id)?;
+    tracing::info!(id = %reply.id, replicas = count, addr = %shared.advertised, "registered with the master");
+    Ok(())
+}
+
+async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Result<()> {
+    let client = match &mut session.client {
+        Some(c) => c,
+        None => session.client.insert(
+            RpcClient::connect(&shared.config.master, shared.config.connect_timeout).await?,
+        ),
+    };
+    if !session.registered {
+        register(shared, client).await?;
+        session.registered = true;
+        session.last_report = Instant::now();
+    }
+    let Some(id) = shared.id() else {
+        session.registered = false;
+        return Err(Error::Unavailable {
+            reason: "registered without an id".into(),
+        });
+    };
+    let corrupt = shared.store.take_corrupt();
+    for (i, handle) in corrupt.iter().enumerate() {
+        let sent = call(
+            shared,
+            client,
+            ReportCorrupt {
+                handle: *handle,
+                chunkserver: id,
+            },
+        )
+        .await;
+        match sent {
+            Ok(()) => tracing::info!(chunk = %handle, "corrupt replica reported to the master"),
+            Err(e) => {
+                shared.store.requeue_corrupt(corrupt[i..].to_vec());
+                return Err(e);
+            }
+        }
+    }
+    let replicas = shared.store.reports().await;
+    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, &replicas);
+    let reply = call(
+        shared,
+        client,
+        Heartbeat {
+            id,
+            capacity,
+            used,
+            replica_count: replicas.len() as u64,
+            active_streams: shared.active_streams.load(Ordering::Relaxed),
+        },
+    )
+    .await?;
+    if reply.reregister {
+        tracing::info!("the master asks this chunkserver to register again");
+        register(shared, client).await?;
+        session.last_report = Instant::now();
+    }
+    for command in reply.commands {
+        // Failures are logged by run_command and show in the next report.
+        let _ = run_command(shared, command).await;
+    }
+    if changed || session.last_report.elapsed() >= shared.config.report_every {
+        let replicas = shared.store.reports().await;
+        let count = replicas.len();
+        call(shared, client, ChunkReport { id, replicas }).await?;
+        session.last_report = Instant::now();
+        tracing::debug!(replicas = count, "chunk report sent");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_a_cap_and_resets() {
+        let mut b = Backoff::default();
+        let mut last = Duration::ZERO;
+        for _ in 0..20 {
+            last = b.fail();
+            assert!(last <= BACKOFF_MAX);
+        }
+        assert!(last >= BACKOFF_MAX / 2);
+        assert_eq!(b.failures(), 20);
+        b.reset();
+        assert!(b.fail() <= BACKOFF_MIN);
+    }
+
+    #[test]
+    fn capacity_override_reports_replica_bytes() {
+        let r = ReplicaReport {
+            handle: stampfs_proto::ChunkHandle(1),
+            version: stampfs_proto::ChunkVersion(1),
+            length: 100,
+            state: stampfs_proto::ReplicaState::Writing,
+        };
+        assert_eq!(
+            space(std::path::Path::new("/"), Some(1000), &[r, r]),
+            (1000, 200)
+        );
+        let (total, used) = space(std::path::Path::new("/"), None, &[]);
+        assert!(total >= used);
+    }
+}

@@ -1,0 +1,725 @@
+//! The write pipeline: one stream per `WriteSetup` connection.
+//!
+//! **Set-up.** The token is authenticated and gated under the per-chunk lock; bytes
+//! beyond the setup offset (an unacknowledged tail of the writer holding this version:
+//! pipeline recovery) are cut, a gap before it is refused. Then the next chunkserver is
+//! connected and sent the same setup with the rest of the chain. A downstream that
+//! cannot be reached or refuses is listed in `failed` and the next one is tried in its
+//! place; the reply lists `accepted` (this replica first) and `failed`.
+//!
+//! **Stream.** Five concurrent parts, joined in one task:
+//!
+//! ```text
+//! upstream ──frames──▶ read_upstream ─┬─▶ write_local ──────────────────────┐ (result per seq)
+//!                      (MAC, CRC,     ├─▶ forward ──frames──▶ downstream    │
+//!                       contiguity,   │                     │               │
+//!                       byte permits) │   read_downstream ◀─acks            │ (acks per seq)
+//!                                     └─▶ ack_upstream ◀────────────────────┘
+//! upstream ◀──acks── ack_upstream (in seq order, once local write AND downstream ack are done)
+//! ```
+//!
+//! Every packet holds byte permits from a per-stream semaphore from the moment it is
+//! read until its ack is written, so a slow downstream (or a slow upstream reader of
+//! acks) stops this stream from reading: backpressure, never unbounded memory.
+//! A packet rejected here (bad MAC, CRC, gap) is not forwarded; its ack lists only this
+//! replica. After a local failure the failing seq is acked with the error and the
+//! stream is closed. If the downstream connection dies (or its ack does not arrive
+//! within `--ack-timeout`), its replicas' entries become `Unavailable`, naming it, and
+//! the stream goes on locally.
+
+use crate::error::Error;
+use crate::header::MAX_CHUNK_SIZE;
+use crate::server::{Shared, StreamGuard};
+use bytes::Bytes;
+use stampfs_proto::rpc::reply_frame;
+use stampfs_proto::{
+    Ack, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverId, ClusterKey, Frame, FrameReader,
+    FrameWriter, Packet, RemoteError, ReplicaAck, RpcClient, WriteSetup, WriteSetupReply,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Packets queued between the parts of a stream (bytes are bounded by permits).
+const QUEUE: usize = 1024;
+/// Most chunkservers a setup may list downstream.
+pub const MAX_DOWNSTREAM: usize = 16;
+
+/// What became of a packet downstream, for [`compose_ack`].
+#[derive(Debug)]
+pub enum DownResult {
+    /// This replica is the last of the pipeline.
+    NoDownstream,
+    /// The packet was rejected here and not forwarded.
+    NotForwarded,
+    /// The downstream acked it with these entries.
+    Acked(Vec<ReplicaAck>),
+    /// The downstream connection died before acking it.
+    Lost,
+}
+
+/// The ack for one packet: this replica's result, then the downstream replicas'.
+/// When the downstream was lost, every replica behind this one (`down_ids`, as the
+/// downstream accepted at set-up) is `Unavailable`, the first named as the failed one.
+pub fn compose_ack(
+    seq: u64,
+    own: ChunkserverId,
+    local: std::result::Result<u64, RemoteError>,
+    down: DownResult,
+    down_ids: &[ChunkserverId],
+) -> Ack {
+    let mut replicas = vec![ReplicaAck {
+        chunkserver: own,
+        result: local,
+    }];
+    match down {
+        DownResult::NoDownstream | DownResult::NotForwarded => {}
+        DownResult::Acked(entries) => replicas.extend(entries),
+        DownResult::Lost => {
+            let first = down_ids.first().copied();
+            replicas.extend(down_ids.iter().map(|id| ReplicaAck {
+                chunkserver: *id,
+                result: Err(RemoteError::Unavailable {
+                    reason: match first {
+                        Some(f) if f != *id => format!("unreachable: pipeline broken at {f}"),
+                        _ => format!("lost the pipeline connection to {id}"),
+                    },
+                }),
+            }));
+        }
+    }
+    Ack { seq, replicas }
+}
+
+/// Where the next packet must start, given one at `offset` with `len` bytes when
+/// `expected` was next: contiguous (`offset == expected`) or a retry of bytes already
+/// sent (`offset < expected`). A gap is refused.
+pub fn next_offset(offset: u64, len: u64, expected: u64) -> std::result::Result<u64, String> {
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(|| "packet offset overflows".to_string())?;
+    if end > MAX_CHUNK_SIZE {
+        return Err(format!(
+            "packet ending at {end} exceeds the chunk limit of {MAX_CHUNK_SIZE} bytes"
+        ));
+    }
+    if offset > expected {
+        return Err(format!(
+            "packet at offset {offset} is not contiguous: expected {expected}"
+        ));
+    }
+    Ok(end.max(expected))
+}
+
+/// Checks a packet before it is written or forwarded: same chunk as the setup, MAC (a
+/// token equal to the last verified one is not re-verified), CRC, contiguity.
+fn check_packet(
+    key: &ClusterKey,
+    verified: &mut ChunkToken,
+    packet: &Packet,
+    data: &[u8],
+    expected: u64,
+) -> std::result::Result<u64, RemoteError> {
+    let handle = verified.handle;
+    if packet.token.handle != handle {
+        return Err(RemoteError::BadRequest {
+            reason: format!(
+                "packet for chunk {} on a stream of chunk {handle}",
+                packet.token.handle
+            ),
+        });
+    }
+    if packet.token != *verified {
+        packet
+            .token
+            .verify(key)
+            .map_err(|_| RemoteError::BadToken { handle })?;
+        *verified = packet.token;
+    }
+    if crc32fast::hash(data) != packet.crc {
+        return Err(RemoteError::ChecksumMismatch {
+            handle,
+            offset: packet.offset,
+        });
+    }
+    next_offset(packet.offset, data.len() as u64, expected)
+        .map_err(|reason| RemoteError::BadRequest { reason })
+}
+
+/// The downstream side after set-up.
+struct Downstream {
+    link: Option<(FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>)>,
+    accepted: Vec<ChunkserverId>,
+    failed: Vec<(ChunkserverId, RemoteError)>,
+}
+
+async fn connect_downstream(shared: &Shared, setup: &WriteSetup) -> Downstream {
+    let mut failed = Vec::new();
+    let timeout = shared.config.connect_timeout;
+    for (i, target) in setup.downstream.iter().enumerate() {
+        let rest = setup.downstream[i + 1..].to_vec();
+        // The next chunkserver may itself wait for the ones after it.
+        let budget = timeout * (rest.len() as u32 + 2);
+        let attempt = async {
+            let mut client = RpcClient::connect(&target.addr, timeout).await?;
+            let reply = client
+                .call(WriteSetup {
+                    token: setup.token,
+                    offset: setup.offset,
+                    downstream: rest,
+                })
+                .await?;
+            Ok::<_, stampfs_proto::Error>((client, reply))
+        };
+        let outcome = match tokio::time::timeout(budget, attempt).await {
+            Ok(Ok(x)) => Ok(x),
+            Ok(Err(e)) => Err(e.to_remote()),
+            Err(_) => Err(RemoteError::Unavailable {
+                reason: format!("pipeline set-up with {} timed out", target.id),
+            }),
+        };
+        match outcome {
+            Ok((client, reply)) => {
+                failed.extend(reply.failed);
+                return Downstream {
+                    link: Some(client.into_parts()),
+                    accepted: reply.accepted,
+                    failed,
+                };
+            }
+            Err(e) => {
+                tracing::warn!(downstream = %target.id, addr = %target.addr, error = %e, "downstream refused or unreachable; skipping it");
+                failed.push((target.id, e));
+            }
+        }
+    }
+    Downstream {
+        link: None,
+        accepted: Vec::new(),
+        failed,
+    }
+}
+
+/// Serves a `WriteSetup` connection to its end.
+#[tracing::instrument(skip_all, fields(chunk = %setup.token.handle, version = %setup.token.version, offset = setup.offset, %peer))]
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    id: u64,
+    setup: WriteSetup,
+    reader: FrameReader<OwnedReadHalf>,
+    mut writer: FrameWriter<OwnedWriteHalf>,
+    peer: SocketAddr,
+) {
+    let _active = StreamGuard::new(&shared.active_streams);
+    let own = shared.own_id();
+    let local = async {
+        setup.token.verify(&shared.key).map_err(Error::from)?;
+        if setup.downstream.len() > MAX_DOWNSTREAM {
+            return Err(Error::bad_request(format!(
+                "a pipeline of {} downstream chunkservers exceeds the limit of {MAX_DOWNSTREAM}",
+                setup.downstream.len()
+            )));
+        }
+        shared
+            .store
+            .open_for_write(setup.token.handle, setup.token.version, setup.offset)
+            .await
+    }
+    .await;
+    if let Err(e) = local {
+        tracing::warn!(error = %e, "write stream refused");
+        if let Ok(frame) = reply_frame::<WriteSetupReply>(id, &Err(e.to_remote()), Bytes::new()) {
+            let _ = writer.write_frame(&frame).await;
+        }
+        return;
+    }
+    let down = tokio::select! {
+        d = connect_downstream(&shared, &setup) => d,
+        _ = shared.cancel.cancelled() => return,
+    };
+    let reply = WriteSetupReply {
+        accepted: std::iter::once(own)
+            .chain(down.accepted.iter().copied())
+            .collect(),
+        failed: down.failed,
+    };
+    tracing::info!(accepted = ?reply.accepted, failed = ?reply.failed, "write stream open");
+    match reply_frame(id, &Ok(reply), Bytes::new()) {
+        Ok(frame) => {
+            if writer.write_frame(&frame).await.is_err() {
+                return;
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the setup reply");
+            return;
+        }
+    }
+    let stream = Stream {
+        shared: shared.clone(),
+        handle: setup.token.handle,
+        own,
+        down_ids: down.accepted,
+        stop: shared.cancel.child_token(),
+    };
+    stream
+        .run(setup.token, setup.offset, reader, writer, down.link)
+        .await;
+    tracing::info!("write stream closed");
+}
+
+/// One packet waiting to be acknowledged.
+struct Pending {
+    seq: u64,
+    local: LocalOutcome,
+    down: DownOutcome,
+    /// Byte permits held until the ack is written.
+    _permit: OwnedSemaphorePermit,
+}
+
+enum LocalOutcome {
+    Pending(oneshot::Receiver<std::result::Result<u64, RemoteError>>),
+    Rejected(RemoteError),
+}
+
+enum DownOutcome {
+    NoDownstream,
+    NotForwarded,
+    Lost,
+    Pending(oneshot::Receiver<Vec<ReplicaAck>>),
+}
+
+struct LocalJob {
+    version: ChunkVersion,
+    offset: u64,
+    data: Bytes,
+    sync: bool,
+    /// Hands the outcome to the acker (which holds the receiver in `Pending`).
+    result: oneshot::Sender<std::result::Result<u64, RemoteError>>,
+}
+
+struct ForwardJob {
+    frame: Frame,
+    seq: u64,
+    /// Passed on to `read_downstream`, which fills it with the downstream's ack
+    /// entries; dropping it unfilled means the downstream was lost.
+    result: oneshot::Sender<Vec<ReplicaAck>>,
+}
+
+type Expectation = (u64, oneshot::Sender<Vec<ReplicaAck>>);
+
+struct Stream {
+    shared: Arc<Shared>,
+    handle: ChunkHandle,
+    own: ChunkserverId,
+    /// The replicas behind this one, as the downstream accepted them at set-up.
+    down_ids: Vec<ChunkserverId>,
+    /// Ends the stream: cancelled by server shutdown, or after a local failure was acked.
+    stop: CancellationToken,
+}
+
+impl Stream {
+    async fn run(
+        self,
+        token: ChunkToken,
+        offset: u64,
+        reader: FrameReader<OwnedReadHalf>,
+        writer: FrameWriter<OwnedWriteHalf>,
+        link: Option<(FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>)>,
+    ) {
+        let (local_tx, local_rx) = mpsc::channel(QUEUE);
+        let (ack_tx, ack_rx) = mpsc::channel(QUEUE);
+        let (fwd_tx, forwarding) = match link {
+            Some((down_reader, down_writer)) => {
+                let (fwd_tx, fwd_rx) = mpsc::channel(QUEUE);
+                let (expect_tx, expect_rx) = mpsc::channel(QUEUE);
+                (
+                    Some(fwd_tx),
+                    Some((down_reader, down_writer, fwd_rx, expect_tx, expect_rx)),
+                )
+            }
+            None => (None, None),
+        };
+        let downstream = async {
+            if let Some((down_reader, down_writer, fwd_rx, expect_tx, expect_rx)) = forwarding {
+                tokio::join!(
+                    forward(down_writer, fwd_rx, expect_tx),
+                    read_downstream(down_reader, expect_rx, self.shared.config.ack_timeout)
+                );
+            }
+        };
+        let work = async {
+            tokio::join!(
+                self.read_upstream(token, offset, reader, local_tx, fwd_tx, ack_tx),
+                self.write_local(local_rx),
+                downstream,
+                self.ack_upstream(writer, ack_rx),
+            )
+        };
+        tokio::select! {
+            _ = work => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    async fn read_upstream(
+        &self,
+        token: ChunkToken,
+        mut expected: u64,
+        mut reader: FrameReader<OwnedReadHalf>,
+        local_tx: mpsc::Sender<LocalJob>,
+        mut fwd_tx: Option<mpsc::Sender<ForwardJob>>,
+        ack_tx: mpsc::Sender<Pending>,
+    ) {
+        let cap = self.shared.config.stream_buffer.min(u32::MAX as u64);
+        let permits = Arc::new(Semaphore::new(cap as usize));
+        let mut verified = token;
+        loop {
+            let frame = match reader.read_frame().await {
+                Ok(Some(f)) => f,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "bad frame from upstream; ending the stream");
+                    return;
+                }
+            };
+            let packet: Packet = match frame.decode() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "undecodable packet; ending the stream");
+                    return;
+                }
+            };
+            let want = (frame.data.len().max(1) as u64).min(cap) as u32;
+            let Ok(permit) = permits.clone().acquire_many_owned(want).await else {
+                return;
+            };
+            let seq = packet.seq;
+            match check_packet(
+                &self.shared.key,
+                &mut verified,
+                &packet,
+                &frame.data,
+                expected,
+            ) {
+                Ok(next) => expected = next,
+                Err(e) => {
+                    tracing::warn!(seq, offset = packet.offset, error = %e, "packet rejected");
+                    let _ = ack_tx
+                        .send(Pending {
+                            seq,
+                            local: LocalOutcome::Rejected(e),
+                            down: DownOutcome::NotForwarded,
+                            _permit: permit,
+                        })
+                        .await;
+                    return;
+                }
+            }
+            let (local_result, local_rx) = oneshot::channel();
+            let job = LocalJob {
+                version: packet.token.version,
+                offset: packet.offset,
+                data: frame.data.clone(),
+                sync: packet.sync,
+                result: local_result,
+            };
+            if local_tx.send(job).await.is_err() {
+                return;
+            }
+            let down = match &fwd_tx {
+                None if self.down_ids.is_empty() => DownOutcome::NoDownstream,
+                None => DownOutcome::Lost,
+                Some(tx) => {
+                    let (result, rx) = oneshot::channel();
+                    if tx.send(ForwardJob { frame, seq, result }).await.is_ok() {
+                        DownOutcome::Pending(rx)
+                    } else {
+                        fwd_tx = None;
+                        DownOutcome::Lost
+                    }
+                }
+            };
+            let pending = Pending {
+                seq,
+                local: LocalOutcome::Pending(local_rx),
+                down,
+                _permit: permit,
+            };
+            if ack_tx.send(pending).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn write_local(&self, mut rx: mpsc::Receiver<LocalJob>) {
+        let mut failed: Option<RemoteError> = None;
+        while let Some(job) = rx.recv().await {
+            let result = match &failed {
+                Some(e) => Err(e.clone()),
+                None => self
+                    .shared
+                    .store
+                    .write(self.handle, job.version, job.offset, job.data, job.sync)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(offset = job.offset, error = %e, "local write failed");
+                        e.to_remote()
+                    }),
+            };
+            if let Err(e) = &result {
+                failed.get_or_insert_with(|| e.clone());
+            }
+            let _ = job.result.send(result);
+        }
+    }
+
+    async fn ack_upstream(
+        &self,
+        mut writer: FrameWriter<OwnedWriteHalf>,
+        mut rx: mpsc::Receiver<Pending>,
+    ) {
+        while let Some(p) = rx.recv().await {
+            let local = match p.local {
+                LocalOutcome::Rejected(e) => Err(e),
+                LocalOutcome::Pending(r) => r.await.unwrap_or_else(|_| {
+                    Err(RemoteError::Internal {
+                        reason: "the local writer stopped".into(),
+                    })
+                }),
+            };
+            let down = match p.down {
+                DownOutcome::NoDownstream => DownResult::NoDownstream,
+                DownOutcome::NotForwarded => DownResult::NotForwarded,
+                DownOutcome::Lost => DownResult::Lost,
+                DownOutcome::Pending(r) => match r.await {
+                    Ok(entries) => DownResult::Acked(entries),
+                    Err(_) => DownResult::Lost,
+                },
+            };
+            let failed = local.is_err();
+            let ack = compose_ack(p.seq, self.own, local, down, &self.down_ids);
+            let sent = match Frame::message(&ack) {
+                Ok(frame) => writer.write_frame(&frame).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "upstream went away");
+                self.stop.cancel();
+                return;
+            }
+            if failed {
+                tracing::warn!(seq = p.seq, "closing the stream after a local failure");
+                let _ = writer.shutdown().await;
+                self.stop.cancel();
+                return;
+            }
+        }
+        let _ = writer.shutdown().await;
+    }
+}
+
+/// Sends packets downstream in order, registering each one's ack expectation first.
+async fn forward(
+    mut writer: FrameWriter<OwnedWriteHalf>,
+    mut rx: mpsc::Receiver<ForwardJob>,
+    expect: mpsc::Sender<Expectation>,
+) {
+    while let Some(job) = rx.recv().await {
+        if expect.send((job.seq, job.result)).await.is_err() {
+            return;
+        }
+        if let Err(e) = writer.feed(&job.frame).await {
+            tracing::warn!(error = %e, "downstream write failed");
+            return;
+        }
+        if rx.is_empty() {
+            if let Err(e) = writer.flush().await {
+                tracing::warn!(error = %e, "downstream write failed");
+                return;
+            }
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// Matches downstream acks to the packets sent, in order. Returning drops every
+/// outstanding expectation, which the acker reports as a lost downstream.
+async fn read_downstream(
+    mut reader: FrameReader<OwnedReadHalf>,
+    mut expect: mpsc::Receiver<Expectation>,
+    ack_timeout: Duration,
+) {
+    while let Some((seq, result)) = expect.recv().await {
+        let frame = match tokio::time::timeout(ack_timeout, reader.read_frame()).await {
+            Ok(Ok(Some(f))) => f,
+            Ok(Ok(None)) => {
+                tracing::warn!(seq, "downstream closed the pipeline");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(seq, error = %e, "downstream connection failed");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(seq, timeout = ?ack_timeout, "downstream ack timed out");
+                return;
+            }
+        };
+        let ack: Ack = match frame.decode() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "undecodable downstream ack");
+                return;
+            }
+        };
+        if ack.seq != seq {
+            tracing::warn!(
+                expected = seq,
+                got = ack.seq,
+                "downstream acked out of order"
+            );
+            return;
+        }
+        let _ = result.send(ack.replicas);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stampfs_proto::ChunkVersion;
+
+    fn ids(v: &[u64]) -> Vec<ChunkserverId> {
+        v.iter().map(|i| ChunkserverId(*i)).collect()
+    }
+
+    #[test]
+    fn contiguous_retry_and_gap() {
+        assert_eq!(next_offset(0, 10, 0), Ok(10));
+        assert_eq!(next_offset(10, 5, 10), Ok(15));
+        // An exact retry of bytes already sent keeps the expectation.
+        assert_eq!(next_offset(0, 10, 15), Ok(15));
+        // Overlapping the end moves it.
+        assert_eq!(next_offset(12, 10, 15), Ok(22));
+        assert!(next_offset(16, 1, 15).is_err());
+        assert!(next_offset(MAX_CHUNK_SIZE, 1, MAX_CHUNK_SIZE).is_err());
+        assert!(next_offset(u64::MAX, 2, 0).is_err());
+    }
+
+    #[test]
+    fn ack_lists_this_replica_then_downstream() {
+        let down = vec![
+            ReplicaAck {
+                chunkserver: ChunkserverId(2),
+                result: Ok(100),
+            },
+            ReplicaAck {
+                chunkserver: ChunkserverId(3),
+                result: Ok(100),
+            },
+        ];
+        let ack = compose_ack(
+            7,
+            ChunkserverId(1),
+            Ok(100),
+            DownResult::Acked(down.clone()),
+            &ids(&[2, 3]),
+        );
+        assert_eq!(ack.seq, 7);
+        assert_eq!(ack.replicas[0].chunkserver, ChunkserverId(1));
+        assert_eq!(&ack.replicas[1..], &down[..]);
+    }
+
+    #[test]
+    fn a_lost_downstream_names_it_and_everything_behind_it() {
+        let ack = compose_ack(1, ChunkserverId(1), Ok(5), DownResult::Lost, &ids(&[2, 3]));
+        assert_eq!(ack.replicas.len(), 3);
+        assert_eq!(ack.replicas[0].result, Ok(5));
+        for (entry, id) in ack.replicas[1..].iter().zip([2u64, 3]) {
+            assert_eq!(entry.chunkserver, ChunkserverId(id));
+            match &entry.result {
+                Err(RemoteError::Unavailable { reason }) => {
+                    assert!(reason.contains("cs2"), "{reason}")
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn rejected_or_last_packets_list_only_this_replica() {
+        let err = RemoteError::ChecksumMismatch {
+            handle: ChunkHandle(1),
+            offset: 0,
+        };
+        let ack = compose_ack(
+            1,
+            ChunkserverId(1),
+            Err(err.clone()),
+            DownResult::NotForwarded,
+            &ids(&[2]),
+        );
+        assert_eq!(ack.replicas.len(), 1);
+        assert_eq!(ack.replicas[0].result, Err(err));
+        let ack = compose_ack(1, ChunkserverId(3), Ok(1), DownResult::NoDownstream, &[]);
+        assert_eq!(ack.replicas.len(), 1);
+    }
+
+    #[test]
+    fn packet_checks() {
+        let key = ClusterKey::from_bytes([1; 32]);
+        let token = ChunkToken::sign(
+            &key,
+            ChunkHandle(9),
+            ChunkVersion(2),
+            stampfs_proto::ClientId(5),
+        );
+        let mut verified = token;
+        let data = b"hello";
+        let good = Packet {
+            token,
+            seq: 0,
+            offset: 0,
+            crc: crc32fast::hash(data),
+            sync: false,
+        };
+        assert_eq!(check_packet(&key, &mut verified, &good, data, 0), Ok(5));
+        let mut bad_crc = good.clone();
+        bad_crc.crc ^= 1;
+        assert!(matches!(
+            check_packet(&key, &mut verified, &bad_crc, data, 0),
+            Err(RemoteError::ChecksumMismatch { .. })
+        ));
+        let mut forged = good.clone();
+        forged.token.version = ChunkVersion(3);
+        assert!(matches!(
+            check_packet(&key, &mut verified, &forged, data, 0),
+            Err(RemoteError::BadToken { .. })
+        ));
+        let gap = Packet {
+            offset: 6,
+            ..good.clone()
+        };
+        assert!(matches!(
+            check_packet(&key, &mut verified, &gap, data, 5),
+            Err(RemoteError::BadRequest { .. })
+        ));
+        // A newer genuine token for the same chunk is verified and cached.
+        let newer = ChunkToken::sign(
+            &key,
+            ChunkHandle(9),
+            ChunkVersion(3),
+            stampfs_proto::ClientId(5),
+        );
+        let p = Packet {
+            token: newer,
+            ..good
+        };
+        assert_eq!(check_packet(&key, &mut verified, &p, data, 5), Ok(5));
+        assert_eq!(verified, newer);
+    }
+}

@@ -1,0 +1,226 @@
+//! Re-replication: copying a finalized replica to another chunkserver under the same
+//! version, checksums verified on both ends.
+//!
+//! The source (on a master `Replicate` command) signs a token for `(handle, version,
+//! ClientId::MASTER)` with the cluster key (the command carries none), connects to the
+//! target and sends `ReceiveReplica { token, length }` as a request; the target answers
+//! with a `WriteSetupReply` (or an error). The source then streams the replica as
+//! 64 KiB [`Packet`]s, each read through the store (which verifies the block CRCs) and
+//! carrying its own CRC32. The target checks every packet (token, CRC, contiguity),
+//! writes a new replica in a temporary file, seals it finalized at `length`, renames
+//! it into place (replacing an older-version replica) and answers one final [`Ack`]
+//! whose only entry is its own result. Both sides then wake their heartbeat task so the
+//! master hears about the change in the next chunk report.
+
+use crate::error::{Error, Result};
+use crate::server::{Shared, StreamGuard};
+use bytes::Bytes;
+use stampfs_proto::rpc::reply_frame;
+use stampfs_proto::{
+    Ack, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ClientId, Frame, FrameReader,
+    FrameWriter, Packet, ReceiveReplica, RemoteError, ReplicaAck, ReplicaReport, ReplicaState,
+    RpcClient, WriteSetupReply, DEFAULT_PACKET_SIZE,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// Starts copying the replica in the background (bounded by `--max-replications`).
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    handle: ChunkHandle,
+    version: ChunkVersion,
+    target: ChunkserverAddr,
+) {
+    let task_shared = shared.clone();
+    shared.tracker.spawn(async move {
+        let shared = task_shared;
+        let Ok(_permit) = (tokio::select! {
+            p = shared.replications.clone().acquire_owned() => p,
+            _ = shared.cancel.cancelled() => return,
+        }) else {
+            return;
+        };
+        let outcome = tokio::select! {
+            r = send(&shared, handle, version, &target) => r,
+            _ = shared.cancel.cancelled() => return,
+        };
+        match outcome {
+            Ok(length) => {
+                tracing::info!(chunk = %handle, %version, target = %target.id, length, "replica copied")
+            }
+            Err(e) => {
+                tracing::warn!(chunk = %handle, %version, target = %target.id, error = %e, "replication failed")
+            }
+        }
+        shared.store.changed().notify_one();
+    });
+}
+
+/// Copies the finalized replica at exactly `version` to `target`; returns its length.
+#[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, target = %target.id))]
+pub(crate) async fn send(
+    shared: &Shared,
+    handle: ChunkHandle,
+    version: ChunkVersion,
+    target: &ChunkserverAddr,
+) -> Result<u64> {
+    let report = shared.store.gated_info(handle, version).await?;
+    if report.state != ReplicaState::Finalized {
+        return Err(Error::bad_request(format!(
+            "chunk {handle} is not finalized; only finalized replicas are copied"
+        )));
+    }
+    let length = report.length;
+    let token = ChunkToken::sign(&shared.key, handle, version, ClientId::MASTER);
+    let timeout = shared.config.connect_timeout;
+    let mut client = RpcClient::connect(&target.addr, timeout).await?;
+    let setup = tokio::time::timeout(timeout * 2, client.call(ReceiveReplica { token, length }))
+        .await
+        .map_err(|_| Error::Unavailable {
+            reason: format!("{} did not answer the replica offer", target.id),
+        })??;
+    tracing::debug!(accepted = ?setup.accepted, "target accepted the replica");
+    let (mut reader, mut writer) = client.into_parts();
+    let mut offset = 0u64;
+    let mut seq = 0u64;
+    while offset < length {
+        let want = (DEFAULT_PACKET_SIZE as u64).min(length - offset);
+        let (_, data) = shared.store.read(handle, version, offset, want).await?;
+        if data.len() as u64 != want {
+            return Err(Error::bad_request(format!(
+                "chunk {handle} shrank while being copied"
+            )));
+        }
+        let packet = Packet {
+            token,
+            seq,
+            offset,
+            crc: crc32fast::hash(&data),
+            sync: false,
+        };
+        writer.feed(&Frame::new(&packet, data)?).await?;
+        offset += want;
+        seq += 1;
+    }
+    writer.flush().await?;
+    let frame = tokio::time::timeout(shared.config.ack_timeout, reader.read_frame())
+        .await
+        .map_err(|_| Error::Unavailable {
+            reason: format!("{} did not confirm the replica", target.id),
+        })??
+        .ok_or_else(|| Error::Unavailable {
+            reason: format!("{} closed before confirming the replica", target.id),
+        })?;
+    let ack: Ack = frame.decode()?;
+    match ack.replicas.first().map(|r| &r.result) {
+        Some(Ok(n)) if *n == length => Ok(length),
+        Some(Ok(n)) => Err(Error::Unavailable {
+            reason: format!("{} stored {n} of {length} bytes", target.id),
+        }),
+        Some(Err(e)) => Err(e.clone().into()),
+        None => Err(Error::Unavailable {
+            reason: format!("{} sent an empty ack", target.id),
+        }),
+    }
+}
+
+/// Serves a `ReceiveReplica` connection (this chunkserver is the target).
+#[tracing::instrument(skip_all, fields(chunk = %req.token.handle, version = %req.token.version, length = req.length, %peer))]
+pub(crate) async fn receive(
+    shared: Arc<Shared>,
+    id: u64,
+    req: ReceiveReplica,
+    mut reader: FrameReader<OwnedReadHalf>,
+    mut writer: FrameWriter<OwnedWriteHalf>,
+    peer: SocketAddr,
+) {
+    let own = shared.own_id();
+    let token = req.token;
+    let handle = token.handle;
+    let started = async {
+        token.verify(&shared.key).map_err(Error::from)?;
+        shared
+            .store
+            .receive(handle, token.version, req.length)
+            .await
+    }
+    .await;
+    let mut incoming = match started {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(error = %e, "replica refused");
+            if let Ok(f) = reply_frame::<WriteSetupReply>(id, &Err(e.to_remote()), Bytes::new()) {
+                let _ = writer.write_frame(&f).await;
+            }
+            return;
+        }
+    };
+    let reply = WriteSetupReply {
+        accepted: vec![own],
+        failed: Vec::new(),
+    };
+    match reply_frame(id, &Ok(reply), Bytes::new()) {
+        Ok(f) => {
+            if writer.write_frame(&f).await.is_err() {
+                return;
+            }
+        }
+        Err(_) => return,
+    }
+    let _active = StreamGuard::new(&shared.active_streams);
+    let mut last_seq = 0u64;
+    let received: Result<ReplicaReport> = async {
+        while incoming.received() < incoming.expected() {
+            let frame = tokio::select! {
+                f = reader.read_frame() => f?,
+                _ = shared.cancel.cancelled() => return Err(Error::Unavailable { reason: "shutting down".into() }),
+            }
+            .ok_or_else(|| Error::Unavailable {
+                reason: "the sender closed before the end of the replica".into(),
+            })?;
+            let packet: Packet = frame.decode()?;
+            if packet.token != token {
+                return Err(Error::bad_request("packet token differs from the offer's"));
+            }
+            if crc32fast::hash(&frame.data) != packet.crc {
+                return Err(Error::ChecksumMismatch {
+                    handle,
+                    offset: packet.offset,
+                });
+            }
+            if packet.offset != incoming.received() {
+                return Err(Error::bad_request(format!(
+                    "packet at {} is not contiguous: expected {}",
+                    packet.offset,
+                    incoming.received()
+                )));
+            }
+            last_seq = packet.seq;
+            incoming.append(frame.data).await?;
+        }
+        incoming.finish(&shared.store).await
+    }
+    .await;
+    let result: std::result::Result<u64, RemoteError> = match &received {
+        Ok(r) => {
+            tracing::info!(length = r.length, "replica received");
+            Ok(r.length)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "receiving the replica failed");
+            Err(e.to_remote())
+        }
+    };
+    let ack = Ack {
+        seq: last_seq,
+        replicas: vec![ReplicaAck {
+            chunkserver: own,
+            result,
+        }],
+    };
+    if let Ok(f) = Frame::message(&ack) {
+        let _ = writer.write_frame(&f).await;
+    }
+    let _ = writer.shutdown().await;
+}

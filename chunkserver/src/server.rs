@@ -1,0 +1,417 @@
+//! The chunkserver process: start-up, the listener, one handler per connection, request
+//! dispatch, and shutdown.
+//!
+//! Shape (mini-redis): a listener accepts connections under a semaphore that caps them,
+//! backing off on accept errors; each connection gets a task; every task selects on the
+//! shared [`CancellationToken`]; shutdown cancels it and waits (through a
+//! [`TaskTracker`]) for every handler, the heartbeat task and running replications.
+//!
+//! A connection carries request frames `(id, ChunkRequest)` answered by reply frames
+//! `(id, Result<_, RemoteError>)`, one at a time, until a `WriteSetup` or a
+//! `ReceiveReplica` turns it into a stream (see [`crate::pipeline`] and
+//! [`crate::replication`]). A malformed frame closes that connection only.
+
+use crate::config::ChunkserverConfig;
+use crate::error::{Error, Result};
+use crate::store::{self, Store};
+use crate::{heartbeat, io, pipeline, replication};
+use bytes::Bytes;
+use stampfs_proto::rpc::{parse_request, reply_frame};
+use stampfs_proto::{
+    ChunkCommand, ChunkRequest, ChunkserverId, ClusterKey, FrameReader, FrameWriter, RemoteError,
+    ReplicaReport, Signed,
+};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// File in the data directory holding the chunkserver id (decimal).
+pub const ID_FILE: &str = "chunkserver.id";
+/// File in the data directory holding the bound address (`ip:port`).
+pub const ADDR_FILE: &str = "addr";
+/// Bytes of read replies in flight at once, across all connections.
+const READ_BUDGET: usize = 256 << 20;
+
+/// State shared by the listener, the handlers and the heartbeat task.
+pub(crate) struct Shared {
+    pub config: ChunkserverConfig,
+    pub key: ClusterKey,
+    pub store: Arc<Store>,
+    /// The address announced to the master.
+    pub advertised: String,
+    /// The id from `DIR/chunkserver.id` or the master; written by the heartbeat task.
+    id: Mutex<Option<ChunkserverId>>,
+    /// Write streams currently open (reported in heartbeats).
+    pub active_streams: AtomicU32,
+    /// Caps concurrent outgoing replications; each holds a permit while it runs.
+    pub replications: Arc<Semaphore>,
+    /// Byte permits for read replies (held from the read until the reply is written),
+    /// so many concurrent large reads cannot exhaust memory.
+    read_budget: Arc<Semaphore>,
+    /// Cancelled by shutdown; every task selects on it.
+    pub cancel: CancellationToken,
+    /// Every spawned task, so shutdown can wait for them.
+    pub tracker: TaskTracker,
+}
+
+impl Shared {
+    /// This chunkserver's id, if it has one.
+    pub fn id(&self) -> Option<ChunkserverId> {
+        *self.id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id used in acks and setup replies (0 before the first registration).
+    pub fn own_id(&self) -> ChunkserverId {
+        self.id().unwrap_or(ChunkserverId(0))
+    }
+
+    /// Records (and persists, atomically) the id the master assigned.
+    pub fn set_id(&self, id: ChunkserverId) -> Result<()> {
+        if self.id() == Some(id) {
+            return Ok(());
+        }
+        store::replace_file(
+            &self.config.dir.join(ID_FILE),
+            format!("{}\n", id.0).as_bytes(),
+        )?;
+        *self.id.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+        Ok(())
+    }
+}
+
+/// A running chunkserver.
+pub struct ChunkserverHandle {
+    addr: SocketAddr,
+    engine: &'static str,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ChunkserverHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkserverHandle")
+            .field("addr", &self.addr)
+            .field("engine", &self.engine)
+            .field("id", &self.id())
+            .finish()
+    }
+}
+
+impl ChunkserverHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The chunkserver id, once known (persisted or assigned by the master).
+    pub fn id(&self) -> Option<ChunkserverId> {
+        self.shared.id()
+    }
+
+    /// The I/O engine that runs: `"uring"` or `"threads"`.
+    pub fn engine(&self) -> &'static str {
+        self.engine
+    }
+
+    /// Stops accepting, stops every handler and background task, and waits for them.
+    pub async fn shutdown(self) -> Result<()> {
+        self.shared.cancel.cancel();
+        self.shared.tracker.close();
+        self.shared.tracker.wait().await;
+        tracing::info!(addr = %self.addr, "chunkserver stopped");
+        Ok(())
+    }
+}
+
+impl Drop for ChunkserverHandle {
+    fn drop(&mut self) {
+        // Dropped without `shutdown`: still stop the background tasks.
+        self.shared.cancel.cancel();
+    }
+}
+
+fn load_id(dir: &Path) -> Result<Option<ChunkserverId>> {
+    let path = dir.join(ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(v) => Ok(Some(ChunkserverId(v))),
+            Err(_) => Err(Error::Config {
+                field: "dir",
+                reason: format!("{} does not hold a chunkserver id", path.display()),
+            }),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", &path, e)),
+    }
+}
+
+/// Starts a chunkserver: loads the cluster key, opens the store (scanning and verifying
+/// every replica), binds, writes `DIR/addr` atomically, and spawns the server and the
+/// heartbeat task. The master need not be running.
+pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
+    config.validate()?;
+    let key = ClusterKey::load(&config.cluster_key_file).map_err(Error::ClusterKey)?;
+    std::fs::create_dir_all(&config.dir).map_err(|e| Error::io("create", &config.dir, e))?;
+    let engine = io::open_engine(config.io_engine)?;
+    let engine_name = engine.name();
+    let store = Arc::new(Store::open(&config.dir, engine).await?);
+    let id = load_id(&config.dir)?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| Error::io("bind", &config.listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("bind", &config.listen, e))?;
+    let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let shared = Arc::new(Shared {
+        key,
+        store,
+        advertised,
+        id: Mutex::new(id),
+        active_streams: AtomicU32::new(0),
+        replications: Arc::new(Semaphore::new(config.max_replications)),
+        read_budget: Arc::new(Semaphore::new(READ_BUDGET)),
+        cancel: CancellationToken::new(),
+        tracker: TaskTracker::new(),
+        config,
+    });
+    store::replace_file(
+        &shared.config.dir.join(ADDR_FILE),
+        format!("{addr}\n").as_bytes(),
+    )?;
+    let limit = Arc::new(Semaphore::new(shared.config.max_connections));
+    shared
+        .tracker
+        .spawn(listen(shared.clone(), listener, limit));
+    shared.tracker.spawn(heartbeat::run(shared.clone()));
+    tracing::info!(
+        %addr,
+        engine = engine_name,
+        id = ?id,
+        dir = %shared.config.dir.display(),
+        master = %shared.config.master,
+        "chunkserver ready"
+    );
+    Ok(ChunkserverHandle {
+        addr,
+        engine: engine_name,
+        shared,
+    })
+}
+
+/// Accepts connections until shutdown.
+async fn listen(shared: Arc<Shared>, listener: TcpListener, limit: Arc<Semaphore>) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shared.cancel.cancelled() => return,
+        };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shared.cancel.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(10);
+                let shared2 = shared.clone();
+                shared.tracker.spawn(async move {
+                    serve_connection(shared2, stream, peer).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shared.cancel.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Serves one connection until EOF, a malformed frame, a finished stream, or shutdown.
+async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let (r, w) = stream.into_split();
+    let mut reader = FrameReader::new(r);
+    let mut writer = FrameWriter::new(w);
+    loop {
+        let frame = tokio::select! {
+            f = reader.read_frame() => f,
+            _ = shared.cancel.cancelled() => return,
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "closing connection: bad frame");
+                return;
+            }
+        };
+        let (id, request) = match parse_request::<ChunkRequest>(&frame) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "closing connection: undecodable request");
+                return;
+            }
+        };
+        // Read permits stay held until the reply has been written.
+        let mut _read_permit = None;
+        let outcome = match request {
+            ChunkRequest::WriteSetup(setup) => {
+                pipeline::serve(shared.clone(), id, setup, reader, writer, peer).await;
+                return;
+            }
+            ChunkRequest::ReceiveReplica(req) => {
+                replication::receive(shared.clone(), id, req, reader, writer, peer).await;
+                return;
+            }
+            ChunkRequest::Read(read) => {
+                let want = (read.len as usize).clamp(1, stampfs_proto::MAX_DATA_LEN) as u32;
+                _read_permit = tokio::select! {
+                    p = shared.read_budget.clone().acquire_many_owned(want) => p.ok(),
+                    _ = shared.cancel.cancelled() => return,
+                };
+                let result = handle_read(&shared, read).await;
+                match result {
+                    Ok((reply, data)) => reply_frame(id, &Ok(reply), data),
+                    Err(e) => reply_frame::<stampfs_proto::ReadReply>(id, &Err(e), Bytes::new()),
+                }
+            }
+            ChunkRequest::ReplicaInfo(info) => {
+                let result = handle_replica_info(&shared, info).await;
+                reply_frame(id, &result, Bytes::new())
+            }
+            ChunkRequest::Command(cmd) => {
+                let result = run_command(&shared, cmd).await;
+                reply_frame(id, &result, Bytes::new())
+            }
+        };
+        let sent = match outcome {
+            Ok(frame) => writer.write_frame(&frame).await,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "cannot encode reply");
+                return;
+            }
+        };
+        if let Err(e) = sent {
+            tracing::debug!(%peer, error = %e, "connection closed while replying");
+            return;
+        }
+    }
+}
+
+#[tracing::instrument(skip_all, fields(chunk = %read.token.handle, version = %read.token.version, offset = read.offset, len = read.len))]
+async fn handle_read(
+    shared: &Shared,
+    read: stampfs_proto::Read,
+) -> std::result::Result<(stampfs_proto::ReadReply, Bytes), RemoteError> {
+    read.token
+        .verify(&shared.key)
+        .map_err(|e| Error::from(e).to_remote())?;
+    let (replica, data) = shared
+        .store
+        .read(
+            read.token.handle,
+            read.token.version,
+            read.offset,
+            u64::from(read.len),
+        )
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "read refused");
+            e.to_remote()
+        })?;
+    Ok((stampfs_proto::ReadReply { replica }, data))
+}
+
+#[tracing::instrument(skip_all, fields(chunk = %info.token.handle, version = %info.token.version))]
+async fn handle_replica_info(
+    shared: &Shared,
+    info: stampfs_proto::ReplicaInfo,
+) -> std::result::Result<ReplicaReport, RemoteError> {
+    info.token
+        .verify(&shared.key)
+        .map_err(|e| Error::from(e).to_remote())?;
+    shared
+        .store
+        .gated_info(info.token.handle, info.token.version)
+        .await
+        .map_err(|e| e.to_remote())
+}
+
+/// Verifies and runs one master command (directly or from a heartbeat reply).
+/// `Replicate` is started in the background and answers `None` at once.
+#[tracing::instrument(skip_all)]
+pub(crate) async fn run_command(
+    shared: &Arc<Shared>,
+    cmd: Signed<ChunkCommand>,
+) -> std::result::Result<Option<ReplicaReport>, RemoteError> {
+    let cmd = cmd.verify(&shared.key).map_err(|e| {
+        tracing::warn!(error = %e, "master command refused");
+        Error::BadCommand.to_remote()
+    })?;
+    let store = &shared.store;
+    let result = match cmd.clone() {
+        ChunkCommand::BumpVersion {
+            handle,
+            version,
+            create,
+        } => store.bump_version(handle, version, create).await.map(Some),
+        ChunkCommand::Truncate {
+            handle,
+            version,
+            length,
+        } => store.truncate(handle, version, length).await.map(Some),
+        ChunkCommand::Finalize {
+            handle,
+            version,
+            length,
+        } => store.finalize(handle, version, length).await.map(Some),
+        ChunkCommand::Delete {
+            handle,
+            max_version,
+        } => store.delete(handle, max_version).await,
+        ChunkCommand::Info { handle } => store.info(handle).await.map(Some),
+        ChunkCommand::Replicate {
+            handle,
+            version,
+            target,
+        } => {
+            replication::spawn(shared.clone(), handle, version, target);
+            Ok(None)
+        }
+    };
+    match &result {
+        Ok(report) => tracing::debug!(command = ?cmd, ?report, "command done"),
+        Err(e) => tracing::warn!(command = ?cmd, error = %e, "command failed"),
+    }
+    result.map_err(|e| e.to_remote())
+}
+
+/// Tracks an open write stream for heartbeats.
+pub(crate) struct StreamGuard<'a>(&'a AtomicU32);
+
+impl<'a> StreamGuard<'a> {
+    pub fn new(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for StreamGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

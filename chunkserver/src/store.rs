@@ -1,0 +1,1282 @@
+//! The replica store: one file per replica under the data directory, the version gate,
+//! and every operation on replica data.
+//!
+//! Each replica sits behind its own `RwLock` (the *per-chunk lock*): every operation
+//! takes it, runs the [`gate`](crate::gate::check) against the header version, and
+//! performs its I/O while still holding it, so a version bump can never interleave with
+//! a write (reads share the lock; writes, bumps, truncates and deletes are exclusive).
+//!
+//! Durability rules (see [`crate::header`] for the layout):
+//! - a header write is always the last step of a linked chain ending in an fsync;
+//!   data that a header's length covers is fdatasynced *before* that header is written;
+//! - the header length is made durable at version bump, truncate, finalize and on
+//!   `sync` packets; other appends only write data and checksum entries;
+//! - at start-up a `Writing` replica's length is recovered from the file size and
+//!   validated block by block against the checksum table (cut at the first bad block,
+//!   never beyond the file); a recovered length below the header's durable length, or a
+//!   replica whose two header slots are both invalid, is renamed aside as `.corrupt`
+//!   and reported, never deleted.
+
+use crate::checksum::{self, BlockCheck};
+use crate::error::{Error, Result};
+use crate::gate;
+use crate::header::{self, Header, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, SLOT_SIZE, TABLE_LEN};
+use crate::io::{IoEngine, IoOp};
+use bytes::Bytes;
+use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaReport, ReplicaState, MAX_DATA_LEN};
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, OwnedRwLockWriteGuard, RwLock};
+
+/// Suffix of replica files.
+pub const REPLICA_SUFFIX: &str = ".chunk";
+/// Suffix appended to a replica file that was moved aside as corrupt.
+pub const CORRUPT_SUFFIX: &str = ".corrupt";
+/// Suffix of temporary files (removed at start-up).
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// The per-chunk lock and what it protects.
+type Slot = RwLock<SlotState>;
+
+enum SlotState {
+    /// Inserted by a creator that has not finished yet.
+    Creating,
+    Live(Replica),
+    /// Deleted or moved aside; the slot is no longer in the table.
+    Removed,
+}
+
+/// One replica in memory.
+#[derive(Debug)]
+struct Replica {
+    file: Arc<File>,
+    path: PathBuf,
+    /// The last header written (durable: every header write ends in an fsync).
+    header: Header,
+    /// Bytes of data; at least `header.length`, more after appends not yet synced.
+    length: u64,
+    /// CRC of the partial last block (`length % BLOCK` bytes); 0 when block aligned.
+    tail_crc: u32,
+}
+
+impl Replica {
+    fn report(&self) -> ReplicaReport {
+        ReplicaReport {
+            handle: self.header.handle,
+            version: self.header.version,
+            length: self.length,
+            state: self.header.state,
+        }
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |e| Error::io(op, &self.path, e)
+    }
+
+    /// Writes the next header after `pre`, then fsyncs, as one linked chain.
+    async fn write_header(
+        &mut self,
+        engine: &dyn IoEngine,
+        version: ChunkVersion,
+        state: ReplicaState,
+        length: u64,
+        mut pre: Vec<IoOp>,
+    ) -> Result<()> {
+        let next = self.header.next(version, state, length);
+        pre.push(IoOp::Write {
+            offset: next.slot_offset(),
+            data: Bytes::from(next.encode()),
+        });
+        pre.push(IoOp::SyncAll);
+        engine
+            .run(self.file.clone(), pre)
+            .await
+            .map_err(self.io("write header"))?;
+        self.header = next;
+        Ok(())
+    }
+
+    /// Reads checksum entries `first..first + count`.
+    async fn read_table(&self, engine: &dyn IoEngine, first: u64, count: u64) -> Result<Vec<u32>> {
+        let bytes = engine
+            .read_at(
+                self.file.clone(),
+                header::table_entry_offset(first),
+                (count * 4) as usize,
+            )
+            .await
+            .map_err(self.io("read checksums"))?;
+        if bytes.len() as u64 != count * 4 {
+            return Err(Error::CorruptHeader {
+                reason: format!("{} is shorter than its checksum table", self.path.display()),
+            });
+        }
+        Ok(checksum::parse_table(&bytes))
+    }
+
+    /// Reads block `block`'s bytes present in the replica (up to `self.length`) and
+    /// verifies them against its checksum.
+    async fn read_verified_block(&self, engine: &dyn IoEngine, block: u64) -> Result<Vec<u8>> {
+        let start = checksum::block_start(block);
+        let end = (start + BLOCK).min(self.length);
+        let data = engine
+            .read_at(
+                self.file.clone(),
+                DATA_OFFSET + start,
+                (end - start) as usize,
+            )
+            .await
+            .map_err(self.io("read"))?;
+        let stored = if end == self.length && self.length % BLOCK != 0 {
+            self.tail_crc
+        } else {
+            self.read_table(engine, block, 1).await?[0]
+        };
+        if data.len() as u64 != end - start || crc32fast::hash(&data) != stored {
+            return Err(Error::ChecksumMismatch {
+                handle: self.header.handle,
+                offset: start,
+            });
+        }
+        Ok(data)
+    }
+
+    /// Cuts the data to `length` (< `self.length`), durably. Order: data sync, header
+    /// with the new length + fsync; then the cut block's checksum + fdatasync; then
+    /// ftruncate + fsync. A crash between any two steps leaves a file whose recovery
+    /// finds at least `length` valid bytes.
+    async fn cut_to(&mut self, engine: &dyn IoEngine, length: u64) -> Result<()> {
+        let in_block = length % BLOCK;
+        let new_tail = if in_block == 0 {
+            0
+        } else {
+            let block = checksum::block_of(length);
+            let data = self.read_verified_block(engine, block).await?;
+            crc32fast::hash(&data[..in_block as usize])
+        };
+        let (version, state) = (self.header.version, self.header.state);
+        self.write_header(engine, version, state, length, vec![IoOp::SyncData])
+            .await?;
+        if in_block != 0 {
+            let entry = header::table_entry_offset(checksum::block_of(length));
+            engine
+                .run(
+                    self.file.clone(),
+                    vec![
+                        IoOp::Write {
+                            offset: entry,
+                            data: Bytes::from(new_tail.to_le_bytes().to_vec()),
+                        },
+                        IoOp::SyncData,
+                    ],
+                )
+                .await
+                .map_err(self.io("write checksum"))?;
+        }
+        engine
+            .set_len(self.file.clone(), DATA_OFFSET + length)
+            .await
+            .map_err(self.io("truncate"))?;
+        engine
+            .run(self.file.clone(), vec![IoOp::SyncAll])
+            .await
+            .map_err(self.io("fsync"))?;
+        self.length = length;
+        self.tail_crc = new_tail;
+        Ok(())
+    }
+
+    /// Truncate under the lock (see [`Store::truncate`]).
+    async fn truncate(
+        &mut self,
+        engine: &dyn IoEngine,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Result<ReplicaReport> {
+        let handle = self.header.handle;
+        gate::check(handle, version, self.header.version)?;
+        if length > self.length {
+            return Err(Error::bad_request(format!(
+                "cannot truncate chunk {handle} to {length}: it holds {} bytes",
+                self.length
+            )));
+        }
+        if length < self.length {
+            self.cut_to(engine, length).await?;
+        } else {
+            let state = self.header.state;
+            self.persist_length(engine, state).await?;
+        }
+        tracing::info!("replica truncated");
+        Ok(self.report())
+    }
+
+    /// Finalize under the lock (see [`Store::finalize`]).
+    async fn finalize(
+        &mut self,
+        engine: &dyn IoEngine,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Result<ReplicaReport> {
+        let handle = self.header.handle;
+        gate::check(handle, version, self.header.version)?;
+        if self.header.state == ReplicaState::Finalized {
+            if length == self.length {
+                return Ok(self.report());
+            }
+            return Err(Error::bad_request(format!(
+                "chunk {handle} is already finalized at {} bytes, not {length}",
+                self.length
+            )));
+        }
+        if length > self.length {
+            return Err(Error::bad_request(format!(
+                "cannot finalize chunk {handle} at {length}: it holds {} bytes",
+                self.length
+            )));
+        }
+        if length < self.length {
+            self.cut_to(engine, length).await?;
+        }
+        self.persist_length(engine, ReplicaState::Finalized).await?;
+        // Drop bytes beyond the final length that a recovery left in the file.
+        let file_len = self.file.metadata().map_err(self.io("stat"))?.len();
+        if file_len > DATA_OFFSET + self.length {
+            engine
+                .set_len(self.file.clone(), DATA_OFFSET + self.length)
+                .await
+                .map_err(self.io("truncate"))?;
+            engine
+                .run(self.file.clone(), vec![IoOp::SyncAll])
+                .await
+                .map_err(self.io("fsync"))?;
+        }
+        tracing::info!("replica finalized");
+        Ok(self.report())
+    }
+
+    /// Stream set-up under the lock (see [`Store::open_for_write`]).
+    async fn open_for_write(
+        &mut self,
+        engine: &dyn IoEngine,
+        version: ChunkVersion,
+        offset: u64,
+    ) -> Result<ReplicaReport> {
+        let handle = self.header.handle;
+        gate::check(handle, version, self.header.version)?;
+        if self.header.state != ReplicaState::Writing {
+            return Err(Error::bad_request(format!(
+                "chunk {handle} is finalized; a write needs a version bump first"
+            )));
+        }
+        if offset > self.length {
+            return Err(Error::bad_request(format!(
+                "write at {offset} is not contiguous: chunk {handle} holds {} bytes",
+                self.length
+            )));
+        }
+        if offset < self.length {
+            tracing::info!(
+                from = self.length,
+                to = offset,
+                "cutting the unacknowledged tail"
+            );
+            self.cut_to(engine, offset).await?;
+        }
+        Ok(self.report())
+    }
+
+    /// A packet write under the lock (see [`Store::write`]).
+    async fn write(
+        &mut self,
+        engine: &dyn IoEngine,
+        version: ChunkVersion,
+        offset: u64,
+        data: Bytes,
+        sync: bool,
+    ) -> Result<u64> {
+        let handle = self.header.handle;
+        gate::check(handle, version, self.header.version)?;
+        if self.header.state != ReplicaState::Writing {
+            return Err(Error::bad_request(format!("chunk {handle} is finalized")));
+        }
+        let len = data.len() as u64;
+        let end = offset.saturating_add(len);
+        if end > MAX_CHUNK_SIZE {
+            return Err(Error::bad_request(format!(
+                "write ending at {end} exceeds the chunk limit of {MAX_CHUNK_SIZE} bytes"
+            )));
+        }
+        if offset > self.length {
+            return Err(Error::bad_request(format!(
+                "write at {offset} is not contiguous: chunk {handle} holds {} bytes",
+                self.length
+            )));
+        }
+        let mut ops = Vec::with_capacity(5);
+        let (new_length, new_tail) = if end <= self.length {
+            (self.length, self.tail_crc)
+        } else {
+            let (first, crcs, data_at, data) = if offset == self.length {
+                let (first, crcs) = checksum::append_crcs(offset, self.tail_crc, &data);
+                (first, crcs, offset, data)
+            } else {
+                // Overlaps the end: recompute the first block from disk.
+                let first = checksum::block_of(offset);
+                let start = checksum::block_start(first);
+                let old = self.read_verified_block(engine, first).await?;
+                let mut joined = Vec::with_capacity((offset - start) as usize + data.len());
+                joined.extend_from_slice(&old[..(offset - start) as usize]);
+                joined.extend_from_slice(&data);
+                (first, checksum::block_crcs(&joined), offset, data)
+            };
+            let tail = if end % BLOCK == 0 {
+                0
+            } else {
+                crcs.last().copied().unwrap_or(0)
+            };
+            ops.push(IoOp::Write {
+                offset: DATA_OFFSET + data_at,
+                data,
+            });
+            ops.push(IoOp::Write {
+                offset: header::table_entry_offset(first),
+                data: Bytes::from(checksum::encode_table(&crcs)),
+            });
+            (end, tail)
+        };
+        if sync {
+            ops.push(IoOp::SyncData);
+            self.write_header(
+                engine,
+                self.header.version,
+                ReplicaState::Writing,
+                new_length,
+                ops,
+            )
+            .await?;
+        } else if !ops.is_empty() {
+            engine
+                .run(self.file.clone(), ops)
+                .await
+                .map_err(|e| Error::io("write", &self.path, e))?;
+        }
+        self.length = new_length;
+        self.tail_crc = new_tail;
+        Ok(new_length)
+    }
+
+    /// Makes the current length durable in the header (data synced first).
+    async fn persist_length(&mut self, engine: &dyn IoEngine, state: ReplicaState) -> Result<()> {
+        let (version, length) = (self.header.version, self.length);
+        if self.header.length == length && self.header.state == state {
+            return Ok(());
+        }
+        self.write_header(engine, version, state, length, vec![IoOp::SyncData])
+            .await
+    }
+}
+
+/// A replica being received from another chunkserver (re-replication). It is built in
+/// a temporary file and renamed into place by [`Incoming::finish`]; dropped unfinished,
+/// the temporary file is removed.
+pub struct Incoming {
+    handle: ChunkHandle,
+    version: ChunkVersion,
+    expected: u64,
+    file: Arc<File>,
+    tmp: PathBuf,
+    received: u64,
+    crcs: Vec<u32>,
+    tail_crc: u32,
+    engine: Arc<dyn IoEngine>,
+    finished: bool,
+}
+
+impl Incoming {
+    /// Bytes received so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Bytes announced by the sender.
+    pub fn expected(&self) -> u64 {
+        self.expected
+    }
+
+    /// Appends the next bytes.
+    pub async fn append(&mut self, data: Bytes) -> Result<u64> {
+        let end = self.received + data.len() as u64;
+        if end > self.expected {
+            return Err(Error::bad_request(format!(
+                "replica of chunk {} announced {} bytes, received {end}",
+                self.handle, self.expected
+            )));
+        }
+        let (first, crcs) = checksum::append_crcs(self.received, self.tail_crc, &data);
+        for (i, crc) in crcs.iter().enumerate() {
+            let idx = first as usize + i;
+            if idx < self.crcs.len() {
+                self.crcs[idx] = *crc;
+            } else {
+                self.crcs.push(*crc);
+            }
+        }
+        self.tail_crc = if end % BLOCK == 0 {
+            0
+        } else {
+            crcs.last().copied().unwrap_or(0)
+        };
+        self.engine
+            .run(
+                self.file.clone(),
+                vec![IoOp::Write {
+                    offset: DATA_OFFSET + self.received,
+                    data,
+                }],
+            )
+            .await
+            .map_err(|e| Error::io("write", &self.tmp, e))?;
+        self.received = end;
+        Ok(end)
+    }
+
+    /// Seals the replica (finalized at the announced length) and puts it in place,
+    /// replacing an older-version replica of the same chunk.
+    pub async fn finish(mut self, store: &Store) -> Result<ReplicaReport> {
+        if self.received != self.expected {
+            return Err(Error::bad_request(format!(
+                "replica of chunk {} ended after {} of {} bytes",
+                self.handle, self.received, self.expected
+            )));
+        }
+        let header = Header::new(
+            self.handle,
+            self.version,
+            ReplicaState::Finalized,
+            self.received,
+        );
+        self.engine
+            .run(
+                self.file.clone(),
+                vec![
+                    IoOp::Write {
+                        offset: header::TABLE_OFFSET,
+                        data: Bytes::from(checksum::encode_table(&self.crcs)),
+                    },
+                    IoOp::Write {
+                        offset: header.slot_offset(),
+                        data: Bytes::from(header.encode()),
+                    },
+                    IoOp::SyncAll,
+                ],
+            )
+            .await
+            .map_err(|e| Error::io("seal received replica", &self.tmp, e))?;
+        let replica = Replica {
+            file: self.file.clone(),
+            path: store.replica_path(self.handle),
+            header,
+            length: self.received,
+            tail_crc: self.tail_crc,
+        };
+        let report = replica.report();
+        loop {
+            let slot = store.slot_or_insert(self.handle);
+            let mut guard = slot.write().await;
+            match &*guard {
+                SlotState::Removed => continue,
+                SlotState::Live(r) if r.header.version >= self.version => {
+                    return Err(Error::bad_request(format!(
+                        "already holds chunk {} at version {}",
+                        self.handle, r.header.version
+                    )));
+                }
+                SlotState::Live(_) | SlotState::Creating => {}
+            }
+            let (tmp, dst, dir) = (self.tmp.clone(), replica.path.clone(), store.dir.clone());
+            blocking(move || {
+                std::fs::rename(&tmp, &dst).map_err(|e| Error::io("rename", &tmp, e))?;
+                sync_dir(&dir)
+            })
+            .await?;
+            self.finished = true;
+            *guard = SlotState::Live(replica);
+            store.changed.notify_one();
+            return Ok(report);
+        }
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The replicas of one data directory.
+pub struct Store {
+    dir: PathBuf,
+    engine: Arc<dyn IoEngine>,
+    /// handle → per-chunk lock. This std mutex is held only to look up, insert or
+    /// remove entries, never across I/O or an `.await`.
+    slots: Mutex<HashMap<ChunkHandle, Arc<Slot>>>,
+    /// Replicas moved aside as corrupt and not yet reported to the master; drained by
+    /// the heartbeat task through [`Store::take_corrupt`].
+    corrupt: Mutex<Vec<ChunkHandle>>,
+    /// Wakes the heartbeat task when the master should hear about a change soon
+    /// (corrupt replica, replica received or deleted).
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .field("engine", &self.engine.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs blocking file-system work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Io {
+            op: "blocking task",
+            path: String::new(),
+            source: std::io::Error::other(e.to_string()),
+        })?
+}
+
+/// fsyncs a directory, making renames and unlinks in it durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+/// Writes `contents` to `path` durably and atomically: temp file, fsync, rename, fsync
+/// of the directory.
+pub fn replace_file(path: &Path, contents: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(TEMP_SUFFIX);
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+        f.write_all(contents)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| Error::io("write", &tmp, e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => sync_dir(dir),
+        None => sync_dir(Path::new(".")),
+    }
+}
+
+/// Renames `path` aside as `<name>.corrupt` (or `<name>.corrupt.N` if taken); returns
+/// the new path.
+fn move_aside(path: &Path) -> Result<PathBuf> {
+    let mut n = 0u32;
+    loop {
+        let mut name = path.as_os_str().to_owned();
+        name.push(CORRUPT_SUFFIX);
+        if n > 0 {
+            name.push(format!(".{n}"));
+        }
+        let dst = PathBuf::from(name);
+        if !dst.exists() {
+            std::fs::rename(path, &dst).map_err(|e| Error::io("rename aside", path, e))?;
+            if let Some(dir) = path.parent() {
+                sync_dir(dir)?;
+            }
+            return Ok(dst);
+        }
+        n += 1;
+    }
+}
+
+fn parse_replica_name(name: &str) -> Option<ChunkHandle> {
+    let stem = name.strip_suffix(REPLICA_SUFFIX)?;
+    if stem.len() != 16 || !stem.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(stem, 16).ok().map(ChunkHandle)
+}
+
+/// Loads one replica file at start-up (blocking).
+fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
+    let io = |op| move |e| Error::io(op, path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io("open"))?;
+    let file_len = file.metadata().map_err(io("stat"))?.len();
+    let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
+    let got = read_full_at(&file, &mut slots, 0).map_err(io("read header"))?;
+    slots[got..].fill(0);
+    let (s0, s1) = slots.split_at(SLOT_SIZE as usize);
+    let header = Header::newest(s0, s1)?;
+    if header.handle != handle {
+        return Err(Error::CorruptHeader {
+            reason: format!("header names chunk {}", header.handle),
+        });
+    }
+    let on_disk = file_len.saturating_sub(DATA_OFFSET).min(MAX_CHUNK_SIZE);
+    let mut table_bytes = vec![0u8; TABLE_LEN as usize];
+    let got = read_full_at(&file, &mut table_bytes, header::TABLE_OFFSET)
+        .map_err(io("read checksums"))?;
+    table_bytes[got..].fill(0);
+    let table = checksum::parse_table(&table_bytes);
+    let (length, tail_crc) = match header.state {
+        ReplicaState::Finalized => {
+            if on_disk < header.length {
+                return Err(Error::CorruptHeader {
+                    reason: format!(
+                        "finalized at {} bytes but the file holds {on_disk}",
+                        header.length
+                    ),
+                });
+            }
+            let tail = if header.length % BLOCK == 0 {
+                0
+            } else {
+                table[checksum::block_of(header.length) as usize]
+            };
+            (header.length, tail)
+        }
+        ReplicaState::Writing => {
+            let (length, tail) = recover_length(&file, on_disk, &table).map_err(io("read"))?;
+            if length < header.length {
+                return Err(Error::CorruptHeader {
+                    reason: format!(
+                        "only {length} bytes match their checksums, below the durable length {}",
+                        header.length
+                    ),
+                });
+            }
+            (length, tail)
+        }
+    };
+    Ok(Replica {
+        file: Arc::new(file),
+        path: path.to_path_buf(),
+        header,
+        length,
+        tail_crc,
+    })
+}
+
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// The length of a `Writing` replica's valid data: blocks are checked in order against
+/// the table; the first block that does not match in full is cut to the longest prefix
+/// its CRC covers (or dropped), and nothing after it counts. Returns the length and the
+/// CRC of the partial last block.
+fn recover_length(file: &File, on_disk: u64, table: &[u32]) -> std::io::Result<(u64, u32)> {
+    let mut block = 0u64;
+    let mut buf = vec![0u8; BLOCK as usize];
+    loop {
+        let start = checksum::block_start(block);
+        if start >= on_disk {
+            return Ok((on_disk.min(start), 0));
+        }
+        let end = (start + BLOCK).min(on_disk);
+        let want = (end - start) as usize;
+        let got = read_full_at(file, &mut buf[..want], DATA_OFFSET + start)?;
+        let stored = table.get(block as usize).copied().unwrap_or(0);
+        match checksum::check_block(&buf[..got], stored) {
+            BlockCheck::Full if got == want => {
+                if end % BLOCK != 0 {
+                    return Ok((end, stored));
+                }
+            }
+            BlockCheck::Full => return Ok((start + got as u64, stored)),
+            BlockCheck::Prefix(n) => return Ok((start + n as u64, stored)),
+            BlockCheck::Bad => return Ok((start, 0)),
+        }
+        block += 1;
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the data directory: removes leftover temporary files,
+    /// loads and verifies every replica header, recovers the length of replicas that
+    /// were being written, and moves aside (never deletes) replicas that fail.
+    pub async fn open(dir: &Path, engine: Arc<dyn IoEngine>) -> Result<Store> {
+        let dir = dir.to_path_buf();
+        let scan_dir = dir.clone();
+        let (loaded, corrupt) = blocking(move || {
+            std::fs::create_dir_all(&scan_dir).map_err(|e| Error::io("create", &scan_dir, e))?;
+            let mut loaded = HashMap::new();
+            let mut corrupt = Vec::new();
+            let entries = std::fs::read_dir(&scan_dir).map_err(|e| Error::io("list", &scan_dir, e))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| Error::io("list", &scan_dir, e))?;
+                let path = entry.path();
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if name.ends_with(TEMP_SUFFIX) {
+                    tracing::info!(path = %path.display(), "removing leftover temporary file");
+                    std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+                    continue;
+                }
+                let Some(handle) = parse_replica_name(&name) else {
+                    continue;
+                };
+                match load_replica(&path, handle) {
+                    Ok(r) => {
+                        tracing::debug!(chunk = %handle, version = %r.header.version, length = r.length, state = ?r.header.state, "replica loaded");
+                        loaded.insert(handle, r);
+                    }
+                    Err(e @ Error::Io { .. }) => return Err(e),
+                    Err(e) => {
+                        let aside = move_aside(&path)?;
+                        tracing::error!(chunk = %handle, error = %e, moved_to = %aside.display(), "corrupt replica moved aside");
+                        corrupt.push(handle);
+                    }
+                }
+            }
+            sync_dir(&scan_dir)?;
+            Ok((loaded, corrupt))
+        })
+        .await?;
+        tracing::info!(dir = %dir.display(), replicas = loaded.len(), corrupt = corrupt.len(), "replica store opened");
+        let slots = loaded
+            .into_iter()
+            .map(|(h, r)| (h, Arc::new(RwLock::new(SlotState::Live(r)))))
+            .collect();
+        Ok(Store {
+            dir,
+            engine,
+            slots: Mutex::new(slots),
+            corrupt: Mutex::new(corrupt),
+            changed: Notify::new(),
+        })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The I/O engine's name.
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// Where the replica of `handle` lives.
+    pub fn replica_path(&self, handle: ChunkHandle) -> PathBuf {
+        self.dir.join(format!("{handle}{REPLICA_SUFFIX}"))
+    }
+
+    /// Corrupt replicas found since the last call (for ReportCorrupt).
+    pub fn take_corrupt(&self) -> Vec<ChunkHandle> {
+        std::mem::take(&mut *lock(&self.corrupt))
+    }
+
+    /// Puts back corrupt replicas whose report did not reach the master.
+    pub fn requeue_corrupt(&self, handles: Vec<ChunkHandle>) {
+        lock(&self.corrupt).extend(handles);
+    }
+
+    /// Notified when the master should hear about a change soon.
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    fn slot(&self, handle: ChunkHandle) -> Option<Arc<Slot>> {
+        lock(&self.slots).get(&handle).cloned()
+    }
+
+    fn slot_or_insert(&self, handle: ChunkHandle) -> Arc<Slot> {
+        lock(&self.slots)
+            .entry(handle)
+            .or_insert_with(|| Arc::new(RwLock::new(SlotState::Creating)))
+            .clone()
+    }
+
+    /// Removes `slot` from the table if it is still the entry for `handle`.
+    fn unlink_slot(&self, handle: ChunkHandle, slot: &Arc<Slot>) {
+        let mut slots = lock(&self.slots);
+        if slots.get(&handle).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(&handle);
+        }
+    }
+
+    /// Moves a replica aside as corrupt (caller holds its write lock).
+    async fn quarantine(
+        &self,
+        handle: ChunkHandle,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        why: &Error,
+    ) {
+        if let SlotState::Live(r) = &*state {
+            let path = r.path.clone();
+            match blocking(move || move_aside(&path)).await {
+                Ok(aside) => {
+                    tracing::error!(chunk = %handle, error = %why, moved_to = %aside.display(), "corrupt replica moved aside")
+                }
+                Err(e) => {
+                    tracing::error!(chunk = %handle, error = %why, rename_error = %e, "corrupt replica could not be moved aside; dropping it from the table")
+                }
+            }
+            *state = SlotState::Removed;
+            self.unlink_slot(handle, slot);
+            lock(&self.corrupt).push(handle);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Takes the write lock of a live replica.
+    async fn lock_live(
+        &self,
+        handle: ChunkHandle,
+    ) -> Result<(Arc<Slot>, OwnedRwLockWriteGuard<SlotState>)> {
+        let slot = self.slot(handle).ok_or(Error::NotFound { handle })?;
+        let guard = slot.clone().write_owned().await;
+        if !matches!(&*guard, SlotState::Live(_)) {
+            return Err(Error::NotFound { handle });
+        }
+        Ok((slot, guard))
+    }
+
+    /// Passes `result` through; a checksum mismatch moves the replica aside first.
+    async fn settle<T>(
+        &self,
+        handle: ChunkHandle,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        result: Result<T>,
+    ) -> Result<T> {
+        if let Err(e @ Error::ChecksumMismatch { .. }) = &result {
+            self.quarantine(handle, slot, state, e).await;
+        }
+        result
+    }
+
+    /// Raises the replica to `version` durably (data fdatasync, then header write +
+    /// fsync as one linked chain) and reopens it for append. Creates an empty replica
+    /// when `create` is set and none exists. Equal version: idempotent. Lower: refused
+    /// like a stale token.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, create))]
+    pub async fn bump_version(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        create: bool,
+    ) -> Result<ReplicaReport> {
+        loop {
+            let slot = if create {
+                self.slot_or_insert(handle)
+            } else {
+                self.slot(handle).ok_or(Error::NotFound { handle })?
+            };
+            let mut guard = slot.write().await;
+            match &mut *guard {
+                SlotState::Removed if create => continue,
+                SlotState::Removed => return Err(Error::NotFound { handle }),
+                SlotState::Creating if !create => return Err(Error::NotFound { handle }),
+                SlotState::Creating => match self.create_replica(handle, version).await {
+                    Ok(r) => {
+                        let report = r.report();
+                        *guard = SlotState::Live(r);
+                        tracing::info!("replica created");
+                        return Ok(report);
+                    }
+                    Err(e) => {
+                        *guard = SlotState::Removed;
+                        self.unlink_slot(handle, &slot);
+                        return Err(e);
+                    }
+                },
+                SlotState::Live(r) => {
+                    let current = r.header.version;
+                    if version < current {
+                        return Err(Error::StaleToken {
+                            handle,
+                            presented: version,
+                            current,
+                        });
+                    }
+                    if version > current {
+                        let length = r.length;
+                        r.write_header(
+                            self.engine.as_ref(),
+                            version,
+                            ReplicaState::Writing,
+                            length,
+                            vec![IoOp::SyncData],
+                        )
+                        .await?;
+                        tracing::info!(from = %current, length, "version bumped");
+                    }
+                    return Ok(r.report());
+                }
+            }
+        }
+    }
+
+    async fn create_replica(&self, handle: ChunkHandle, version: ChunkVersion) -> Result<Replica> {
+        let path = self.replica_path(handle);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(TEMP_SUFFIX);
+        let tmp = PathBuf::from(tmp);
+        let create_tmp = tmp.clone();
+        let file = Arc::new(
+            blocking(move || {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&create_tmp)
+                    .map_err(|e| Error::io("create", &create_tmp, e))
+            })
+            .await?,
+        );
+        let header = Header::new(handle, version, ReplicaState::Writing, 0);
+        let io = |op| {
+            let tmp = tmp.clone();
+            move |e| Error::io(op, tmp, e)
+        };
+        self.engine
+            .set_len(file.clone(), DATA_OFFSET)
+            .await
+            .map_err(io("size"))?;
+        self.engine
+            .run(
+                file.clone(),
+                vec![
+                    IoOp::Write {
+                        offset: header.slot_offset(),
+                        data: Bytes::from(header.encode()),
+                    },
+                    IoOp::SyncAll,
+                ],
+            )
+            .await
+            .map_err(io("write header"))?;
+        let (src, dst, dir) = (tmp.clone(), path.clone(), self.dir.clone());
+        blocking(move || {
+            std::fs::rename(&src, &dst).map_err(|e| Error::io("rename", &src, e))?;
+            sync_dir(&dir)
+        })
+        .await?;
+        Ok(Replica {
+            file,
+            path,
+            header,
+            length: 0,
+            tail_crc: 0,
+        })
+    }
+
+    /// Cuts the replica at `version` to `length` (at most its current length) and makes
+    /// the length durable.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, length))]
+    pub async fn truncate(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Result<ReplicaReport> {
+        let (slot, mut guard) = self.lock_live(handle).await?;
+        let result = match &mut *guard {
+            SlotState::Live(r) => r.truncate(self.engine.as_ref(), version, length).await,
+            _ => Err(Error::NotFound { handle }),
+        };
+        self.settle(handle, &slot, &mut guard, result).await
+    }
+
+    /// Seals the replica at `version` with `length` (cutting anything beyond it).
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, length))]
+    pub async fn finalize(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Result<ReplicaReport> {
+        let (slot, mut guard) = self.lock_live(handle).await?;
+        let result = match &mut *guard {
+            SlotState::Live(r) => r.finalize(self.engine.as_ref(), version, length).await,
+            _ => Err(Error::NotFound { handle }),
+        };
+        self.settle(handle, &slot, &mut guard, result).await
+    }
+
+    /// Deletes the replica if its version is at most `max_version`; otherwise keeps it
+    /// and returns its report. A missing replica is already deleted.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, max_version = %max_version))]
+    pub async fn delete(
+        &self,
+        handle: ChunkHandle,
+        max_version: ChunkVersion,
+    ) -> Result<Option<ReplicaReport>> {
+        let Some(slot) = self.slot(handle) else {
+            return Ok(None);
+        };
+        let mut guard = slot.write().await;
+        let SlotState::Live(r) = &*guard else {
+            return Ok(None);
+        };
+        if r.header.version > max_version {
+            tracing::info!(version = %r.header.version, "replica newer than the deletion bound; kept");
+            return Ok(Some(r.report()));
+        }
+        let (path, dir) = (r.path.clone(), self.dir.clone());
+        blocking(move || {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &path, e)),
+            }
+            sync_dir(&dir)
+        })
+        .await?;
+        *guard = SlotState::Removed;
+        self.unlink_slot(handle, &slot);
+        self.changed.notify_one();
+        tracing::info!("replica deleted");
+        Ok(None)
+    }
+
+    /// The replica's report, whatever its version.
+    pub async fn info(&self, handle: ChunkHandle) -> Result<ReplicaReport> {
+        let slot = self.slot(handle).ok_or(Error::NotFound { handle })?;
+        let guard = slot.read().await;
+        match &*guard {
+            SlotState::Live(r) => Ok(r.report()),
+            _ => Err(Error::NotFound { handle }),
+        }
+    }
+
+    /// The replica's report, after the gate.
+    pub async fn gated_info(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    ) -> Result<ReplicaReport> {
+        let slot = self.slot(handle).ok_or(Error::NotFound { handle })?;
+        let guard = slot.read().await;
+        match &*guard {
+            SlotState::Live(r) => {
+                gate::check(handle, version, r.header.version)?;
+                Ok(r.report())
+            }
+            _ => Err(Error::NotFound { handle }),
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset` (clipped to the replica's length and to
+    /// [`MAX_DATA_LEN`]) after the gate, verifying the CRC of every block touched. A
+    /// mismatch moves the replica aside and queues a corruption report.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, offset, len))]
+    pub async fn read(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+        len: u64,
+    ) -> Result<(ReplicaReport, Bytes)> {
+        let slot = self.slot(handle).ok_or(Error::NotFound { handle })?;
+        let guard = slot.read().await;
+        let SlotState::Live(r) = &*guard else {
+            return Err(Error::NotFound { handle });
+        };
+        gate::check(handle, version, r.header.version)?;
+        let report = r.report();
+        if offset >= r.length || len == 0 {
+            return Ok((report, Bytes::new()));
+        }
+        let end = offset
+            .saturating_add(len.min(MAX_DATA_LEN as u64))
+            .min(r.length);
+        let first = checksum::block_of(offset);
+        let last = checksum::block_of(end - 1);
+        let start = checksum::block_start(first);
+        let stop = checksum::block_start(last + 1).min(r.length);
+        let engine = self.engine.as_ref();
+        let (data, table) = tokio::join!(
+            engine.read_at(r.file.clone(), DATA_OFFSET + start, (stop - start) as usize),
+            r.read_table(engine, first, last - first + 1)
+        );
+        let data = data.map_err(|e| Error::io("read", &r.path, e))?;
+        let table = table?;
+        let bad = if (data.len() as u64) < stop - start {
+            Some(checksum::block_start(checksum::block_of(
+                start + data.len() as u64,
+            )))
+        } else {
+            checksum::first_mismatch(&data, &table).map(|i| checksum::block_start(first + i as u64))
+        };
+        if let Some(bad) = bad {
+            let file = r.file.clone();
+            drop(guard);
+            let err = Error::ChecksumMismatch {
+                handle,
+                offset: bad,
+            };
+            let mut guard = slot.write().await;
+            if matches!(&*guard, SlotState::Live(r) if Arc::ptr_eq(&r.file, &file)) {
+                self.quarantine(handle, &slot, &mut guard, &err).await;
+            }
+            return Err(err);
+        }
+        let data = Bytes::from(data).slice((offset - start) as usize..(end - start) as usize);
+        Ok((report, data))
+    }
+
+    /// Opens a write stream at `offset` after the gate: the replica must be `Writing`;
+    /// bytes beyond `offset` (an unacknowledged tail of the writer holding this version)
+    /// are cut; a gap before `offset` is refused.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, offset))]
+    pub async fn open_for_write(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+    ) -> Result<ReplicaReport> {
+        let (slot, mut guard) = self.lock_live(handle).await?;
+        let result = match &mut *guard {
+            SlotState::Live(r) => {
+                r.open_for_write(self.engine.as_ref(), version, offset)
+                    .await
+            }
+            _ => Err(Error::NotFound { handle }),
+        };
+        self.settle(handle, &slot, &mut guard, result).await
+    }
+
+    /// Writes `data` at `offset` after the gate and returns the replica's length.
+    /// `offset` must not leave a gap; bytes already present (`offset + len <= length`)
+    /// are an idempotent retry and are not rewritten. With `sync`, the data and then a
+    /// header holding the new length are made durable before returning.
+    pub async fn write(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+        data: Bytes,
+        sync: bool,
+    ) -> Result<u64> {
+        let (slot, mut guard) = self.lock_live(handle).await?;
+        let result = match &mut *guard {
+            SlotState::Live(r) => {
+                r.write(self.engine.as_ref(), version, offset, data, sync)
+                    .await
+            }
+            _ => Err(Error::NotFound { handle }),
+        };
+        self.settle(handle, &slot, &mut guard, result).await
+    }
+
+    /// Starts receiving a replica of `handle` at `version` (`length` bytes) from
+    /// another chunkserver. Refused if this chunkserver already holds that version or a
+    /// newer one.
+    pub async fn receive(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Result<Incoming> {
+        if length > MAX_CHUNK_SIZE {
+            return Err(Error::bad_request(format!(
+                "replica of {length} bytes exceeds the chunk limit"
+            )));
+        }
+        if let Ok(existing) = self.info(handle).await {
+            if existing.version >= version {
+                return Err(Error::bad_request(format!(
+                    "already holds chunk {handle} at version {}",
+                    existing.version
+                )));
+            }
+        }
+        let tmp = self.dir.join(format!(
+            "{handle}{REPLICA_SUFFIX}.recv-{:016x}{TEMP_SUFFIX}",
+            rand::random::<u64>()
+        ));
+        let create = tmp.clone();
+        let file = blocking(move || {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&create)
+                .map_err(|e| Error::io("create", &create, e))?;
+            f.set_len(DATA_OFFSET)
+                .map_err(|e| Error::io("size", &create, e))?;
+            Ok(f)
+        })
+        .await?;
+        Ok(Incoming {
+            handle,
+            version,
+            expected: length,
+            file: Arc::new(file),
+            tmp,
+            received: 0,
+            crcs: Vec::new(),
+            tail_crc: 0,
+            engine: self.engine.clone(),
+            finished: false,
+        })
+    }
+
+    /// Reports of every replica (the full chunk report).
+    pub async fn reports(&self) -> Vec<ReplicaReport> {
+        let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
+            if let SlotState::Live(r) = &*slot.read().await {
+                out.push(r.report());
+            }
+        }
+        out.sort_by_key(|r| r.handle);
+        out
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these short critical sections leaves plain data
+    // (a map, a list) that is still consistent, so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_names_parse_only_sixteen_hex_digits() {
+        assert_eq!(
+            parse_replica_name("000000000000002a.chunk"),
+            Some(ChunkHandle(42))
+        );
+        assert_eq!(parse_replica_name("2a.chunk"), None);
+        assert_eq!(parse_replica_name("000000000000002a.chunk.corrupt"), None);
+        assert_eq!(parse_replica_name("zzzzzzzzzzzzzzzz.chunk"), None);
+    }
+}

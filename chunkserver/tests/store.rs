@@ -1,0 +1,436 @@
+//! The replica store on real files, with both I/O engines.
+
+mod common;
+
+use bytes::Bytes;
+use common::{engine, engines, init_tracing, pattern};
+use stampfs_chunkserver::header::{Header, BLOCK, DATA_OFFSET, SLOT_SIZE};
+use stampfs_chunkserver::store::Store;
+use stampfs_chunkserver::{Error, IoEngineKind};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+const H: ChunkHandle = ChunkHandle(0x1234);
+
+fn v(n: u64) -> ChunkVersion {
+    ChunkVersion(n)
+}
+
+async fn open(dir: &Path, kind: IoEngineKind) -> Store {
+    Store::open(dir, engine(kind)).await.expect("store opens")
+}
+
+fn replica_file(dir: &Path, h: ChunkHandle) -> std::path::PathBuf {
+    dir.join(format!("{h}.chunk"))
+}
+
+#[tokio::test]
+async fn version_bump_survives_restart() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(100_000, 1);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data.clone()), false)
+                .await
+                .expect("write");
+            s.finalize(H, v(1), data.len() as u64)
+                .await
+                .expect("finalize");
+            let r = s.bump_version(H, v(2), false).await.expect("bump");
+            assert_eq!(
+                (r.version, r.state),
+                (v(2), ReplicaState::Writing),
+                "{kind:?}"
+            );
+        }
+        let s = open(dir.path(), kind).await;
+        let r = s.info(H).await.expect("still there");
+        assert_eq!(r.version, v(2), "{kind:?}");
+        assert_eq!(r.length, data.len() as u64);
+        assert_eq!(r.state, ReplicaState::Writing);
+        // The old version is fenced after the restart too.
+        let err = s
+            .write(H, v(1), r.length, Bytes::from_static(b"late"), false)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::StaleToken { presented, current, .. } if presented == v(1) && current == v(2)),
+            "{err}"
+        );
+        let (_, got) = s.read(H, v(2), 0, 1 << 20).await.expect("read");
+        assert_eq!(&got[..], &data[..]);
+    }
+}
+
+#[tokio::test]
+async fn the_gate_stale_equal_and_higher() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), kind).await;
+        s.bump_version(H, v(5), true).await.expect("create");
+        let pkt = Bytes::from(pattern(70_000, 2));
+        // Lower: StaleToken with the current version.
+        let err = s.write(H, v(4), 0, pkt.clone(), false).await.unwrap_err();
+        assert_eq!(
+            err.to_remote(),
+            stampfs_proto::RemoteError::StaleToken {
+                handle: H,
+                presented: v(4),
+                current: v(5)
+            }
+        );
+        // Equal: proceeds; an exact retry succeeds idempotently.
+        assert_eq!(
+            s.write(H, v(5), 0, pkt.clone(), false)
+                .await
+                .expect("write"),
+            70_000
+        );
+        assert_eq!(
+            s.write(H, v(5), 0, pkt.clone(), false)
+                .await
+                .expect("retry"),
+            70_000
+        );
+        assert_eq!(s.info(H).await.expect("info").length, 70_000);
+        // Higher: this replica missed a bump.
+        let err = s
+            .write(H, v(6), 70_000, pkt.clone(), false)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::ReplicaStale { presented, current, .. } if presented == v(6) && current == v(5)),
+            "{err}"
+        );
+        // The same gate guards reads and info.
+        assert!(matches!(
+            s.read(H, v(4), 0, 10).await,
+            Err(Error::StaleToken { .. })
+        ));
+        assert!(matches!(
+            s.read(H, v(6), 0, 10).await,
+            Err(Error::ReplicaStale { .. })
+        ));
+        assert!(matches!(
+            s.gated_info(H, v(4)).await,
+            Err(Error::StaleToken { .. })
+        ));
+        assert_eq!(s.gated_info(H, v(5)).await.expect("info").length, 70_000);
+        // Bumps: lower refused, equal idempotent, missing without create is NotFound.
+        assert!(matches!(
+            s.bump_version(H, v(4), false).await,
+            Err(Error::StaleToken { .. })
+        ));
+        assert_eq!(
+            s.bump_version(H, v(5), false).await.expect("same").version,
+            v(5)
+        );
+        assert!(matches!(
+            s.bump_version(ChunkHandle(9), v(1), false).await,
+            Err(Error::NotFound { .. })
+        ));
+        // A gap is refused.
+        assert!(matches!(
+            s.write(H, v(5), 80_000, pkt.clone(), false).await,
+            Err(Error::BadRequest { .. })
+        ));
+    }
+}
+
+#[tokio::test]
+async fn flipped_data_byte_is_detected_and_the_replica_moved_aside() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), kind).await;
+        s.bump_version(H, v(1), true).await.expect("create");
+        let data = pattern(3 * BLOCK as usize + 100, 3);
+        s.write(H, v(1), 0, Bytes::from(data.clone()), true)
+            .await
+            .expect("write");
+        s.finalize(H, v(1), data.len() as u64)
+            .await
+            .expect("finalize");
+        let path = replica_file(dir.path(), H);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let at = DATA_OFFSET + 2 * BLOCK + 17;
+        f.write_all_at(&[data[(2 * BLOCK + 17) as usize] ^ 0x01], at)
+            .expect("flip");
+        drop(f);
+        // Blocks before the damage still read.
+        let (_, got) = s.read(H, v(1), 10, 1000).await.expect("clean block");
+        assert_eq!(&got[..], &data[10..1010]);
+        let err = s.read(H, v(1), BLOCK, 2 * BLOCK).await.unwrap_err();
+        assert!(
+            matches!(err, Error::ChecksumMismatch { offset, .. } if offset == 2 * BLOCK),
+            "{err}"
+        );
+        assert!(!path.exists(), "{kind:?}: the corrupt file must be moved");
+        let aside = dir.path().join(format!("{H}.chunk.corrupt"));
+        assert!(aside.exists(), "{kind:?}: renamed aside, never deleted");
+        assert!(matches!(s.info(H).await, Err(Error::NotFound { .. })));
+        assert_eq!(s.take_corrupt(), vec![H]);
+    }
+}
+
+#[tokio::test]
+async fn garbage_header_slots_are_moved_aside_at_startup() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+        }
+        let bad = ChunkHandle(0xbad);
+        std::fs::write(replica_file(dir.path(), bad), pattern(100_000, 4)).expect("garbage");
+        std::fs::write(dir.path().join("0000000000000bad.chunk.tmp"), b"leftover").expect("tmp");
+        let s = open(dir.path(), kind).await;
+        assert!(s.info(H).await.is_ok());
+        assert!(matches!(s.info(bad).await, Err(Error::NotFound { .. })));
+        assert!(!replica_file(dir.path(), bad).exists());
+        assert!(dir.path().join("0000000000000bad.chunk.corrupt").exists());
+        assert!(!dir.path().join("0000000000000bad.chunk.tmp").exists());
+        assert_eq!(s.take_corrupt(), vec![bad]);
+    }
+}
+
+#[tokio::test]
+async fn a_torn_newest_header_slot_falls_back_to_the_previous_version() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.bump_version(H, v(2), false).await.expect("bump");
+        }
+        let path = replica_file(dir.path(), H);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
+        f.read_exact_at(&mut slots, 0).expect("slots");
+        let (a, b) = slots.split_at(SLOT_SIZE as usize);
+        let newest = Header::newest(a, b).expect("valid");
+        assert_eq!(newest.version, v(2));
+        // Tear the newest slot: its second half never reached the disk.
+        f.write_all_at(&[0u8; 40], newest.slot_offset() + 20)
+            .expect("tear");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("previous slot").version, v(1));
+    }
+}
+
+#[tokio::test]
+async fn a_writing_replica_recovers_its_length_from_the_file() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(100_000, 5);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            // Odd-sized appends exercise the extended partial-block CRCs on disk.
+            let mut off = 0usize;
+            for n in [1usize, 4095, 60_000, 5, 35_899] {
+                s.write(
+                    H,
+                    v(1),
+                    off as u64,
+                    Bytes::copy_from_slice(&data[off..off + n]),
+                    false,
+                )
+                .await
+                .expect("append");
+                off += n;
+            }
+            assert_eq!(off, data.len());
+        }
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 100_000, "{kind:?}");
+        let (_, got) = s.read(H, v(1), 0, 200_000).await.expect("read");
+        assert_eq!(&got[..], &data[..]);
+        drop(s);
+        // Bytes that reached the file without their checksum entry are cut.
+        let path = replica_file(dir.path(), H);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.write_all_at(&pattern(3000, 6), DATA_OFFSET + 100_000)
+            .expect("append garbage");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 100_000);
+        // Appending continues right after the recovered length.
+        s.write(H, v(1), 100_000, Bytes::from_static(b"more"), true)
+            .await
+            .expect("append after recovery");
+        let (_, got) = s.read(H, v(1), 99_998, 10).await.expect("read");
+        assert_eq!(
+            &got[..],
+            &[data[99_998], data[99_999], b'm', b'o', b'r', b'e']
+        );
+        drop(s);
+        // Damage below the durable (synced) length is corruption, not a shorter replica.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.write_all_at(&[data[5] ^ 0xff], DATA_OFFSET + 5)
+            .expect("flip");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        assert!(matches!(s.info(H).await, Err(Error::NotFound { .. })));
+        assert_eq!(s.take_corrupt(), vec![H]);
+        assert!(dir.path().join(format!("{H}.chunk.corrupt")).exists());
+    }
+}
+
+#[tokio::test]
+async fn truncate_finalize_and_stream_setup() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(150_000, 7);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data.clone()), false)
+                .await
+                .expect("write");
+            assert!(matches!(
+                s.truncate(H, v(1), 150_001).await,
+                Err(Error::BadRequest { .. })
+            ));
+            assert!(matches!(
+                s.truncate(H, v(2), 10).await,
+                Err(Error::ReplicaStale { .. })
+            ));
+            let r = s.truncate(H, v(1), 100_000).await.expect("truncate");
+            assert_eq!(r.length, 100_000);
+            // Appends continue from the cut with correct checksums.
+            s.write(
+                H,
+                v(1),
+                100_000,
+                Bytes::from(data[100_000..120_000].to_vec()),
+                false,
+            )
+            .await
+            .expect("append after truncate");
+            // A setup at an earlier offset cuts the unacknowledged tail...
+            assert_eq!(
+                s.open_for_write(H, v(1), 110_000)
+                    .await
+                    .expect("setup")
+                    .length,
+                110_000
+            );
+            // ...and a gap is refused.
+            assert!(matches!(
+                s.open_for_write(H, v(1), 110_001).await,
+                Err(Error::BadRequest { .. })
+            ));
+            s.write(
+                H,
+                v(1),
+                110_000,
+                Bytes::from(data[110_000..130_000].to_vec()),
+                false,
+            )
+            .await
+            .expect("append");
+            assert!(matches!(
+                s.finalize(H, v(1), 130_001).await,
+                Err(Error::BadRequest { .. })
+            ));
+            let r = s.finalize(H, v(1), 125_000).await.expect("finalize");
+            assert_eq!((r.length, r.state), (125_000, ReplicaState::Finalized));
+            s.finalize(H, v(1), 125_000).await.expect("idempotent");
+            assert!(matches!(
+                s.write(H, v(1), 125_000, Bytes::from_static(b"x"), false)
+                    .await,
+                Err(Error::BadRequest { .. })
+            ));
+            assert!(matches!(
+                s.open_for_write(H, v(1), 125_000).await,
+                Err(Error::BadRequest { .. })
+            ));
+        }
+        let s = open(dir.path(), kind).await;
+        let r = s.info(H).await.expect("info");
+        assert_eq!(
+            (r.length, r.state),
+            (125_000, ReplicaState::Finalized),
+            "{kind:?}"
+        );
+        let (_, got) = s.read(H, v(1), 0, 1 << 20).await.expect("read");
+        assert_eq!(&got[..], &data[..125_000]);
+        let file_len = std::fs::metadata(replica_file(dir.path(), H))
+            .expect("meta")
+            .len();
+        assert_eq!(file_len, DATA_OFFSET + 125_000);
+    }
+}
+
+#[tokio::test]
+async fn overlapping_rewrite_recomputes_the_block_from_disk() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), kind).await;
+        s.bump_version(H, v(1), true).await.expect("create");
+        let data = pattern(90_000, 8);
+        s.write(H, v(1), 0, Bytes::from(data[..80_000].to_vec()), false)
+            .await
+            .expect("write");
+        // A resent packet that overlaps the end (same bytes, then new ones).
+        s.write(
+            H,
+            v(1),
+            70_000,
+            Bytes::from(data[70_000..90_000].to_vec()),
+            false,
+        )
+        .await
+        .expect("overlap");
+        assert_eq!(s.info(H).await.expect("info").length, 90_000);
+        drop(s);
+        let s = open(dir.path(), kind).await;
+        let (_, got) = s.read(H, v(1), 0, 100_000).await.expect("read verifies");
+        assert_eq!(&got[..], &data[..]);
+    }
+}
+
+#[tokio::test]
+async fn delete_honours_the_version_bound() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), kind).await;
+        s.bump_version(H, v(3), true).await.expect("create");
+        let kept = s.delete(H, v(2)).await.expect("delete");
+        assert_eq!(kept.expect("kept").version, v(3));
+        assert!(replica_file(dir.path(), H).exists());
+        assert_eq!(s.delete(H, v(3)).await.expect("delete"), None);
+        assert!(!replica_file(dir.path(), H).exists());
+        assert_eq!(s.delete(H, v(3)).await.expect("again"), None);
+        assert!(s.reports().await.is_empty());
+        // A deleted chunk can be created again.
+        s.bump_version(H, v(4), true).await.expect("recreate");
+        assert_eq!(s.reports().await.len(), 1);
+    }
+}

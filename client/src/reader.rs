@@ -1,0 +1,276 @@
+//! [`FileReader`]: `AsyncRead + AsyncSeek` over a file's chunks, and `read_at`.
+//!
+//! Locations are fetched once at open and refreshed when a replica says the version
+//! moved on. Only replicas at the master's current version are ever listed (the
+//! master filters stale ones); a replica that fails, is stale or corrupt is skipped
+//! for the next one, and corruption is reported to the master.
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use stampfs_proto::{FileLocations, LocatedChunk, Read, RemoteError, ReplicaInfo, ReportCorrupt};
+use std::io::SeekFrom;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
+
+/// Bytes fetched per request (and read ahead by the `AsyncRead` impl).
+const READ_SIZE: u64 = 1 << 20;
+
+struct Shared {
+    client: Client,
+    path: String,
+    /// The file's chunks; replaced when a read learns that a version moved on.
+    locations: Mutex<View>,
+}
+
+#[derive(Clone)]
+struct View {
+    locations: FileLocations,
+    /// Readable length: committed chunks plus what the last open chunk's replica has.
+    length: u64,
+}
+
+/// Reads one file.
+pub struct FileReader {
+    shared: Arc<Shared>,
+    pos: u64,
+    /// Bytes read ahead, starting at file offset `buf_at`.
+    buf: Bytes,
+    buf_at: u64,
+    /// A fetch in progress inside `poll_read`.
+    fetch: Option<BoxFuture<'static, Result<Bytes>>>,
+}
+
+impl std::fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileReader")
+            .field("path", &self.shared.path)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileReader {
+    pub(crate) async fn open(client: Client, path: String) -> Result<Self> {
+        let view = load_view(&client, &path).await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                path,
+                locations: Mutex::new(view),
+            }),
+            pos: 0,
+            buf: Bytes::new(),
+            buf_at: 0,
+            fetch: None,
+        })
+    }
+
+    /// Readable length when the reader was opened (or last refreshed).
+    pub fn len(&self) -> u64 {
+        self.shared.view().length
+    }
+
+    /// True for an empty file.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads up to `len` bytes at `offset`; fewer only at the end of the file.
+    pub async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
+        let mut out = bytes::BytesMut::new();
+        let mut at = offset;
+        while out.len() < len {
+            let piece = self
+                .shared
+                .clone()
+                .fetch(at, (len - out.len()) as u64)
+                .await?;
+            if piece.is_empty() {
+                break;
+            }
+            at += piece.len() as u64;
+            out.extend_from_slice(&piece);
+        }
+        Ok(out.freeze())
+    }
+}
+
+impl Shared {
+    fn view(&self) -> View {
+        match self.locations.lock() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    async fn refresh(&self) -> Result<View> {
+        let view = load_view(&self.client, &self.path).await?;
+        if let Ok(mut v) = self.locations.lock() {
+            *v = view.clone();
+        }
+        Ok(view)
+    }
+
+    /// Reads at most `max` bytes at `offset` from one chunk.
+    async fn fetch(self: Arc<Self>, offset: u64, max: u64) -> Result<Bytes> {
+        let mut view = self.view();
+        let mut refreshed = false;
+        loop {
+            if offset >= view.length {
+                return Ok(Bytes::new());
+            }
+            let Some(chunk) = chunk_at(&view.locations, offset) else {
+                return Ok(Bytes::new());
+            };
+            let in_chunk = offset - chunk.file_offset;
+            let want = max.min(READ_SIZE).min(view.length - offset) as u32;
+            match self.read_chunk(chunk, in_chunk, want).await {
+                Ok(b) => return Ok(b),
+                Err(e) if !refreshed => {
+                    tracing::debug!(error = %e, "read failed; refreshing locations");
+                    view = self.refresh().await?;
+                    refreshed = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn read_chunk(&self, chunk: &LocatedChunk, offset: u64, len: u32) -> Result<Bytes> {
+        let mut last = String::from("no replica at the current version");
+        for replica in &chunk.replicas {
+            let req = Read {
+                token: chunk.token,
+                offset,
+                len,
+            };
+            match self.client.call_chunkserver(&replica.addr, req).await {
+                Ok((_reply, data)) => return Ok(data),
+                Err(e) => {
+                    if let Error::Remote(RemoteError::ChecksumMismatch { .. }) = &e {
+                        let report = ReportCorrupt {
+                            handle: chunk.handle,
+                            chunkserver: replica.chunkserver,
+                        };
+                        if let Err(err) = self.client.call(report).await {
+                            tracing::warn!(error = %err, "could not report a corrupt replica");
+                        }
+                    }
+                    tracing::debug!(chunkserver = %replica.chunkserver, error = %e, "replica read failed");
+                    last = e.to_string();
+                }
+            }
+        }
+        Err(Error::NoReplica {
+            handle: chunk.handle,
+            last,
+        })
+    }
+}
+
+fn chunk_at(locs: &FileLocations, offset: u64) -> Option<&LocatedChunk> {
+    let idx = locs
+        .chunks
+        .partition_point(|c| c.file_offset <= offset)
+        .checked_sub(1)?;
+    locs.chunks.get(idx)
+}
+
+/// Fetches locations and works out the readable length, asking a replica of an
+/// incomplete last chunk how much it holds (everything hflushed is on every replica).
+async fn load_view(client: &Client, path: &str) -> Result<View> {
+    let locations = client.locations(path).await?;
+    let mut length = locations
+        .chunks
+        .iter()
+        .filter(|c| c.complete)
+        .map(|c| c.file_offset + c.length)
+        .max()
+        .unwrap_or(0);
+    if let Some(last) = locations.chunks.last().filter(|c| !c.complete) {
+        let mut visible = last.length;
+        for r in &last.replicas {
+            match client
+                .call_chunkserver(&r.addr, ReplicaInfo { token: last.token })
+                .await
+            {
+                Ok((report, _)) => {
+                    visible = visible.max(report.length);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(chunkserver = %r.chunkserver, error = %e, "replica info failed")
+                }
+            }
+        }
+        length = length.max(last.file_offset + visible);
+    }
+    if locations.chunks.is_empty() {
+        length = locations.status.length;
+    }
+    Ok(View { locations, length })
+}
+
+impl AsyncRead for FileReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            let buf_end = this.buf_at + this.buf.len() as u64;
+            if this.pos >= this.buf_at && this.pos < buf_end {
+                let start = (this.pos - this.buf_at) as usize;
+                let n = out.remaining().min(this.buf.len() - start);
+                out.put_slice(&this.buf[start..start + n]);
+                this.pos += n as u64;
+                return Poll::Ready(Ok(()));
+            }
+            if this.fetch.is_none() {
+                let shared = this.shared.clone();
+                this.fetch = Some(Box::pin(shared.fetch(this.pos, READ_SIZE)));
+            }
+            let res = match this.fetch.as_mut() {
+                Some(f) => ready!(f.as_mut().poll(cx)),
+                None => Ok(Bytes::new()),
+            };
+            this.fetch = None;
+            let data = res.map_err(Error::into_io)?;
+            if data.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            this.buf_at = this.pos;
+            this.buf = data;
+        }
+    }
+}
+
+impl AsyncSeek for FileReader {
+    fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> std::io::Result<()> {
+        let this = self.get_mut();
+        let len = this.len() as i128;
+        let target = match position {
+            SeekFrom::Start(n) => n as i128,
+            SeekFrom::End(d) => len + d as i128,
+            SeekFrom::Current(d) => this.pos as i128 + d as i128,
+        };
+        if target < 0 || target > u64::MAX as i128 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "seek before the start of the file",
+            ));
+        }
+        this.pos = target as u64;
+        this.fetch = None;
+        Ok(())
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<u64>> {
+        Poll::Ready(Ok(self.pos))
+    }
+}

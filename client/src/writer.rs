@@ -1,0 +1,750 @@
+//! [`FileWriter`]: an `AsyncWrite` that streams a file through chunk pipelines.
+//!
+//! The front ([`FileWriter`]) cuts bytes into packets and hands them to a streamer
+//! task over a bounded channel. The streamer owns the pipeline: it keeps up to
+//! `window` bytes in flight, matches acks to packets, crosses chunk boundaries (commit
+//! the full chunk, ask the master for the next), and recovers the pipeline when a
+//! replica fails: a version bump over the survivors, then the unacknowledged packets
+//! again. A fenced writer (a chunkserver answered `StaleToken`, or the master says the
+//! lease is gone) fails for good: every later call returns [`Error::Fenced`] and
+//! nothing is retried with the old token.
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::pipeline::{PipelineStream, SetupError};
+use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use stampfs_proto::{
+    AddChunk, ChunkCommit, ChunkVersion, ChunkserverId, Close, FileStatus, RemoteError,
+    UpdatePipeline, WriteGrant,
+};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::AsyncWrite;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::PollSender;
+use tracing::Instrument;
+
+/// Commands from the front to the streamer; the channel is small because the window,
+/// not the channel, bounds memory.
+const CMD_QUEUE: usize = 4;
+/// Pipeline recoveries tried for one failure before giving up.
+const MAX_RECOVERIES: usize = 6;
+
+enum Cmd {
+    Data(Bytes),
+    Flush {
+        sync: bool,
+        done: oneshot::Sender<Result<()>>,
+    },
+    Close {
+        done: oneshot::Sender<Result<FileStatus>>,
+    },
+}
+
+/// Writes one file. Implements [`AsyncWrite`]: `flush` is [`FileWriter::hflush`] and
+/// `shutdown` is [`FileWriter::close`]. Dropping it without `close` leaves the file
+/// open until the master recovers its lease.
+pub struct FileWriter {
+    path: String,
+    packet_size: usize,
+    /// Bytes accepted but not yet handed to the streamer (less than one packet).
+    buf: BytesMut,
+    /// Hands packets to the streamer with backpressure; closed by `close`.
+    tx: PollSender<Cmd>,
+    /// A clone of the same channel for the flush/close futures.
+    raw_tx: mpsc::Sender<Cmd>,
+    /// A flush or close in progress inside `poll_flush` / `poll_shutdown`.
+    pending: Option<BoxFuture<'static, Result<()>>>,
+    /// Set once the writer has failed or closed; later calls return it.
+    done: Option<Error>,
+    written: u64,
+    status: FileStatus,
+}
+
+impl std::fmt::Debug for FileWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWriter")
+            .field("path", &self.path)
+            .field("written", &self.written)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileWriter {
+    pub(crate) fn start(client: Client, status: FileStatus, last: Option<WriteGrant>) -> Self {
+        let (raw_tx, rx) = mpsc::channel(CMD_QUEUE);
+        let packet_size = client.config().packet_size;
+        let chunk = last.map(|grant| ChunkState::new(grant.clone(), grant.chunk_offset));
+        let streamer = Streamer {
+            client: client.clone(),
+            path: status.path.clone(),
+            chunk,
+            failed: None,
+            next_seq: 0,
+        };
+        let span = tracing::info_span!("writer", path = %status.path, client = %client.id());
+        tokio::spawn(streamer.run(rx).instrument(span));
+        Self {
+            path: status.path.clone(),
+            packet_size,
+            buf: BytesMut::with_capacity(packet_size),
+            tx: PollSender::new(raw_tx.clone()),
+            raw_tx,
+            pending: None,
+            done: None,
+            written: 0,
+            status,
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Bytes accepted by this writer so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// The file's status when it was opened, or after `close`.
+    pub fn status(&self) -> &FileStatus {
+        &self.status
+    }
+
+    fn closed_error(&self) -> Error {
+        match &self.done {
+            Some(e) => e.duplicate(),
+            None => Error::WriterClosed {
+                path: self.path.clone(),
+            },
+        }
+    }
+
+    fn poll_send_buf(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if self.buf.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        if ready!(self.tx.poll_reserve(cx)).is_err() {
+            return Poll::Ready(Err(self.closed_error()));
+        }
+        let data = self.buf.split().freeze();
+        if self.tx.send_item(Cmd::Data(data)).is_err() {
+            return Poll::Ready(Err(self.closed_error()));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn flush_future(&self, sync: bool) -> BoxFuture<'static, Result<()>> {
+        let tx = self.raw_tx.clone();
+        let path = self.path.clone();
+        Box::pin(async move {
+            let (done, rx) = oneshot::channel();
+            tx.send(Cmd::Flush { sync, done })
+                .await
+                .map_err(|_| Error::WriterClosed { path: path.clone() })?;
+            rx.await.map_err(|_| Error::WriterClosed { path })?
+        })
+    }
+
+    fn poll_flush_inner(&mut self, cx: &mut Context<'_>, sync: bool) -> Poll<Result<()>> {
+        if self.done.is_some() {
+            return Poll::Ready(Err(self.closed_error()));
+        }
+        if self.pending.is_none() {
+            ready!(self.poll_send_buf(cx))?;
+            self.pending = Some(self.flush_future(sync));
+        }
+        let res = match self.pending.as_mut() {
+            Some(fut) => ready!(fut.as_mut().poll(cx)),
+            None => Ok(()),
+        };
+        self.pending = None;
+        if let Err(e) = &res {
+            if e.is_fenced() {
+                self.done = Some(e.duplicate());
+            }
+        }
+        Poll::Ready(res)
+    }
+
+    /// Returns once every byte written so far is acknowledged by every replica of the
+    /// pipeline (visible to new readers).
+    pub async fn hflush(&mut self) -> Result<()> {
+        std::future::poll_fn(|cx| self.poll_flush_inner(cx, false)).await
+    }
+
+    /// Like [`FileWriter::hflush`], and the bytes are on the replicas' disks.
+    pub async fn hsync(&mut self) -> Result<()> {
+        std::future::poll_fn(|cx| self.poll_flush_inner(cx, true)).await
+    }
+
+    /// Flushes, commits the last chunk's length, and releases the lease. Returns the
+    /// file's final status.
+    pub async fn close(&mut self) -> Result<FileStatus> {
+        if let Some(e) = &self.done {
+            return Err(e.duplicate());
+        }
+        std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
+        let (done, rx) = oneshot::channel();
+        let res = match self.raw_tx.send(Cmd::Close { done }).await {
+            Ok(()) => rx.await.unwrap_or_else(|_| {
+                Err(Error::WriterClosed {
+                    path: self.path.clone(),
+                })
+            }),
+            Err(_) => Err(self.closed_error()),
+        };
+        self.tx.close();
+        match res {
+            Ok(status) => {
+                self.status = status.clone();
+                self.done = Some(Error::WriterClosed {
+                    path: self.path.clone(),
+                });
+                Ok(status)
+            }
+            Err(e) => {
+                self.done = Some(e.duplicate());
+                Err(e)
+            }
+        }
+    }
+}
+
+impl AsyncWrite for FileWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.done.is_some() {
+            return Poll::Ready(Err(this.closed_error().into_io()));
+        }
+        if this.buf.len() >= this.packet_size {
+            ready!(this.poll_send_buf(cx)).map_err(Error::into_io)?;
+        }
+        let n = data.len().min(this.packet_size - this.buf.len());
+        this.buf.extend_from_slice(&data[..n]);
+        this.written += n as u64;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut()
+            .poll_flush_inner(cx, false)
+            .map_err(Error::into_io)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if matches!(this.done, Some(Error::WriterClosed { .. })) {
+            return Poll::Ready(Ok(()));
+        }
+        if this.done.is_some() {
+            return Poll::Ready(Err(this.closed_error().into_io()));
+        }
+        if this.pending.is_none() {
+            ready!(this.poll_send_buf(cx)).map_err(Error::into_io)?;
+            let tx = this.raw_tx.clone();
+            let path = this.path.clone();
+            this.pending = Some(Box::pin(async move {
+                let (done, rx) = oneshot::channel();
+                tx.send(Cmd::Close { done })
+                    .await
+                    .map_err(|_| Error::WriterClosed { path: path.clone() })?;
+                rx.await
+                    .map_err(|_| Error::WriterClosed { path })?
+                    .map(|_| ())
+            }));
+        }
+        let res = match this.pending.as_mut() {
+            Some(fut) => ready!(fut.as_mut().poll(cx)),
+            None => Ok(()),
+        };
+        this.pending = None;
+        this.tx.close();
+        this.done = Some(match &res {
+            Ok(()) => Error::WriterClosed {
+                path: this.path.clone(),
+            },
+            Err(e) => e.duplicate(),
+        });
+        Poll::Ready(res.map_err(Error::into_io))
+    }
+}
+
+/// A packet sent but not yet acknowledged by the whole pipeline.
+struct Pending {
+    seq: u64,
+    offset: u64,
+    crc: u32,
+    sync: bool,
+    data: Bytes,
+}
+
+/// The chunk currently being written.
+struct ChunkState {
+    grant: WriteGrant,
+    stream: Option<PipelineStream>,
+    /// Chunk offset of the next byte to send.
+    sent: u64,
+    /// Chunk offset up to which every replica has acknowledged.
+    acked: u64,
+    unacked: VecDeque<Pending>,
+}
+
+impl ChunkState {
+    fn new(grant: WriteGrant, offset: u64) -> Self {
+        Self {
+            grant,
+            stream: None,
+            sent: offset,
+            acked: offset,
+            unacked: VecDeque::new(),
+        }
+    }
+
+    fn room(&self) -> u64 {
+        self.grant.chunk_size.saturating_sub(self.sent)
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.sent - self.acked
+    }
+}
+
+/// What went wrong with one ack or send.
+enum Trouble {
+    /// These replicas failed; the others may go on.
+    Replicas(Vec<ChunkserverId>),
+    /// The writer is fenced or the failure is final.
+    Fatal(Error),
+}
+
+struct Streamer {
+    client: Client,
+    path: String,
+    chunk: Option<ChunkState>,
+    failed: Option<Error>,
+    next_seq: u64,
+}
+
+impl Streamer {
+    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
+        loop {
+            let window = self.client.config().window as u64;
+            let in_flight = self.chunk.as_ref().map_or(0, ChunkState::in_flight);
+            let waiting_acks = self.failed.is_none()
+                && self
+                    .chunk
+                    .as_ref()
+                    .is_some_and(|c| !c.unacked.is_empty() && c.stream.is_some());
+            tokio::select! {
+                biased;
+                ack = next_ack(&mut self.chunk), if waiting_acks => {
+                    self.on_ack(ack).await;
+                }
+                cmd = rx.recv(), if in_flight < window || self.failed.is_some() => {
+                    match cmd {
+                        None => break,
+                        Some(Cmd::Data(data)) => {
+                            if self.failed.is_none() {
+                                if let Err(e) = self.send_data(data).await {
+                                    self.fail(e);
+                                }
+                            }
+                        }
+                        Some(Cmd::Flush { sync, done }) => {
+                            let res = self.flush(sync).await;
+                            let _ = done.send(res);
+                        }
+                        Some(Cmd::Close { done }) => {
+                            let res = self.close().await;
+                            let _ = done.send(res);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(chunk) = self.chunk.as_mut() {
+            if let Some(stream) = chunk.stream.take() {
+                stream.finish().await;
+            }
+        }
+        self.client.release_lease(&self.path);
+    }
+
+    fn fail(&mut self, e: Error) {
+        tracing::warn!(error = %e, "writer failed");
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(e.duplicate()),
+            None => Ok(()),
+        }
+    }
+
+    fn fenced(&self, current: Option<ChunkVersion>) -> Error {
+        let grant = self.chunk.as_ref().map(|c| &c.grant);
+        Error::Fenced {
+            path: self.path.clone(),
+            handle: grant.map(|g| g.token.handle),
+            presented: grant.map(|g| g.token.version),
+            current,
+        }
+    }
+
+    /// Classifies an error from the master during a write.
+    fn master_error(&self, e: Error) -> Error {
+        match e {
+            Error::Remote(RemoteError::LeaseExpired { .. }) => self.fenced(None),
+            Error::Remote(RemoteError::StaleToken { current, .. }) => self.fenced(Some(current)),
+            other => other,
+        }
+    }
+
+    async fn send_data(&mut self, mut data: Bytes) -> Result<()> {
+        while !data.is_empty() {
+            if self.chunk.as_ref().is_none_or(|c| c.room() == 0) {
+                self.next_chunk().await?;
+            }
+            let chunk = match self.chunk.as_mut() {
+                Some(c) => c,
+                None => unreachable!("next_chunk sets a chunk"),
+            };
+            let n = (data.len() as u64).min(chunk.room()) as usize;
+            let piece = data.split_to(n);
+            let pending = Pending {
+                seq: self.next_seq,
+                offset: chunk.sent,
+                crc: crc32fast::hash(&piece),
+                sync: false,
+                data: piece,
+            };
+            self.next_seq += 1;
+            self.push(pending).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends a new packet on the current chunk's stream, opening it if needed.
+    async fn push(&mut self, p: Pending) -> Result<()> {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Ok(());
+        };
+        chunk.sent = p.offset + p.data.len() as u64;
+        let (seq, offset, crc, sync, data) = (p.seq, p.offset, p.crc, p.sync, p.data.clone());
+        chunk.unacked.push_back(p);
+        if chunk.stream.is_none() {
+            // Opening the stream sends every unacked packet, this one included.
+            return self.reopen(Vec::new()).await;
+        }
+        let token = chunk.grant.token;
+        let sent = match chunk.stream.as_mut() {
+            Some(stream) => match stream.send(token, seq, offset, crc, sync, data).await {
+                Ok(()) => stream.flush().await,
+                Err(e) => Err(e),
+            },
+            None => Ok(()),
+        };
+        if let Err(e) = sent {
+            let head = chunk.stream.as_ref().map(|s| s.head);
+            tracing::warn!(error = %e, "sending to the pipeline failed");
+            chunk.stream = None;
+            return self.reopen(head.into_iter().collect()).await;
+        }
+        Ok(())
+    }
+
+    async fn on_ack(&mut self, ack: Option<Result<stampfs_proto::Ack>>) {
+        let trouble = match self.process_ack(ack) {
+            Ok(()) => return,
+            Err(t) => t,
+        };
+        match trouble {
+            Trouble::Fatal(e) => self.fail(e),
+            Trouble::Replicas(bad) => {
+                if let Some(c) = self.chunk.as_mut() {
+                    c.stream = None;
+                }
+                if let Err(e) = self.reopen(bad).await {
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    fn process_ack(
+        &mut self,
+        ack: Option<Result<stampfs_proto::Ack>>,
+    ) -> std::result::Result<(), Trouble> {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Ok(());
+        };
+        let head = chunk.stream.as_ref().map(|s| s.head);
+        let ack = match ack {
+            Some(Ok(ack)) => ack,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pipeline stream broke");
+                return Err(Trouble::Replicas(head.into_iter().collect()));
+            }
+            None => return Err(Trouble::Replicas(head.into_iter().collect())),
+        };
+        let Some(front) = chunk.unacked.front() else {
+            return Ok(());
+        };
+        if ack.seq != front.seq {
+            tracing::warn!(got = ack.seq, want = front.seq, "ack out of order");
+            return Err(Trouble::Replicas(head.into_iter().collect()));
+        }
+        let mut bad = Vec::new();
+        for r in &ack.replicas {
+            match &r.result {
+                Ok(_) => {}
+                Err(RemoteError::StaleToken { current, .. }) => {
+                    let current = Some(*current);
+                    let presented = Some(chunk.grant.token.version);
+                    return Err(Trouble::Fatal(Error::Fenced {
+                        path: self.path.clone(),
+                        handle: Some(chunk.grant.token.handle),
+                        presented,
+                        current,
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(chunkserver = %r.chunkserver, error = %e, "replica failed");
+                    bad.push(r.chunkserver);
+                }
+            }
+        }
+        // Every replica of the pipeline must have answered for the ack to count.
+        for member in &chunk.grant.pipeline {
+            if !ack.replicas.iter().any(|r| r.chunkserver == member.id) && !bad.contains(&member.id)
+            {
+                bad.push(member.id);
+            }
+        }
+        if !bad.is_empty() {
+            return Err(Trouble::Replicas(bad));
+        }
+        if let Some(done) = chunk.unacked.pop_front() {
+            chunk.acked = done.offset + done.data.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// (Re)opens the stream of the current chunk, first excluding `bad` replicas
+    /// through a version bump at the master, then resending every unacked packet.
+    async fn reopen(&mut self, mut bad: Vec<ChunkserverId>) -> Result<()> {
+        for _ in 0..MAX_RECOVERIES {
+            let Some(chunk) = self.chunk.as_mut() else {
+                return Ok(());
+            };
+            chunk.stream = None;
+            if !bad.is_empty() {
+                let survivors: Vec<ChunkserverId> = chunk
+                    .grant
+                    .pipeline
+                    .iter()
+                    .map(|m| m.id)
+                    .filter(|id| !bad.contains(id))
+                    .collect();
+                tracing::info!(
+                    chunk = %chunk.grant.token.handle,
+                    version = %chunk.grant.token.version,
+                    ?bad,
+                    ?survivors,
+                    acked = chunk.acked,
+                    "pipeline recovery"
+                );
+                let req = UpdatePipeline {
+                    path: self.path.clone(),
+                    client: self.client.id(),
+                    handle: chunk.grant.token.handle,
+                    survivors,
+                    acked_length: chunk.acked,
+                };
+                let grant = match self.client.call(req).await {
+                    Ok(g) => g,
+                    Err(e) => return Err(self.master_error(e)),
+                };
+                let Some(chunk) = self.chunk.as_mut() else {
+                    return Ok(());
+                };
+                chunk.grant = grant;
+                bad.clear();
+            }
+            let Some(chunk) = self.chunk.as_mut() else {
+                return Ok(());
+            };
+            let timeout = self.client.config().request_timeout;
+            let (mut stream, reply) =
+                match PipelineStream::open(&chunk.grant, chunk.acked, timeout).await {
+                    Ok(s) => s,
+                    Err(SetupError::Head(id, e)) => {
+                        tracing::warn!(chunkserver = %id, error = %e, "pipeline head unreachable");
+                        bad.push(id);
+                        continue;
+                    }
+                    Err(SetupError::Rejected(RemoteError::StaleToken { current, .. })) => {
+                        return Err(self.fenced(Some(current)));
+                    }
+                    Err(SetupError::Rejected(RemoteError::ReplicaStale { .. })) => {
+                        bad.push(chunk.grant.pipeline[0].id);
+                        continue;
+                    }
+                    Err(SetupError::Rejected(e)) => {
+                        return Err(Error::Pipeline {
+                            path: self.path.clone(),
+                            reason: e.to_string(),
+                        })
+                    }
+                };
+            let stale = reply.failed.iter().find_map(|(_, r)| match r {
+                RemoteError::StaleToken { current, .. } => Some(*current),
+                _ => None,
+            });
+            if let Some(current) = stale {
+                return Err(self.fenced(Some(current)));
+            }
+            if !reply.failed.is_empty() {
+                bad.extend(reply.failed.iter().map(|(id, _)| *id));
+                stream.finish().await;
+                continue;
+            }
+            let token = chunk.grant.token;
+            let mut ok = true;
+            for p in &chunk.unacked {
+                let sent = stream
+                    .send(token, p.seq, p.offset, p.crc, p.sync, p.data.clone())
+                    .await;
+                if sent.is_err() {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok && stream.flush().await.is_ok() {
+                chunk.stream = Some(stream);
+                return Ok(());
+            }
+            bad.push(stream.head);
+        }
+        Err(Error::Pipeline {
+            path: self.path.clone(),
+            reason: format!("gave up after {MAX_RECOVERIES} pipeline recoveries"),
+        })
+    }
+
+    /// Waits until every packet sent so far is acknowledged.
+    async fn drain(&mut self) -> Result<()> {
+        loop {
+            self.check()?;
+            let Some(chunk) = self.chunk.as_mut() else {
+                return Ok(());
+            };
+            if chunk.unacked.is_empty() {
+                return Ok(());
+            }
+            if chunk.stream.is_none() {
+                self.reopen(Vec::new()).await?;
+                continue;
+            }
+            let ack = next_ack(&mut self.chunk).await;
+            self.on_ack(ack).await;
+        }
+    }
+
+    /// Commits the current chunk (once drained) and gets the next one.
+    async fn next_chunk(&mut self) -> Result<()> {
+        self.drain().await?;
+        let previous = self.chunk.as_ref().map(|c| ChunkCommit {
+            handle: c.grant.token.handle,
+            length: c.acked,
+        });
+        if let Some(mut old) = self.chunk.take() {
+            if let Some(stream) = old.stream.take() {
+                stream.finish().await;
+            }
+            self.chunk = Some(old);
+        }
+        let req = AddChunk {
+            path: self.path.clone(),
+            client: self.client.id(),
+            previous,
+        };
+        let grant = match self.client.call(req).await {
+            Ok(g) => g,
+            Err(e) => return Err(self.master_error(e)),
+        };
+        tracing::debug!(chunk = %grant.token.handle, version = %grant.token.version, "new chunk");
+        self.chunk = Some(ChunkState::new(grant, 0));
+        Ok(())
+    }
+
+    async fn flush(&mut self, sync: bool) -> Result<()> {
+        self.check()?;
+        if sync {
+            if let Some(chunk) = self.chunk.as_ref() {
+                // An empty packet with `sync` makes every replica fdatasync what it has.
+                let p = Pending {
+                    seq: self.next_seq,
+                    offset: chunk.sent,
+                    crc: crc32fast::hash(&[]),
+                    sync: true,
+                    data: Bytes::new(),
+                };
+                self.next_seq += 1;
+                if let Err(e) = self.push(p).await {
+                    self.fail(e);
+                }
+            }
+        }
+        let res = self.drain().await;
+        if let Err(e) = &res {
+            self.fail(e.duplicate());
+        }
+        res
+    }
+
+    async fn close(&mut self) -> Result<FileStatus> {
+        self.flush(false).await?;
+        let last = self.chunk.as_ref().map(|c| ChunkCommit {
+            handle: c.grant.token.handle,
+            length: c.acked,
+        });
+        if let Some(chunk) = self.chunk.as_mut() {
+            if let Some(stream) = chunk.stream.take() {
+                stream.finish().await;
+            }
+        }
+        let req = Close {
+            path: self.path.clone(),
+            client: self.client.id(),
+            last,
+        };
+        match self.client.call(req).await {
+            Ok(status) => Ok(status),
+            Err(e) => {
+                let e = self.master_error(e);
+                self.fail(e.duplicate());
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn next_ack(chunk: &mut Option<ChunkState>) -> Option<Result<stampfs_proto::Ack>> {
+    match chunk.as_mut().and_then(|c| c.stream.as_mut()) {
+        Some(stream) => stream.next_ack().await,
+        None => std::future::pending().await,
+    }
+}

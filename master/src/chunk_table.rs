@@ -1,0 +1,309 @@
+//! The chunk table: handle → current version, committed length and replicas.
+//!
+//! The version and length are persisted (log and checkpoint); the replica list is soft
+//! state rebuilt from chunkserver registrations, reports and command replies. Each
+//! replica carries the version its chunkserver last reported, so a replica that missed
+//! a bump is recognisable as stale ([`classify`]) and never handed out.
+//!
+//! The record is kept small (the design budget is under 150 bytes per chunk in the
+//! master): no strings, chunkservers as `u32`, replicas in a boxed slice.
+
+use bincode::de::Decoder;
+use bincode::enc::Encoder;
+use bincode::error::{DecodeError, EncodeError};
+use bincode::{Decode, Encode};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, ReplicaState};
+use std::collections::HashMap;
+
+/// One replica as the master knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// The version the chunkserver last reported (or acknowledged a bump to).
+    pub version: ChunkVersion,
+    /// The chunkserver, as a compact index (chunkserver ids are minted by the master
+    /// from a counter and always fit).
+    pub server: u32,
+    pub state: ReplicaState,
+}
+
+impl Replica {
+    pub fn server_id(&self) -> ChunkserverId {
+        ChunkserverId(u64::from(self.server))
+    }
+}
+
+/// The compact form of a chunkserver id, if it has one.
+pub fn server_index(id: ChunkserverId) -> Option<u32> {
+    u32::try_from(id.0).ok()
+}
+
+/// How a replica's version compares with the master's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaClass {
+    /// At the master's version: may serve.
+    Current,
+    /// Below: it missed a bump; never served, to be deleted (invariant 4).
+    Stale,
+    /// Above: a version the master does not know, which means invariant 1 was broken.
+    Ahead,
+}
+
+/// Compares a replica's version with the master's.
+pub fn classify(master: ChunkVersion, replica: ChunkVersion) -> ReplicaClass {
+    use std::cmp::Ordering::*;
+    match replica.cmp(&master) {
+        Equal => ReplicaClass::Current,
+        Less => ReplicaClass::Stale,
+        Greater => ReplicaClass::Ahead,
+    }
+}
+
+/// One chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// The current version: the highest ever minted for this chunk.
+    pub version: ChunkVersion,
+    /// Committed length (what the writer or recovery committed).
+    pub length: u64,
+    /// Replicas reported by chunkservers (soft state).
+    pub replicas: Box<[Replica]>,
+    /// The owning file's replication factor (for under-replication checks).
+    pub replication: u8,
+}
+
+impl ChunkInfo {
+    pub fn new(version: ChunkVersion, replication: u8) -> Self {
+        Self {
+            version,
+            length: 0,
+            replicas: Box::new([]),
+            replication,
+        }
+    }
+
+    /// The replica on `server`.
+    pub fn replica(&self, server: ChunkserverId) -> Option<&Replica> {
+        self.replicas.iter().find(|r| r.server_id() == server)
+    }
+
+    /// Replicas at the current version.
+    pub fn current(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas
+            .iter()
+            .filter(move |r| classify(self.version, r.version) == ReplicaClass::Current)
+    }
+
+    /// Replicas below the current version (to be deleted by the garbage collector).
+    pub fn stale(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas
+            .iter()
+            .filter(move |r| classify(self.version, r.version) == ReplicaClass::Stale)
+    }
+
+    /// Records `server`'s replica at `version`, replacing what was known.
+    pub fn set_replica(&mut self, server: u32, version: ChunkVersion, state: ReplicaState) {
+        let r = Replica {
+            version,
+            server,
+            state,
+        };
+        if let Some(slot) = self.replicas.iter_mut().find(|x| x.server == server) {
+            *slot = r;
+        } else {
+            let mut v = std::mem::take(&mut self.replicas).into_vec();
+            v.push(r);
+            self.replicas = v.into_boxed_slice();
+        }
+    }
+
+    /// Forgets `server`'s replica; returns whether there was one.
+    pub fn remove_replica(&mut self, server: u32) -> bool {
+        if !self.replicas.iter().any(|x| x.server == server) {
+            return false;
+        }
+        let v: Vec<Replica> = self
+            .replicas
+            .iter()
+            .copied()
+            .filter(|x| x.server != server)
+            .collect();
+        self.replicas = v.into_boxed_slice();
+        true
+    }
+}
+
+/// Every chunk, plus the handle counter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkTable {
+    chunks: HashMap<ChunkHandle, ChunkInfo>,
+    next_handle: u64,
+}
+
+impl Default for ChunkTable {
+    fn default() -> Self {
+        Self {
+            chunks: HashMap::new(),
+            next_handle: 1,
+        }
+    }
+}
+
+impl ChunkTable {
+    pub fn get(&self, h: ChunkHandle) -> Option<&ChunkInfo> {
+        self.chunks.get(&h)
+    }
+
+    pub fn get_mut(&mut self, h: ChunkHandle) -> Option<&mut ChunkInfo> {
+        self.chunks.get_mut(&h)
+    }
+
+    /// The handle the next new chunk gets. Never reused: the counter only grows, and
+    /// it is restored from the log.
+    pub fn next_handle(&self) -> ChunkHandle {
+        ChunkHandle(self.next_handle)
+    }
+
+    /// Adds a chunk (advancing the handle counter past it).
+    pub fn insert(&mut self, h: ChunkHandle, info: ChunkInfo) -> std::result::Result<(), String> {
+        if self.chunks.contains_key(&h) {
+            return Err(format!("chunk {h} already exists"));
+        }
+        if h.0 < self.next_handle && h.0 != 0 {
+            // A handle below the counter was minted before: reusing it would be a bug.
+            return Err(format!(
+                "chunk {h} is below the handle counter {}",
+                self.next_handle
+            ));
+        }
+        self.next_handle = self.next_handle.max(h.0.saturating_add(1));
+        self.chunks.insert(h, info);
+        Ok(())
+    }
+
+    pub fn remove(&mut self, h: ChunkHandle) -> Option<ChunkInfo> {
+        self.chunks.remove(&h)
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&ChunkHandle, &ChunkInfo)> {
+        self.chunks.iter()
+    }
+}
+
+/// Checkpoint form: the counter, then `(handle, version, length, replication)` per
+/// chunk. Replicas are soft state and are not written.
+impl Encode for ChunkTable {
+    fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
+        self.next_handle.encode(e)?;
+        (self.chunks.len() as u64).encode(e)?;
+        for (h, c) in &self.chunks {
+            h.encode(e)?;
+            c.version.encode(e)?;
+            c.length.encode(e)?;
+            c.replication.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+impl<C> Decode<C> for ChunkTable {
+    fn decode<D: Decoder<Context = C>>(d: &mut D) -> Result<Self, DecodeError> {
+        let next_handle = u64::decode(d)?;
+        let n = u64::decode(d)?;
+        let mut chunks = HashMap::with_capacity(usize::try_from(n.min(1 << 20)).unwrap_or(0));
+        for _ in 0..n {
+            let h = ChunkHandle::decode(d)?;
+            let version = ChunkVersion::decode(d)?;
+            let length = u64::decode(d)?;
+            let replication = u8::decode(d)?;
+            chunks.insert(
+                h,
+                ChunkInfo {
+                    version,
+                    length,
+                    replicas: Box::new([]),
+                    replication,
+                },
+            );
+        }
+        Ok(Self {
+            chunks,
+            next_handle,
+        })
+    }
+}
+
+bincode::impl_borrow_decode!(ChunkTable);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_per_chunk_record_is_compact() {
+        assert!(
+            std::mem::size_of::<ChunkInfo>() <= 40,
+            "{}",
+            std::mem::size_of::<ChunkInfo>()
+        );
+        assert_eq!(std::mem::size_of::<Replica>(), 16);
+    }
+
+    #[test]
+    fn replicas_are_classified_by_version() {
+        let mut c = ChunkInfo::new(ChunkVersion(5), 3);
+        c.set_replica(1, ChunkVersion(5), ReplicaState::Writing);
+        c.set_replica(2, ChunkVersion(4), ReplicaState::Finalized);
+        c.set_replica(3, ChunkVersion(6), ReplicaState::Finalized);
+        assert_eq!(c.current().map(|r| r.server).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(c.stale().map(|r| r.server).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            classify(ChunkVersion(5), ChunkVersion(6)),
+            ReplicaClass::Ahead
+        );
+        c.set_replica(2, ChunkVersion(5), ReplicaState::Writing);
+        assert_eq!(c.current().count(), 2);
+        assert!(c.remove_replica(1));
+        assert!(!c.remove_replica(1));
+        assert_eq!(c.replicas.len(), 2);
+    }
+
+    #[test]
+    fn handles_are_never_reused_and_the_table_round_trips() {
+        let mut t = ChunkTable::default();
+        assert_eq!(t.next_handle(), ChunkHandle(1));
+        t.insert(ChunkHandle(1), ChunkInfo::new(ChunkVersion(1), 3))
+            .expect("insert");
+        t.insert(ChunkHandle(7), ChunkInfo::new(ChunkVersion(2), 2))
+            .expect("insert");
+        assert_eq!(t.next_handle(), ChunkHandle(8));
+        t.remove(ChunkHandle(7));
+        assert_eq!(t.next_handle(), ChunkHandle(8), "removal keeps the counter");
+        assert!(t
+            .insert(ChunkHandle(7), ChunkInfo::new(ChunkVersion(1), 1))
+            .is_err());
+        t.get_mut(ChunkHandle(1)).expect("c").length = 99;
+        t.get_mut(ChunkHandle(1)).expect("c").set_replica(
+            4,
+            ChunkVersion(1),
+            ReplicaState::Writing,
+        );
+        let bytes = bincode::encode_to_vec(&t, bincode::config::standard()).expect("encode");
+        let (back, _): (ChunkTable, usize) =
+            bincode::decode_from_slice(&bytes, bincode::config::standard()).expect("decode");
+        assert_eq!(back.next_handle(), ChunkHandle(8));
+        let c = back.get(ChunkHandle(1)).expect("chunk");
+        assert_eq!(
+            (c.version, c.length, c.replication),
+            (ChunkVersion(1), 99, 3)
+        );
+        assert!(c.replicas.is_empty(), "replicas are soft state");
+    }
+}

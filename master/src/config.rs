@@ -1,0 +1,225 @@
+//! Master configuration: command-line flags (clap) with documented defaults.
+
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Largest replication factor a file may ask for.
+pub const MAX_REPLICATION: u8 = 16;
+/// Smallest chunk size accepted (per cluster or per file).
+pub const MIN_CHUNK_SIZE: u64 = 4 << 10;
+/// Largest chunk size accepted.
+pub const MAX_CHUNK_SIZE: u64 = 1 << 40;
+
+/// How the master runs. Every field is a `stampfs master` flag.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MasterConfig {
+    /// Metadata directory (oplog, checkpoints, addr file, default cluster key).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Address to listen on for clients and chunkservers (port 0: any free port; the
+    /// chosen address is written to DIR/addr).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Cluster key file; created (32 random bytes hex, 0600) when missing. Default DIR/cluster.key.
+    #[arg(long)]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Default replication factor of new files.
+    #[arg(long, default_value_t = 3)]
+    pub replication: u8,
+    /// Default chunk size of new files.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
+    pub chunk_size: u64,
+    /// Fewest replicas a write may proceed with (a new chunk, a re-leased chunk, a
+    /// recovered pipeline); fewer live chunkservers is `NotEnoughReplicas`.
+    #[arg(long, default_value_t = 1)]
+    pub min_replication: u8,
+    /// A chunkserver with no heartbeat for this long is dead: its replicas are not handed out.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub dead_after: Duration,
+    /// Write lease soft limit: after it, another client's append or recover may take the file over.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub lease_soft: Duration,
+    /// Write lease hard limit: after it, the master recovers the file on its own.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
+    pub lease_hard: Duration,
+    /// Write a checkpoint (and trim the log) at least this often when the log has grown.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub checkpoint_interval: Duration,
+    /// Write a checkpoint as soon as the log has grown by this many bytes since the last one.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
+    pub checkpoint_log_size: u64,
+    /// Most client and chunkserver connections served at once; further ones wait.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Timeout of each command the master sends to a chunkserver (connect and reply).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub command_timeout: Duration,
+}
+
+impl MasterConfig {
+    /// A configuration with every default, listening on an ephemeral loopback port.
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            listen: "127.0.0.1:0".to_string(),
+            cluster_key_file: None,
+            replication: 3,
+            chunk_size: 64 << 20,
+            min_replication: 1,
+            dead_after: Duration::from_secs(10),
+            lease_soft: Duration::from_secs(60),
+            lease_hard: Duration::from_secs(300),
+            checkpoint_interval: Duration::from_secs(600),
+            checkpoint_log_size: 64 << 20,
+            max_connections: 1024,
+            command_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The cluster key file: `--cluster-key-file` or `DIR/cluster.key`.
+    pub fn key_file(&self) -> PathBuf {
+        self.cluster_key_file
+            .clone()
+            .unwrap_or_else(|| self.dir.join("cluster.key"))
+    }
+
+    /// Checks the values make sense together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(Error::Config { field, reason });
+        if self.dir.as_os_str().is_empty() {
+            return bad("dir", "must not be empty".into());
+        }
+        check_replication(self.replication).map_err(|reason| Error::Config {
+            field: "replication",
+            reason,
+        })?;
+        if self.min_replication == 0 || self.min_replication > self.replication {
+            return bad(
+                "min-replication",
+                format!(
+                    "{} must be between 1 and --replication ({})",
+                    self.min_replication, self.replication
+                ),
+            );
+        }
+        check_chunk_size(self.chunk_size).map_err(|reason| Error::Config {
+            field: "chunk-size",
+            reason,
+        })?;
+        if self.dead_after.is_zero() {
+            return bad("dead-after", "must be above zero".into());
+        }
+        if self.lease_soft.is_zero() {
+            return bad("lease-soft", "must be above zero".into());
+        }
+        if self.lease_hard < self.lease_soft {
+            return bad(
+                "lease-hard",
+                format!(
+                    "{} is below --lease-soft ({})",
+                    humantime::format_duration(self.lease_hard),
+                    humantime::format_duration(self.lease_soft)
+                ),
+            );
+        }
+        if self.checkpoint_interval.is_zero() {
+            return bad("checkpoint-interval", "must be above zero".into());
+        }
+        if self.checkpoint_log_size == 0 {
+            return bad("checkpoint-log-size", "must be above zero".into());
+        }
+        if self.max_connections == 0 {
+            return bad("max-connections", "must be above zero".into());
+        }
+        if self.command_timeout.is_zero() {
+            return bad("command-timeout", "must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// Checks a replication factor (cluster default or per file).
+pub(crate) fn check_replication(r: u8) -> std::result::Result<(), String> {
+    if r == 0 || r > MAX_REPLICATION {
+        Err(format!(
+            "replication {r} is not between 1 and {MAX_REPLICATION}"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks a chunk size (cluster default or per file).
+pub(crate) fn check_chunk_size(s: u64) -> std::result::Result<(), String> {
+    if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&s) {
+        Err(format!(
+            "chunk size {s} is not between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        master: MasterConfig,
+    }
+
+    #[test]
+    fn defaults_validate() {
+        MasterConfig::new("/tmp/x".into())
+            .validate()
+            .expect("valid");
+        let cli = Cli::try_parse_from(["t", "--dir", "/d"]).expect("parse");
+        assert_eq!(cli.master.chunk_size, 64 << 20);
+        assert_eq!(cli.master.listen, "127.0.0.1:7070");
+        assert_eq!(cli.master.lease_hard, Duration::from_secs(300));
+        cli.master.validate().expect("valid");
+        assert_eq!(cli.master.key_file(), PathBuf::from("/d/cluster.key"));
+    }
+
+    #[test]
+    fn flags_parse_units() {
+        let cli = Cli::try_parse_from([
+            "t",
+            "--dir",
+            "/d",
+            "--chunk-size",
+            "1MiB",
+            "--lease-soft",
+            "2s",
+            "--lease-hard",
+            "5s",
+        ])
+        .expect("parse");
+        assert_eq!(cli.master.chunk_size, 1 << 20);
+        assert_eq!(cli.master.lease_soft, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let mut c = MasterConfig::new("/d".into());
+        c.min_replication = 4;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("min-replication"));
+        let mut c = MasterConfig::new("/d".into());
+        c.lease_hard = Duration::from_secs(1);
+        assert!(c.validate().unwrap_err().to_string().contains("lease-hard"));
+        let mut c = MasterConfig::new("/d".into());
+        c.chunk_size = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("chunk-size"));
+        let mut c = MasterConfig::new("/d".into());
+        c.replication = 0;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,414 @@
+//! The namespace: directories and files as a tree of inodes.
+//!
+//! A directory maps child names to inodes; a file is an ordered list of chunk handles
+//! with its replication factor, chunk size and write state (which client has it open).
+//! Lookups return typed errors naming the offending path. Mutations here are the
+//! low-level steps the state machine's records apply; validation of requests happens
+//! before a record is written (see [`crate::state`]).
+
+use bincode::{Decode, Encode};
+use stampfs_proto::{ChunkHandle, ClientId, InodeId};
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::{Error, Result};
+
+/// The root directory's inode.
+pub const ROOT: InodeId = InodeId(1);
+
+/// Whether a file has a writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum WriteState {
+    Closed,
+    /// Open for writing by `client` (its lease timer is soft state, see [`crate::lease`]).
+    Open {
+        client: ClientId,
+    },
+}
+
+/// A file's metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct FileMeta {
+    pub replication: u8,
+    pub chunk_size: u64,
+    pub chunks: Vec<ChunkHandle>,
+    pub write: WriteState,
+}
+
+impl FileMeta {
+    /// The client holding the file open, if any.
+    pub fn writer(&self) -> Option<ClientId> {
+        match self.write {
+            WriteState::Open { client } => Some(client),
+            WriteState::Closed => None,
+        }
+    }
+}
+
+/// A directory's entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct DirMeta {
+    pub children: BTreeMap<String, InodeId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum InodeKind {
+    Dir(DirMeta),
+    File(FileMeta),
+}
+
+/// One namespace entry. Names live only in the parent's children map.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Inode {
+    pub parent: InodeId,
+    pub mtime_ms: u64,
+    pub kind: InodeKind,
+}
+
+impl Inode {
+    pub fn dir(parent: InodeId, mtime_ms: u64) -> Self {
+        Self {
+            parent,
+            mtime_ms,
+            kind: InodeKind::Dir(DirMeta::default()),
+        }
+    }
+
+    pub fn as_file(&self) -> Option<&FileMeta> {
+        match &self.kind {
+            InodeKind::File(f) => Some(f),
+            InodeKind::Dir(_) => None,
+        }
+    }
+
+    pub fn as_dir(&self) -> Option<&DirMeta> {
+        match &self.kind {
+            InodeKind::Dir(d) => Some(d),
+            InodeKind::File(_) => None,
+        }
+    }
+}
+
+/// Joins path components into the canonical absolute form.
+pub fn join(components: &[&str]) -> String {
+    format!("/{}", components.join("/"))
+}
+
+/// Validates a path and returns its components, mapping the proto error.
+pub fn components(path: &str) -> Result<Vec<&str>> {
+    stampfs_proto::path::components(path).map_err(|e| match e {
+        stampfs_proto::Error::InvalidPath { path, reason } => Error::InvalidPath { path, reason },
+        other => Error::Proto(other),
+    })
+}
+
+/// The tree of inodes.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Namespace {
+    inodes: HashMap<InodeId, Inode>,
+    next_inode: u64,
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        let mut inodes = HashMap::new();
+        inodes.insert(ROOT, Inode::dir(ROOT, 0));
+        Self {
+            inodes,
+            next_inode: ROOT.0 + 1,
+        }
+    }
+}
+
+impl Namespace {
+    pub fn get(&self, ino: InodeId) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+
+    pub fn get_mut(&mut self, ino: InodeId) -> Option<&mut Inode> {
+        self.inodes.get_mut(&ino)
+    }
+
+    pub fn file(&self, ino: InodeId) -> Option<&FileMeta> {
+        self.inodes.get(&ino).and_then(Inode::as_file)
+    }
+
+    pub fn file_mut(&mut self, ino: InodeId) -> Option<&mut FileMeta> {
+        match self.inodes.get_mut(&ino).map(|i| &mut i.kind) {
+            Some(InodeKind::File(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Number of inodes (root included).
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Only the root exists.
+    pub fn is_empty(&self) -> bool {
+        self.inodes.len() <= 1
+    }
+
+    /// The inode the next mkdir or create gets.
+    pub fn next_inode(&self) -> InodeId {
+        InodeId(self.next_inode)
+    }
+
+    /// Every inode (checkpoint checks, tests).
+    pub fn iter(&self) -> impl Iterator<Item = (&InodeId, &Inode)> {
+        self.inodes.iter()
+    }
+
+    /// The child `name` of directory `dir`.
+    pub fn child(&self, dir: InodeId, name: &str) -> Option<InodeId> {
+        self.inodes
+            .get(&dir)
+            .and_then(Inode::as_dir)
+            .and_then(|d| d.children.get(name).copied())
+    }
+
+    /// Resolves validated components to an inode.
+    pub fn resolve(&self, comps: &[&str]) -> Result<InodeId> {
+        let mut cur = ROOT;
+        for (i, name) in comps.iter().enumerate() {
+            let Some(dir) = self.inodes.get(&cur).and_then(Inode::as_dir) else {
+                return Err(Error::NotADirectory {
+                    path: join(&comps[..i]),
+                });
+            };
+            cur = dir
+                .children
+                .get(*name)
+                .copied()
+                .ok_or_else(|| Error::NotFound { path: join(comps) })?;
+        }
+        Ok(cur)
+    }
+
+    /// Resolves the parent directory of a non-root path: `(parent, name)`.
+    pub fn resolve_parent<'a>(&self, comps: &[&'a str]) -> Result<(InodeId, &'a str)> {
+        let Some((name, dir_comps)) = comps.split_last() else {
+            return Err(Error::bad_request("the root has no parent"));
+        };
+        let parent = self.resolve(dir_comps).map_err(|e| match e {
+            Error::NotFound { .. } => Error::NotFound {
+                path: join(dir_comps),
+            },
+            other => other,
+        })?;
+        if self.inodes.get(&parent).and_then(Inode::as_dir).is_none() {
+            return Err(Error::NotADirectory {
+                path: join(dir_comps),
+            });
+        }
+        Ok((parent, name))
+    }
+
+    /// Whether `ino` is `ancestor` or lies below it.
+    pub fn is_within(&self, mut ino: InodeId, ancestor: InodeId) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            if ino == ROOT {
+                return false;
+            }
+            match self.inodes.get(&ino) {
+                Some(i) => ino = i.parent,
+                None => return false,
+            }
+        }
+    }
+
+    /// Inserts a new inode under `parent` as `name`.
+    pub fn insert(
+        &mut self,
+        parent: InodeId,
+        name: &str,
+        ino: InodeId,
+        inode: Inode,
+    ) -> std::result::Result<(), String> {
+        if self.inodes.contains_key(&ino) {
+            return Err(format!("inode {ino} already exists"));
+        }
+        let mtime = inode.mtime_ms;
+        match self
+            .inodes
+            .get_mut(&parent)
+            .map(|p| (&mut p.kind, &mut p.mtime_ms))
+        {
+            Some((InodeKind::Dir(d), pm)) => {
+                if d.children.contains_key(name) {
+                    return Err(format!("{name:?} already exists in {parent}"));
+                }
+                d.children.insert(name.to_string(), ino);
+                *pm = (*pm).max(mtime);
+            }
+            _ => return Err(format!("parent {parent} is not a directory")),
+        }
+        self.inodes.insert(ino, inode);
+        self.next_inode = self.next_inode.max(ino.0.saturating_add(1));
+        Ok(())
+    }
+
+    /// Unlinks `name` from `parent` and removes its whole subtree; returns the removed
+    /// inodes (so their chunks and leases can be dropped).
+    pub fn remove(
+        &mut self,
+        parent: InodeId,
+        name: &str,
+        mtime_ms: u64,
+    ) -> std::result::Result<Vec<(InodeId, Inode)>, String> {
+        let ino = match self
+            .inodes
+            .get_mut(&parent)
+            .map(|p| (&mut p.kind, &mut p.mtime_ms))
+        {
+            Some((InodeKind::Dir(d), pm)) => {
+                let ino = d
+                    .children
+                    .remove(name)
+                    .ok_or_else(|| format!("{name:?} is not in {parent}"))?;
+                *pm = (*pm).max(mtime_ms);
+                ino
+            }
+            _ => return Err(format!("parent {parent} is not a directory")),
+        };
+        let mut removed = Vec::new();
+        let mut stack = vec![ino];
+        while let Some(i) = stack.pop() {
+            if let Some(inode) = self.inodes.remove(&i) {
+                if let InodeKind::Dir(d) = &inode.kind {
+                    stack.extend(d.children.values().copied());
+                }
+                removed.push((i, inode));
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Moves `src_parent/src_name` to `dst_parent/dst_name` (which must be free).
+    pub fn rename(
+        &mut self,
+        src_parent: InodeId,
+        src_name: &str,
+        dst_parent: InodeId,
+        dst_name: &str,
+        mtime_ms: u64,
+    ) -> std::result::Result<(), String> {
+        let ino = self
+            .child(src_parent, src_name)
+            .ok_or_else(|| format!("{src_name:?} is not in {src_parent}"))?;
+        if self.child(dst_parent, dst_name).is_some() {
+            return Err(format!("{dst_name:?} already exists in {dst_parent}"));
+        }
+        if self
+            .inodes
+            .get(&dst_parent)
+            .and_then(Inode::as_dir)
+            .is_none()
+        {
+            return Err(format!("{dst_parent} is not a directory"));
+        }
+        if self.is_within(dst_parent, ino) {
+            return Err(format!("cannot move {ino} into itself"));
+        }
+        for (dir, add) in [(src_parent, false), (dst_parent, true)] {
+            if let Some(Inode {
+                kind: InodeKind::Dir(d),
+                mtime_ms: m,
+                ..
+            }) = self.inodes.get_mut(&dir)
+            {
+                if add {
+                    d.children.insert(dst_name.to_string(), ino);
+                } else {
+                    d.children.remove(src_name);
+                }
+                *m = (*m).max(mtime_ms);
+            }
+        }
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.parent = dst_parent;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> Inode {
+        Inode {
+            parent: ROOT,
+            mtime_ms: 5,
+            kind: InodeKind::File(FileMeta {
+                replication: 3,
+                chunk_size: 1 << 20,
+                chunks: vec![],
+                write: WriteState::Closed,
+            }),
+        }
+    }
+
+    #[test]
+    fn resolve_names_the_failing_path() {
+        let mut ns = Namespace::default();
+        ns.insert(ROOT, "a", InodeId(2), Inode::dir(ROOT, 1))
+            .expect("a");
+        let mut f = file();
+        f.parent = InodeId(2);
+        ns.insert(InodeId(2), "f", InodeId(3), f).expect("f");
+        assert_eq!(ns.resolve(&["a", "f"]).expect("found"), InodeId(3));
+        assert_eq!(ns.resolve(&[]).expect("root"), ROOT);
+        let e = ns.resolve(&["a", "nope"]).unwrap_err();
+        assert!(
+            matches!(e, Error::NotFound { ref path } if path == "/a/nope"),
+            "{e}"
+        );
+        let e = ns.resolve(&["a", "f", "x"]).unwrap_err();
+        assert!(
+            matches!(e, Error::NotADirectory { ref path } if path == "/a/f"),
+            "{e}"
+        );
+        let e = ns.resolve_parent(&["b", "c"]).unwrap_err();
+        assert!(
+            matches!(e, Error::NotFound { ref path } if path == "/b"),
+            "{e}"
+        );
+        let e = ns.resolve_parent(&["a", "f", "c"]).unwrap_err();
+        assert!(matches!(e, Error::NotADirectory { .. }), "{e}");
+        assert_eq!(ns.next_inode(), InodeId(4));
+    }
+
+    #[test]
+    fn remove_takes_the_subtree_and_rename_refuses_cycles() {
+        let mut ns = Namespace::default();
+        ns.insert(ROOT, "a", InodeId(2), Inode::dir(ROOT, 1))
+            .expect("a");
+        ns.insert(InodeId(2), "b", InodeId(3), Inode::dir(InodeId(2), 1))
+            .expect("b");
+        assert!(ns.rename(ROOT, "a", InodeId(3), "x", 2).is_err());
+        ns.rename(InodeId(2), "b", ROOT, "b2", 2).expect("move up");
+        assert_eq!(ns.resolve(&["b2"]).expect("moved"), InodeId(3));
+        assert_eq!(ns.get(InodeId(3)).expect("b").parent, ROOT);
+        ns.insert(ROOT, "f", InodeId(4), file()).expect("f");
+        let removed = ns.remove(ROOT, "a", 3).expect("remove");
+        assert_eq!(removed.len(), 1);
+        ns.rename(ROOT, "f", InodeId(3), "g", 4)
+            .expect("file into dir");
+        let removed = ns.remove(ROOT, "b2", 5).expect("remove");
+        assert_eq!(removed.len(), 2);
+        assert!(ns.is_empty());
+        assert!(ns.insert(ROOT, "z", InodeId(9), file()).is_ok());
+        assert!(
+            ns.insert(ROOT, "z", InodeId(10), file()).is_err(),
+            "name taken"
+        );
+        assert!(
+            ns.insert(ROOT, "y", InodeId(9), file()).is_err(),
+            "inode taken"
+        );
+    }
+}

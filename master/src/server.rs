@@ -1,0 +1,387 @@
+//! Start-up, the TCP listener, connection handlers and shutdown.
+//!
+//! [`start`] loads (or creates) the cluster key, replays the checkpoint and the log,
+//! binds, writes `DIR/addr` and spawns the listener and the background workers. The
+//! listener caps connections with a semaphore and backs off on accept errors; each
+//! connection is one task answering its requests in order. A malformed frame closes
+//! that connection only. [`MasterHandle::shutdown`] stops accepting, lets handlers
+//! finish the request they are in, stops the workers and flushes the log.
+
+use crate::config::MasterConfig;
+use crate::error::{Error, Result};
+use crate::lease::Clock;
+use crate::oplog::{self, Oplog};
+use crate::service::Core;
+use crate::state::{decode_record, MasterState, Settings};
+use bincode::Encode;
+use bytes::Bytes;
+use stampfs_proto::codec::{Frame, FrameReader, FrameWriter};
+use stampfs_proto::rpc::{parse_request, reply_frame};
+use stampfs_proto::{ClusterKey, MasterRequest, RemoteError};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long shutdown waits for connection handlers to finish their current request.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often the checkpoint worker checks whether one is due.
+const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
+
+// The binary may move the handle between tasks.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<MasterHandle>();
+};
+
+/// A running master.
+#[derive(Debug)]
+pub struct MasterHandle {
+    addr: SocketAddr,
+    core: Arc<Core>,
+    /// Tells the listener, the connection handlers and the workers to stop.
+    shutdown: CancellationToken,
+    /// Every spawned task, so shutdown can wait for them.
+    tasks: TaskTracker,
+    /// `shutdown` ran: dropping the handle must not halt the log.
+    stopped: bool,
+}
+
+impl MasterHandle {
+    /// The address the master listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Writes a checkpoint now and trims the log (normally done in the background).
+    pub async fn checkpoint(&self) -> Result<bool> {
+        self.core.checkpoint().await
+    }
+
+    /// Log writer counters (fsyncs, records).
+    pub fn log_stats(&self) -> oplog::LogStats {
+        self.core.log.stats()
+    }
+
+    /// Stops serving, waits for in-flight requests, stops the workers and flushes the
+    /// operation log.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.stopped = true;
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connection handlers did not finish within {SHUTDOWN_GRACE:?}; closing the log anyway");
+        }
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || core.log.close())
+            .await
+            .map_err(|e| Error::LogFailed {
+                reason: format!("log close task failed: {e}"),
+            })??;
+        remove_addr_file(&self.core.config.dir);
+        tracing::info!(addr = %self.addr, "master stopped; operation log flushed");
+        Ok(())
+    }
+}
+
+impl Drop for MasterHandle {
+    /// Dropping a handle without [`MasterHandle::shutdown`] is a crash: the listener
+    /// and handlers stop, and records not yet durable are dropped.
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.shutdown.cancel();
+            self.core.log.halt();
+        }
+    }
+}
+
+fn remove_addr_file(dir: &Path) {
+    if let Err(e) = std::fs::remove_file(dir.join("addr")) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(error = %e, "cannot remove the addr file");
+        }
+    }
+}
+
+/// Writes `DIR/addr` durably: temp file, fsync, rename, directory fsync.
+fn write_addr_file(dir: &Path, addr: SocketAddr) -> Result<()> {
+    use std::io::Write;
+    let tmp = dir.join("addr.tmp");
+    let io = |e| Error::io(format!("write {}", tmp.display()), e);
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    writeln!(f, "{addr}")
+        .and_then(|()| f.sync_all())
+        .map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join("addr")).map_err(io)?;
+    oplog::sync_dir(dir)
+}
+
+/// Loads the checkpoint and replays the log after it.
+fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<(MasterState, u64)> {
+    let mut st = match oplog::read_checkpoint(dir)? {
+        Some((lsn, bytes)) => {
+            let st = MasterState::decode_snapshot(settings, &bytes, now_ms)?;
+            if st.last_lsn != lsn {
+                return Err(Error::CorruptCheckpoint {
+                    path: dir.join("checkpoint"),
+                    reason: format!("header says LSN {lsn}, contents say {}", st.last_lsn),
+                });
+            }
+            st
+        }
+        None => MasterState::new(settings),
+    };
+    let checkpoint_lsn = st.last_lsn;
+    let stats = oplog::replay(dir, checkpoint_lsn, |lsn, bytes| {
+        let rec = decode_record(bytes).map_err(|e| Error::Replay {
+            lsn,
+            reason: e.to_string(),
+        })?;
+        st.apply(lsn, &rec, now_ms)
+            .map_err(|reason| Error::Replay { lsn, reason })
+    })?;
+    tracing::info!(
+        checkpoint_lsn,
+        replayed = stats.applied,
+        last_lsn = st.last_lsn,
+        segments = stats.segments,
+        truncated_bytes = stats.truncated_bytes,
+        inodes = st.ns.len(),
+        chunks = st.chunks.len(),
+        open_files = st.leases.len(),
+        "metadata recovered"
+    );
+    Ok((st, checkpoint_lsn))
+}
+
+/// Starts a master: key, replay, bind, `DIR/addr`, server and workers.
+pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
+    config.validate()?;
+    let dir = config.dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    // A stale address from an earlier run must not be mistaken for this one.
+    remove_addr_file(&dir);
+    let (key, created) = ClusterKey::load_or_create(&config.key_file())?;
+    if created {
+        tracing::info!(file = %config.key_file().display(), "created a new cluster key");
+    }
+    let clock = Clock::new();
+    let settings = Settings::from_config(&config);
+    let replay_dir = dir.clone();
+    let now = clock.now_ms();
+    let (state, checkpoint_lsn) =
+        tokio::task::spawn_blocking(move || recover(&replay_dir, settings, now))
+            .await
+            .map_err(|e| Error::Replay {
+                lsn: 0,
+                reason: format!("replay task failed: {e}"),
+            })??;
+    let log = Oplog::open(&dir, state.last_lsn + 1)?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| Error::io(format!("listen on {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("read the listening address", e))?;
+    let max_connections = config.max_connections;
+    let core = Arc::new(Core::new(config, key, state, log, clock, checkpoint_lsn));
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let limit = Arc::new(Semaphore::new(max_connections));
+    tasks.spawn(accept_loop(
+        listener,
+        core.clone(),
+        limit,
+        shutdown.clone(),
+        tasks.clone(),
+    ));
+    let monitor_period = (core.config.dead_after / 4)
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(10));
+    let c = core.clone();
+    tasks.spawn(periodic(
+        "monitor",
+        monitor_period,
+        shutdown.clone(),
+        move || {
+            c.monitor();
+            async {}
+        },
+    ));
+    let c = core.clone();
+    tasks.spawn(periodic(
+        "checkpoint",
+        CHECKPOINT_POLL,
+        shutdown.clone(),
+        move || {
+            let c = c.clone();
+            async move {
+                if let Err(e) = c.maybe_checkpoint().await {
+                    tracing::error!(error = %e, "checkpoint failed");
+                }
+            }
+        },
+    ));
+    write_addr_file(&core.config.dir, addr)?;
+    tracing::info!(%addr, dir = %core.config.dir.display(), "master ready");
+    Ok(MasterHandle {
+        addr,
+        core,
+        shutdown,
+        tasks,
+        stopped: false,
+    })
+}
+
+/// The shape of every background worker: run `tick` every `period` until shutdown.
+async fn periodic<F, Fut>(
+    name: &'static str,
+    period: Duration,
+    shutdown: CancellationToken,
+    mut tick: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = interval.tick() => tick().await,
+        }
+    }
+    tracing::debug!(worker = name, "worker stopped");
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    core: Arc<Core>,
+    limit: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            p = limit.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(5);
+                tasks.spawn(handle_connection(
+                    stream,
+                    peer,
+                    core.clone(),
+                    shutdown.clone(),
+                    permit,
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed; backing off {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+async fn handle_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    let (r, w) = stream.into_split();
+    let mut reader = FrameReader::new(r);
+    let mut writer = FrameWriter::new(w);
+    loop {
+        let frame = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            f = reader.read_frame() => f,
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "bad frame; closing this connection");
+                break;
+            }
+        };
+        let (id, req) = match parse_request::<MasterRequest>(&frame) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "malformed request; closing this connection");
+                break;
+            }
+        };
+        let reply = dispatch(&core, id, req).await;
+        if let Err(e) = writer.write_frame(&reply).await {
+            tracing::debug!(%peer, error = %e, "cannot send a reply; closing");
+            break;
+        }
+    }
+}
+
+fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
+    let result = result.map_err(|e| {
+        match e.code() {
+            stampfs_proto::ErrorCode::Internal | stampfs_proto::ErrorCode::Io => {
+                tracing::error!(error = %e, "request failed")
+            }
+            _ => tracing::debug!(error = %e, "request refused"),
+        }
+        e.to_remote()
+    });
+    reply_frame(id, &result, Bytes::new())
+        .or_else(|e| {
+            let err: std::result::Result<(), RemoteError> = Err(RemoteError::Internal {
+                reason: format!("cannot encode the reply: {e}"),
+            });
+            reply_frame(id, &err, Bytes::new())
+        })
+        .unwrap_or_default()
+}
+
+async fn dispatch(core: &Core, id: u64, req: MasterRequest) -> Frame {
+    match req {
+        MasterRequest::Mkdir(r) => reply(id, core.mkdir(r).await),
+        MasterRequest::Create(r) => reply(id, core.create(r).await),
+        MasterRequest::Append(r) => reply(id, core.append(r).await),
+        MasterRequest::AddChunk(r) => reply(id, core.add_chunk(r).await),
+        MasterRequest::UpdatePipeline(r) => reply(id, core.update_pipeline(r).await),
+        MasterRequest::Close(r) => reply(id, core.close(r).await),
+        MasterRequest::RenewLease(r) => reply(id, core.renew_lease(r).await),
+        MasterRequest::GetLocations(r) => reply(id, core.get_locations(r).await),
+        MasterRequest::List(r) => reply(id, core.list(r).await),
+        MasterRequest::Stat(r) => reply(id, core.stat(r).await),
+        MasterRequest::Rename(r) => reply(id, core.rename(r).await),
+        MasterRequest::Delete(r) => reply(id, core.delete(r).await),
+        MasterRequest::RecoverLease(r) => reply(id, core.recover_lease(r).await),
+        MasterRequest::ReportCorrupt(r) => reply(id, core.report_corrupt(r).await),
+        MasterRequest::Register(r) => reply(id, core.register(r).await),
+        MasterRequest::Heartbeat(r) => reply(id, core.heartbeat(r).await),
+        MasterRequest::ChunkReport(r) => reply(id, core.chunk_report(r).await),
+    }
+}

@@ -1,0 +1,471 @@
+//! The master's request logic: each [`MasterRequest`](stampfs_proto::MasterRequest)
+//! as an async method on [`Core`].
+//!
+//! The shape of every mutation: lock the state, validate and commit a record (which
+//! applies it), move the record to the log queue, unlock; wait until the log is
+//! durable; only then send version bumps or reply. Multi-step writes (log, bump,
+//! grant) hold the file's async lock so that two of them never interleave on one
+//! file. Reads wait for the log too, so a reply never shows state that a crash could
+//! still take back.
+
+use crate::commands::CommandSender;
+use crate::config::MasterConfig;
+use crate::error::{Error, Result};
+use crate::lease::{wall_ms, Clock};
+use crate::oplog::{self, lock, Oplog};
+use crate::state::{BumpPlan, FinalizePlan, MasterState};
+use stampfs_proto::{
+    AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
+    Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
+    List, Mkdir, RecoverLease, RecoveryOutcome, Register, RegisterReply, RemoteError, Rename,
+    RenewLease, ReportCorrupt, Stat, UpdatePipeline, WriteGrant,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::OwnedMutexGuard;
+
+/// Per-file async locks for the multi-step write operations.
+#[derive(Debug, Default)]
+pub struct FileLocks {
+    /// One async mutex per file that has been written; entries nobody holds or waits
+    /// for are pruned when the map grows.
+    map: Mutex<HashMap<InodeId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl FileLocks {
+    pub async fn lock(&self, ino: InodeId) -> OwnedMutexGuard<()> {
+        let m = {
+            let mut map = lock(&self.map);
+            if map.len() > 4096 {
+                map.retain(|_, m| Arc::strong_count(m) > 1);
+            }
+            map.entry(ino).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+}
+
+/// Everything a request handler needs.
+pub struct Core {
+    pub config: MasterConfig,
+    key: ClusterKey,
+    /// The state machine. Locked briefly by every request, never across an await;
+    /// committed records move to the log while it is held, so log order is apply order.
+    state: Mutex<MasterState>,
+    pub log: Oplog,
+    commands: CommandSender,
+    /// Serializes log + bump + grant sequences per file.
+    file_locks: FileLocks,
+    pub clock: Clock,
+    /// Highest LSN covered by a durable checkpoint.
+    checkpoint_lsn: AtomicU64,
+    /// When the last checkpoint was written (master clock, ms).
+    last_checkpoint_ms: AtomicU64,
+    /// One checkpoint at a time (the worker and explicit calls).
+    checkpointing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("dir", &self.config.dir)
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    pub fn new(
+        config: MasterConfig,
+        key: ClusterKey,
+        state: MasterState,
+        log: Oplog,
+        clock: Clock,
+        checkpoint_lsn: u64,
+    ) -> Self {
+        let commands = CommandSender::new(key.clone(), config.command_timeout);
+        Self {
+            config,
+            key,
+            state: Mutex::new(state),
+            log,
+            commands,
+            file_locks: FileLocks::default(),
+            clock,
+            checkpoint_lsn: AtomicU64::new(checkpoint_lsn),
+            last_checkpoint_ms: AtomicU64::new(clock.now_ms()),
+            checkpointing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The state, locked.
+    pub fn state(&self) -> MutexGuard<'_, MasterState> {
+        lock(&self.state)
+    }
+
+    /// Runs a mutation under the state lock and queues its records in the log. Returns
+    /// its result and the LSN to wait for before anything depending on it leaves.
+    fn mutate<T>(
+        &self,
+        f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
+    ) -> Result<(T, u64)> {
+        let mut st = self.state();
+        let result = f(&mut st, self.clock.now_ms(), wall_ms());
+        // Records committed before a failure must reach the log all the same.
+        for (lsn, bytes) in st.take_outbox() {
+            self.log.append(lsn, &bytes)?;
+        }
+        let lsn = st.last_lsn;
+        drop(st);
+        result.map(|v| (v, lsn))
+    }
+
+    /// Runs a mutation and waits until it is durable.
+    async fn mutate_durable<T>(
+        &self,
+        f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
+    ) -> Result<T> {
+        let (v, lsn) = self.mutate(f)?;
+        self.log.wait_durable(lsn).await?;
+        Ok(v)
+    }
+
+    /// Runs a read and waits until everything it saw is durable.
+    async fn read<T>(&self, f: impl FnOnce(&MasterState, u64) -> Result<T>) -> Result<T> {
+        let (v, lsn) = {
+            let st = self.state();
+            (f(&st, self.clock.now_ms())?, st.last_lsn)
+        };
+        self.log.wait_durable(lsn).await?;
+        Ok(v)
+    }
+
+    /// Resolves `path` and takes its file lock, making sure the path still names the
+    /// same inode once the lock is held.
+    async fn lock_file(&self, path: &str) -> Result<(InodeId, OwnedMutexGuard<()>)> {
+        for _ in 0..4 {
+            let ino = self.state().resolve_path(path)?;
+            let guard = self.file_locks.lock(ino).await;
+            if self.state().resolve_path(path)? == ino {
+                return Ok((ino, guard));
+            }
+        }
+        Err(RemoteError::Unavailable {
+            reason: format!("{path} keeps changing; try again"),
+        }
+        .into())
+    }
+
+    fn grant(
+        &self,
+        plan: &BumpPlan,
+        client: stampfs_proto::ClientId,
+        pipeline: Vec<ChunkserverAddr>,
+    ) -> WriteGrant {
+        WriteGrant {
+            token: ChunkToken::sign(&self.key, plan.handle, plan.version, client),
+            chunk_index: plan.chunk_index,
+            file_offset: plan.file_offset,
+            chunk_offset: plan.chunk_offset,
+            chunk_size: plan.chunk_size,
+            pipeline,
+        }
+    }
+
+    /// Pushes a bump (its record is already durable) and records who took it.
+    async fn push_bump(&self, plan: &BumpPlan) -> Vec<ChunkserverAddr> {
+        let acked = self
+            .commands
+            .bump(&plan.targets, plan.handle, plan.version, plan.create)
+            .await;
+        let reports: Vec<_> = acked.iter().map(|(a, r)| (a.id, *r)).collect();
+        self.state().record_replicas(plan.handle, &reports);
+        tracing::info!(
+            chunk = %plan.handle,
+            version = %plan.version,
+            path = %plan.path,
+            acked = acked.len(),
+            targets = plan.targets.len(),
+            "version bumped"
+        );
+        acked.into_iter().map(|(a, _)| a).collect()
+    }
+
+    async fn finalize(&self, plan: &FinalizePlan) {
+        let acked = self
+            .commands
+            .finalize(&plan.targets, plan.handle, plan.version, plan.length)
+            .await;
+        self.state().record_replicas(plan.handle, &acked);
+    }
+
+    // ------------------------------------------------------------ namespace
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn mkdir(&self, req: Mkdir) -> Result<FileStatus> {
+        self.mutate_durable(|st, now, mt| st.mkdir(&req, now, mt))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn create(&self, req: Create) -> Result<FileStatus> {
+        self.mutate_durable(|st, now, mt| st.create(&req, now, mt))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(src = %req.src, dst = %req.dst))]
+    pub async fn rename(&self, req: Rename) -> Result<()> {
+        self.mutate_durable(|st, now, mt| st.rename(&req, now, mt))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn delete(&self, req: Delete) -> Result<()> {
+        self.mutate_durable(|st, now, mt| st.delete(&req, now, mt))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn stat(&self, req: Stat) -> Result<FileStatus> {
+        self.read(|st, _| st.stat(&req.path)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn list(&self, req: List) -> Result<Vec<FileStatus>> {
+        self.read(|st, _| st.list(&req.path)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn get_locations(&self, req: GetLocations) -> Result<FileLocations> {
+        self.read(|st, now| st.locations(&req.path, req.client, &self.key, now))
+            .await
+    }
+
+    // ------------------------------------------------------------ write path
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn append(&self, req: Append) -> Result<AppendReply> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        let plan = self
+            .mutate_durable(|st, now, mt| st.append(&req, ino, now, mt))
+            .await?;
+        let Some(bump) = plan.bump else {
+            return Ok(AppendReply {
+                status: plan.status,
+                last_chunk: None,
+            });
+        };
+        let pipeline = self.push_bump(&bump).await;
+        if pipeline.len() < bump.needed {
+            self.mutate_durable(|st, now, mt| st.revert_reopen(ino, req.client, now, mt))
+                .await?;
+            return Err(Error::NotEnoughReplicas {
+                live: pipeline.len() as u32,
+                needed: bump.needed as u32,
+            });
+        }
+        Ok(AppendReply {
+            status: plan.status,
+            last_chunk: Some(self.grant(&bump, req.client, pipeline)),
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn add_chunk(&self, req: AddChunk) -> Result<WriteGrant> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        // The new handle and version are durable before any bump goes out (invariant 1).
+        let plan = self
+            .mutate_durable(|st, now, mt| st.add_chunk(&req, ino, now, mt))
+            .await?;
+        let finalize = async {
+            if let Some(f) = &plan.finalize {
+                self.finalize(f).await;
+            }
+        };
+        let ((), pipeline) = tokio::join!(finalize, self.push_bump(&plan.bump));
+        if pipeline.len() < plan.bump.needed {
+            let handle = plan.bump.handle;
+            self.mutate_durable(|st, now, _| st.abandon_chunk(ino, handle, now))
+                .await?;
+            return Err(Error::NotEnoughReplicas {
+                live: pipeline.len() as u32,
+                needed: plan.bump.needed as u32,
+            });
+        }
+        Ok(self.grant(&plan.bump, req.client, pipeline))
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle))]
+    pub async fn update_pipeline(&self, req: UpdatePipeline) -> Result<WriteGrant> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        let plan = self
+            .mutate_durable(|st, now, _| st.update_pipeline(&req, ino, now))
+            .await?;
+        let pipeline = self.push_bump(&plan).await;
+        if pipeline.len() < plan.needed {
+            return Err(Error::NotEnoughReplicas {
+                live: pipeline.len() as u32,
+                needed: plan.needed as u32,
+            });
+        }
+        Ok(self.grant(&plan, req.client, pipeline))
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn close(&self, req: Close) -> Result<FileStatus> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        let plan = self
+            .mutate_durable(|st, now, mt| st.close(&req, ino, now, mt))
+            .await?;
+        if let Some(f) = &plan.finalize {
+            self.finalize(f).await;
+        }
+        Ok(plan.status)
+    }
+
+    #[tracing::instrument(skip_all, fields(client = %req.client))]
+    pub async fn renew_lease(&self, req: RenewLease) -> Result<()> {
+        let now = self.clock.now_ms();
+        self.state().renew(req.client, now);
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    pub async fn recover_lease(&self, req: RecoverLease) -> Result<RecoveryOutcome> {
+        let _ = req;
+        Err(Error::NotSupported {
+            reason: "lease recovery is not implemented yet".into(),
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(chunk = %req.handle, chunkserver = %req.chunkserver))]
+    pub async fn report_corrupt(&self, req: ReportCorrupt) -> Result<()> {
+        tracing::warn!("replica reported corrupt (repair is not implemented yet)");
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ chunkservers
+
+    #[tracing::instrument(skip_all, fields(addr = %req.addr))]
+    pub async fn register(&self, req: Register) -> Result<RegisterReply> {
+        let id = self
+            .mutate_durable(|st, now, _| st.register(&req, now))
+            .await?;
+        Ok(RegisterReply { id })
+    }
+
+    pub async fn heartbeat(&self, req: Heartbeat) -> Result<HeartbeatReply> {
+        let now = self.clock.now_ms();
+        let known = self.state().registry.heartbeat(
+            req.id,
+            req.capacity,
+            req.used,
+            req.replica_count,
+            req.active_streams,
+            now,
+        );
+        if !known {
+            tracing::info!(chunkserver = %req.id, "heartbeat from an unregistered chunkserver; asking it to register");
+        }
+        Ok(HeartbeatReply {
+            commands: Vec::new(),
+            reregister: !known,
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(chunkserver = %req.id, replicas = req.replicas.len()))]
+    pub async fn chunk_report(&self, req: ChunkReport) -> Result<()> {
+        let mut st = self.state();
+        if st.registry.get(req.id).is_none() {
+            return Err(Error::NotFound {
+                path: format!("chunkserver {} is not registered (register again)", req.id),
+            });
+        }
+        let s = st.apply_report(req.id, &req.replicas);
+        tracing::debug!(
+            current = s.current,
+            stale = s.stale,
+            ahead = s.ahead,
+            orphans = s.orphans,
+            "chunk report"
+        );
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ background
+
+    /// Writes a checkpoint of the current state and trims the log it covers. Returns
+    /// false when nothing changed since the last one.
+    pub async fn checkpoint(&self) -> Result<bool> {
+        let _one = self.checkpointing.lock().await;
+        let (lsn, bytes) = {
+            let st = self.state();
+            let lsn = st.last_lsn;
+            if lsn <= self.checkpoint_lsn.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            let bytes = st.encode_snapshot()?;
+            // Records after `lsn` go to a new segment, so older ones can be deleted
+            // once the checkpoint is durable.
+            self.log.rotate(lsn + 1)?;
+            (lsn, bytes)
+        };
+        self.log.wait_durable(lsn).await?;
+        let dir = self.config.dir.clone();
+        let size = bytes.len();
+        let removed = tokio::task::spawn_blocking(move || -> Result<usize> {
+            oplog::write_checkpoint(&dir, lsn, &bytes)?;
+            oplog::trim(&dir, lsn + 1)
+        })
+        .await
+        .map_err(|e| Error::LogFailed {
+            reason: format!("checkpoint task failed: {e}"),
+        })??;
+        self.checkpoint_lsn.store(lsn, Ordering::Release);
+        self.last_checkpoint_ms
+            .store(self.clock.now_ms(), Ordering::Relaxed);
+        tracing::info!(
+            lsn,
+            bytes = size,
+            segments_removed = removed,
+            "checkpoint written"
+        );
+        Ok(true)
+    }
+
+    /// Checkpoints when the log grew past the threshold or the interval passed.
+    pub async fn maybe_checkpoint(&self) -> Result<bool> {
+        let grown = self.log.stats().bytes_since_rotate >= self.config.checkpoint_log_size;
+        let interval =
+            u64::try_from(self.config.checkpoint_interval.as_millis()).unwrap_or(u64::MAX);
+        let due = self
+            .clock
+            .now_ms()
+            .saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
+            >= interval;
+        if grown || due {
+            self.checkpoint().await
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Logs chunkservers that died or came back, and leases past their hard limit.
+    pub fn monitor(&self) {
+        let now = self.clock.now_ms();
+        let mut st = self.state();
+        let dead_after = st.settings.dead_after_ms;
+        for (id, live) in st.registry.liveness_changes(now, dead_after) {
+            if live {
+                tracing::info!(chunkserver = %id, "chunkserver is live again");
+            } else {
+                tracing::warn!(chunkserver = %id, "chunkserver missed its heartbeats: dead; its replicas are no longer handed out");
+            }
+        }
+        let limits = st.settings.limits;
+        for (ino, lease) in st.leases.take_hard_expired(now, limits) {
+            tracing::warn!(inode = %ino, holder = %lease.holder, "write lease passed its hard limit (lease recovery is not implemented yet)");
+        }
+    }
+}

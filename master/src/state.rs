@@ -1,0 +1,1420 @@
+//! The replayable state machine: log [`Record`]s and the state they build.
+//!
+//! [`MasterState`] holds the persisted metadata (namespace, chunk table with versions
+//! and committed lengths, id counters, known chunkservers) and the soft state derived
+//! from the running cluster (chunkserver registry, replica locations, lease timers).
+//!
+//! Every mutation goes through [`MasterState::commit`]: the request is validated, a
+//! [`Record`] describing its *result* (the inode, handle and version it minted) is
+//! applied with [`MasterState::apply`] and queued in the outbox, from which the server
+//! moves it to the operation log while still holding the state lock, so log order is
+//! apply order. Replay applies the same records with the same function, which is what
+//! makes the counters resume strictly above anything ever logged (invariant 1).
+//!
+//! Nothing that depends on a record may leave the master before the record is durable:
+//! the server waits for the log before replying or sending a bump.
+//!
+//! This file holds the records, `apply`, checkpoints, reads and chunkserver reports; the
+//! requests that mutate the namespace or start a write are in `state/ops.rs`.
+
+use crate::chunk_table::{classify, server_index, ChunkInfo, ChunkTable, ReplicaClass};
+use crate::config::MasterConfig;
+use crate::error::{Error, Result};
+use crate::lease::{LeaseLimits, LeaseTable};
+use crate::namespace::{self, join, FileMeta, Inode, InodeKind, Namespace, WriteState};
+use crate::registry::Registry;
+use bincode::{Decode, Encode};
+use stampfs_proto::{
+    ChunkCommit, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
+    ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, Register,
+    ReplicaLocation, ReplicaReport,
+};
+use std::collections::{BTreeMap, HashSet};
+
+mod ops;
+pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
+
+/// Version of the checkpoint payload layout.
+const SNAPSHOT_FORMAT: u32 = 1;
+
+/// One durable state change. Records carry results (minted ids, versions), never
+/// decisions left to replay. New variants go at the end.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum Record {
+    /// Directories created in a chain: the first under `parent`, each next one under
+    /// the previous.
+    Mkdir {
+        parent: InodeId,
+        dirs: Vec<(String, InodeId)>,
+        mtime_ms: u64,
+    },
+    /// A new file, open for writing by `client`; `replaces` is the file it overwrites.
+    Create {
+        parent: InodeId,
+        name: String,
+        inode: InodeId,
+        replication: u8,
+        chunk_size: u64,
+        client: ClientId,
+        replaces: Option<InodeId>,
+        mtime_ms: u64,
+    },
+    /// A closed file reopened for append by `client`; `last` is its last chunk with the
+    /// version minted for the new lease.
+    Reopen {
+        inode: InodeId,
+        client: ClientId,
+        last: Option<(ChunkHandle, ChunkVersion)>,
+        mtime_ms: u64,
+    },
+    /// Commits the previous last chunk and adds a new chunk at `version`.
+    AddChunk {
+        inode: InodeId,
+        previous: Option<ChunkCommit>,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        mtime_ms: u64,
+    },
+    /// Removes a just-added chunk that could not be placed (its handle stays used).
+    AbandonChunk { inode: InodeId, handle: ChunkHandle },
+    /// A new version for an existing chunk (pipeline recovery).
+    SetVersion {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    },
+    /// Commits the last chunk's length and closes the file.
+    Close {
+        inode: InodeId,
+        last: Option<ChunkCommit>,
+        mtime_ms: u64,
+    },
+    Rename {
+        src_parent: InodeId,
+        src_name: String,
+        dst_parent: InodeId,
+        dst_name: String,
+        mtime_ms: u64,
+    },
+    /// Removes an entry and everything below it, with its chunks.
+    Delete {
+        parent: InodeId,
+        name: String,
+        mtime_ms: u64,
+    },
+    /// A chunkserver id handed out (or its address changed).
+    RegisterChunkserver { id: ChunkserverId, addr: String },
+}
+
+/// The configuration the state machine's decisions use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub replication: u8,
+    pub chunk_size: u64,
+    pub min_replication: u8,
+    pub dead_after_ms: u64,
+    pub limits: LeaseLimits,
+}
+
+impl Settings {
+    pub fn from_config(c: &MasterConfig) -> Self {
+        Self {
+            replication: c.replication,
+            chunk_size: c.chunk_size,
+            min_replication: c.min_replication,
+            dead_after_ms: u64::try_from(c.dead_after.as_millis()).unwrap_or(u64::MAX),
+            limits: LeaseLimits::new(c.lease_soft, c.lease_hard),
+        }
+    }
+
+    /// Fewest replicas a write on a file of `replication` may proceed with.
+    pub fn needed(&self, replication: u8) -> usize {
+        usize::from(self.min_replication.min(replication).max(1))
+    }
+}
+
+/// What a replica report changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReportSummary {
+    pub current: usize,
+    pub stale: usize,
+    pub ahead: usize,
+    pub orphans: usize,
+}
+
+/// The master's whole state. See the module docs.
+#[derive(Debug)]
+pub struct MasterState {
+    pub settings: Settings,
+    /// LSN of the last applied record.
+    pub last_lsn: u64,
+    pub ns: Namespace,
+    pub chunks: ChunkTable,
+    /// Chunkserver ids ever handed out, with their last registered address.
+    pub servers: BTreeMap<ChunkserverId, String>,
+    next_server: u64,
+    /// Soft: registered chunkservers.
+    pub registry: Registry,
+    /// Soft: lease timers of open files.
+    pub leases: LeaseTable,
+    /// Committed records not yet handed to the log: `(lsn, encoded record)`.
+    outbox: Vec<(u64, Vec<u8>)>,
+}
+
+/// The bincode configuration of records and checkpoints (no wire limit: their size is
+/// checked by the log framing).
+fn codec_config() -> impl bincode::config::Config {
+    bincode::config::standard()
+}
+
+/// Encodes a record for the log.
+pub fn encode_record(rec: &Record) -> Result<Vec<u8>> {
+    bincode::encode_to_vec(rec, codec_config()).map_err(|e| Error::Codec {
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes a record from the log.
+pub fn decode_record(bytes: &[u8]) -> Result<Record> {
+    let (rec, used) =
+        bincode::decode_from_slice(bytes, codec_config()).map_err(|e| Error::Codec {
+            reason: e.to_string(),
+        })?;
+    if used != bytes.len() {
+        return Err(Error::Codec {
+            reason: format!("{} trailing bytes after a log record", bytes.len() - used),
+        });
+    }
+    Ok(rec)
+}
+
+impl MasterState {
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            last_lsn: 0,
+            ns: Namespace::default(),
+            chunks: ChunkTable::default(),
+            servers: BTreeMap::new(),
+            next_server: 1,
+            registry: Registry::default(),
+            leases: LeaseTable::default(),
+            outbox: Vec::new(),
+        }
+    }
+
+    // ------------------------------------------------------------ persistence
+
+    /// The checkpoint payload: everything persisted, up to `last_lsn`.
+    pub fn encode_snapshot(&self) -> Result<Vec<u8>> {
+        let snap = (
+            SNAPSHOT_FORMAT,
+            self.last_lsn,
+            &self.ns,
+            &self.chunks,
+            &self.servers,
+            self.next_server,
+        );
+        bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
+            reason: e.to_string(),
+        })
+    }
+
+    /// Rebuilds the state from a checkpoint payload. Open files get lease timers that
+    /// start at `now_ms`.
+    pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
+        type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+        );
+        let ((format, last_lsn, ns, chunks, servers, next_server), _): (Snap, usize) =
+            bincode::decode_from_slice(bytes, codec_config()).map_err(|e| Error::Codec {
+                reason: format!("checkpoint: {e}"),
+            })?;
+        if format != SNAPSHOT_FORMAT {
+            return Err(Error::Codec {
+                reason: format!("checkpoint format {format} is not {SNAPSHOT_FORMAT}"),
+            });
+        }
+        let mut st = Self::new(settings);
+        st.last_lsn = last_lsn;
+        st.ns = ns;
+        st.chunks = chunks;
+        st.servers = servers;
+        st.next_server = next_server;
+        let open: Vec<(InodeId, ClientId)> = st
+            .ns
+            .iter()
+            .filter_map(|(ino, i)| i.as_file().and_then(|f| f.writer()).map(|c| (*ino, c)))
+            .collect();
+        for (ino, client) in open {
+            st.leases.acquire(ino, client, now_ms);
+        }
+        Ok(st)
+    }
+
+    /// Applies a committed record: validation, the mutation, its soft effects.
+    pub fn commit(&mut self, rec: Record, now_ms: u64) -> Result<u64> {
+        let bytes = encode_record(&rec)?;
+        let lsn = self.last_lsn + 1;
+        self.apply(lsn, &rec, now_ms)
+            .map_err(|reason| Error::Replay { lsn, reason })?;
+        self.outbox.push((lsn, bytes));
+        Ok(lsn)
+    }
+
+    /// Records committed since the last call, for the log.
+    pub fn take_outbox(&mut self) -> Vec<(u64, Vec<u8>)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Applies record `lsn`. Used by [`MasterState::commit`] and by replay; lease timers
+    /// of files it opens start at `now_ms`.
+    pub fn apply(
+        &mut self,
+        lsn: u64,
+        rec: &Record,
+        now_ms: u64,
+    ) -> std::result::Result<(), String> {
+        if lsn != self.last_lsn + 1 {
+            return Err(format!("record {lsn} applied after {}", self.last_lsn));
+        }
+        match rec {
+            Record::Mkdir {
+                parent,
+                dirs,
+                mtime_ms,
+            } => {
+                if let Some((name, _)) = dirs.first() {
+                    if self.ns.child(*parent, name).is_some() {
+                        return Err(format!("{name:?} already exists in {parent}"));
+                    }
+                }
+                if dirs.iter().any(|(_, ino)| self.ns.get(*ino).is_some()) {
+                    return Err("mkdir reuses an inode".into());
+                }
+                let mut p = *parent;
+                for (name, ino) in dirs {
+                    self.ns.insert(p, name, *ino, Inode::dir(p, *mtime_ms))?;
+                    p = *ino;
+                }
+            }
+            Record::Create {
+                parent,
+                name,
+                inode,
+                replication,
+                chunk_size,
+                client,
+                replaces,
+                mtime_ms,
+            } => {
+                if self.ns.get(*inode).is_some() {
+                    return Err(format!("create reuses inode {inode}"));
+                }
+                let existing = self.ns.child(*parent, name);
+                if existing != *replaces {
+                    return Err(format!(
+                        "create of {name:?} expected {replaces:?}, found {existing:?}"
+                    ));
+                }
+                if replaces.is_some() {
+                    self.remove_entry(*parent, name, *mtime_ms)?;
+                }
+                let file = Inode {
+                    parent: *parent,
+                    mtime_ms: *mtime_ms,
+                    kind: InodeKind::File(FileMeta {
+                        replication: *replication,
+                        chunk_size: *chunk_size,
+                        chunks: Vec::new(),
+                        write: WriteState::Open { client: *client },
+                    }),
+                };
+                self.ns.insert(*parent, name, *inode, file)?;
+                self.leases.acquire(*inode, *client, now_ms);
+            }
+            Record::Reopen {
+                inode,
+                client,
+                last,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.write != WriteState::Closed {
+                    return Err(format!("{inode} is already open"));
+                }
+                if let Some((h, v)) = last {
+                    if f.chunks.last() != Some(h) {
+                        return Err(format!("{h} is not the last chunk of {inode}"));
+                    }
+                    self.set_version(*h, *v)?;
+                }
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    f.write = WriteState::Open { client: *client }
+                });
+                self.leases.acquire(*inode, *client, now_ms);
+            }
+            Record::AddChunk {
+                inode,
+                previous,
+                handle,
+                version,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.writer().is_none() {
+                    return Err(format!("{inode} is not open"));
+                }
+                let replication = f.replication;
+                if let Some(c) = previous {
+                    if f.chunks.last() != Some(&c.handle) {
+                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
+                    }
+                }
+                if version.0 == 0 {
+                    return Err("chunk version 0".into());
+                }
+                self.chunks
+                    .insert(*handle, ChunkInfo::new(*version, replication))?;
+                if let Some(c) = previous {
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                self.touch_file(*inode, *mtime_ms, |f| f.chunks.push(*handle));
+            }
+            Record::AbandonChunk { inode, handle } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                if let Some(f) = self.ns.file_mut(*inode) {
+                    f.chunks.pop();
+                }
+                self.forget_chunk(*handle);
+            }
+            Record::SetVersion { handle, version } => self.set_version(*handle, *version)?,
+            Record::Close {
+                inode,
+                last,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if let Some(c) = last {
+                    if f.chunks.last() != Some(&c.handle) {
+                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
+                    }
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.leases.release(*inode);
+            }
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                mtime_ms,
+            } => self
+                .ns
+                .rename(*src_parent, src_name, *dst_parent, dst_name, *mtime_ms)?,
+            Record::Delete {
+                parent,
+                name,
+                mtime_ms,
+            } => self.remove_entry(*parent, name, *mtime_ms)?,
+            Record::RegisterChunkserver { id, addr } => {
+                if server_index(*id).is_none() {
+                    return Err(format!("chunkserver id {id} does not fit 32 bits"));
+                }
+                self.servers.insert(*id, addr.clone());
+                self.next_server = self.next_server.max(id.0.saturating_add(1));
+            }
+        }
+        self.last_lsn = lsn;
+        Ok(())
+    }
+
+    fn touch_file(&mut self, ino: InodeId, mtime_ms: u64, f: impl FnOnce(&mut FileMeta)) {
+        if let Some(i) = self.ns.get_mut(ino) {
+            i.mtime_ms = i.mtime_ms.max(mtime_ms);
+            if let InodeKind::File(meta) = &mut i.kind {
+                f(meta);
+            }
+        }
+    }
+
+    fn set_version(&mut self, h: ChunkHandle, v: ChunkVersion) -> std::result::Result<(), String> {
+        let info = self.chunks.get_mut(h).ok_or(format!("unknown chunk {h}"))?;
+        if v <= info.version {
+            return Err(format!(
+                "chunk {h}: version {v} does not exceed the current {}",
+                info.version
+            ));
+        }
+        info.version = v;
+        Ok(())
+    }
+
+    fn remove_entry(
+        &mut self,
+        parent: InodeId,
+        name: &str,
+        mtime_ms: u64,
+    ) -> std::result::Result<(), String> {
+        for (ino, inode) in self.ns.remove(parent, name, mtime_ms)? {
+            if let InodeKind::File(f) = inode.kind {
+                self.leases.release(ino);
+                for h in f.chunks {
+                    self.forget_chunk(h);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn forget_chunk(&mut self, h: ChunkHandle) {
+        if let Some(info) = self.chunks.remove(h) {
+            for r in info.replicas.iter() {
+                if let Some(cs) = self.registry.get_mut(r.server_id()) {
+                    cs.replicas.remove(&h);
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ reads
+
+    /// Length of a file: the sum of its chunks' committed lengths.
+    pub fn file_length(&self, f: &FileMeta) -> u64 {
+        f.chunks
+            .iter()
+            .filter_map(|h| self.chunks.get(*h))
+            .map(|c| c.length)
+            .sum()
+    }
+
+    /// The status of `ino`, reported under `path`.
+    pub fn status(&self, path: String, ino: InodeId) -> Result<FileStatus> {
+        let inode = self
+            .ns
+            .get(ino)
+            .ok_or_else(|| Error::NotFound { path: path.clone() })?;
+        Ok(match &inode.kind {
+            InodeKind::Dir(_) => FileStatus {
+                path,
+                inode: ino,
+                kind: FileKind::Directory,
+                length: 0,
+                replication: 0,
+                chunk_size: 0,
+                state: FileState::Closed,
+                mtime_ms: inode.mtime_ms,
+            },
+            InodeKind::File(f) => FileStatus {
+                path,
+                inode: ino,
+                kind: FileKind::File,
+                length: self.file_length(f),
+                replication: f.replication,
+                chunk_size: f.chunk_size,
+                state: match f.write {
+                    WriteState::Closed => FileState::Closed,
+                    WriteState::Open { .. } => FileState::Open,
+                },
+                mtime_ms: inode.mtime_ms,
+            },
+        })
+    }
+
+    /// Resolves a path to its inode.
+    pub fn resolve_path(&self, path: &str) -> Result<InodeId> {
+        self.ns.resolve(&namespace::components(path)?)
+    }
+
+    pub fn stat(&self, path: &str) -> Result<FileStatus> {
+        let comps = namespace::components(path)?;
+        let ino = self.ns.resolve(&comps)?;
+        self.status(join(&comps), ino)
+    }
+
+    /// A directory's entries sorted by name, or a file's own status.
+    pub fn list(&self, path: &str) -> Result<Vec<FileStatus>> {
+        let comps = namespace::components(path)?;
+        let ino = self.ns.resolve(&comps)?;
+        let inode = self
+            .ns
+            .get(ino)
+            .ok_or_else(|| Error::NotFound { path: join(&comps) })?;
+        match &inode.kind {
+            InodeKind::File(_) => Ok(vec![self.status(join(&comps), ino)?]),
+            InodeKind::Dir(d) => {
+                let base = join(&comps);
+                d.children
+                    .iter()
+                    .map(|(name, child)| {
+                        let p = if base == "/" {
+                            format!("/{name}")
+                        } else {
+                            format!("{base}/{name}")
+                        };
+                        self.status(p, *child)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Live chunkserver addresses for the current replicas of `info`.
+    fn current_locations(&self, info: &ChunkInfo, now_ms: u64) -> Vec<ReplicaLocation> {
+        info.current()
+            .filter_map(|r| {
+                let addr =
+                    self.registry
+                        .live_addr(r.server_id(), now_ms, self.settings.dead_after_ms)?;
+                Some(ReplicaLocation {
+                    chunkserver: r.server_id(),
+                    addr: addr.to_string(),
+                    version: r.version,
+                    state: r.state,
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) fn current_targets(&self, info: &ChunkInfo, now_ms: u64) -> Vec<ChunkserverAddr> {
+        self.current_locations(info, now_ms)
+            .into_iter()
+            .map(|l| ChunkserverAddr {
+                id: l.chunkserver,
+                addr: l.addr,
+            })
+            .collect()
+    }
+
+    /// Where a file's chunks can be read, with read tokens for `client`. Only replicas
+    /// on live chunkservers at the master's version are listed (invariant 4).
+    pub fn locations(
+        &self,
+        path: &str,
+        client: ClientId,
+        key: &ClusterKey,
+        now_ms: u64,
+    ) -> Result<FileLocations> {
+        let comps = namespace::components(path)?;
+        let ino = self.ns.resolve(&comps)?;
+        let status = self.status(join(&comps), ino)?;
+        let f = self
+            .ns
+            .file(ino)
+            .ok_or_else(|| Error::IsADirectory { path: join(&comps) })?;
+        let open = f.writer().is_some();
+        let mut chunks = Vec::with_capacity(f.chunks.len());
+        let mut offset = 0u64;
+        for (i, h) in f.chunks.iter().enumerate() {
+            let Some(info) = self.chunks.get(*h) else {
+                continue;
+            };
+            chunks.push(LocatedChunk {
+                handle: *h,
+                version: info.version,
+                file_offset: offset,
+                length: info.length,
+                complete: !(open && i + 1 == f.chunks.len()),
+                token: ChunkToken::sign(key, *h, info.version, client),
+                replicas: self.current_locations(info, now_ms),
+            });
+            offset += info.length;
+        }
+        Ok(FileLocations { status, chunks })
+    }
+
+    // ------------------------------------------------------------ chunkservers
+
+    /// `register`: keeps a known id, otherwise hands out a new one (logged), then
+    /// records the server and its replicas.
+    pub fn register(&mut self, req: &Register, now_ms: u64) -> Result<ChunkserverId> {
+        let id = match req.id {
+            Some(id) if self.servers.contains_key(&id) => {
+                if self.servers.get(&id) != Some(&req.addr) {
+                    self.commit(
+                        Record::RegisterChunkserver {
+                            id,
+                            addr: req.addr.clone(),
+                        },
+                        now_ms,
+                    )?;
+                }
+                id
+            }
+            claimed => {
+                let id = ChunkserverId(self.next_server);
+                if server_index(id).is_none() {
+                    return Err(Error::bad_request("chunkserver ids are exhausted"));
+                }
+                if let Some(old) = claimed {
+                    tracing::warn!(claimed = %old, assigned = %id, addr = %req.addr, "chunkserver claims an id this master never handed out; assigning a new one");
+                }
+                self.commit(
+                    Record::RegisterChunkserver {
+                        id,
+                        addr: req.addr.clone(),
+                    },
+                    now_ms,
+                )?;
+                id
+            }
+        };
+        self.registry
+            .register(id, &req.addr, req.capacity, req.used, now_ms);
+        let s = self.apply_report(id, &req.replicas);
+        tracing::info!(chunkserver = %id, addr = %req.addr, replicas = req.replicas.len(), current = s.current, stale = s.stale, ahead = s.ahead, orphans = s.orphans, "chunkserver registered");
+        Ok(id)
+    }
+
+    /// Replaces `id`'s replica list with a full report.
+    pub fn apply_report(&mut self, id: ChunkserverId, reports: &[ReplicaReport]) -> ReportSummary {
+        let mut summary = ReportSummary::default();
+        let Some(idx) = server_index(id) else {
+            return summary;
+        };
+        let Some(cs) = self.registry.get_mut(id) else {
+            return summary;
+        };
+        let old = std::mem::take(&mut cs.replicas);
+        cs.orphans.clear();
+        let new: HashSet<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
+        for h in old.difference(&new) {
+            if let Some(info) = self.chunks.get_mut(*h) {
+                info.remove_replica(idx);
+            }
+        }
+        let mut mine = HashSet::with_capacity(reports.len());
+        let mut orphans = Vec::new();
+        for r in reports {
+            let Some(info) = self.chunks.get_mut(r.handle) else {
+                orphans.push(*r);
+                continue;
+            };
+            match classify(info.version, r.version) {
+                ReplicaClass::Current => summary.current += 1,
+                ReplicaClass::Stale => {
+                    summary.stale += 1;
+                    tracing::debug!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "stale replica");
+                }
+                ReplicaClass::Ahead => {
+                    summary.ahead += 1;
+                    tracing::error!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "replica is AHEAD of the master's version: invariant 1 was broken; it is never handed out");
+                }
+            }
+            // A replica's version never goes down: a report built before a bump that
+            // arrives after the bump's acknowledgement must not make it look stale.
+            match info.replica(id) {
+                Some(known) if known.version > r.version => {}
+                _ => info.set_replica(idx, r.version, r.state),
+            }
+            mine.insert(r.handle);
+        }
+        summary.orphans = orphans.len();
+        if let Some(cs) = self.registry.get_mut(id) {
+            cs.replicas = mine;
+            cs.orphans = orphans;
+        }
+        summary
+    }
+
+    /// Every persisted field equal (replay checks).
+    pub fn same_persisted(&self, other: &MasterState) -> bool {
+        self.last_lsn == other.last_lsn
+            && self.ns == other.ns
+            && self.chunks.len() == other.chunks.len()
+            && self.chunks.iter().all(|(h, c)| {
+                other.chunks.get(*h).is_some_and(|o| {
+                    (o.version, o.length, o.replication) == (c.version, c.length, c.replication)
+                })
+            })
+            && self.chunks.next_handle() == other.chunks.next_handle()
+            && self.servers == other.servers
+            && self.next_server == other.next_server
+    }
+
+    /// The id the next registering chunkserver gets.
+    pub fn next_server_id(&self) -> ChunkserverId {
+        ChunkserverId(self.next_server)
+    }
+}
+
+/// Replays a checkpoint payload (if any) and log records into a state.
+pub fn replay_records<'a>(
+    st: &mut MasterState,
+    records: impl IntoIterator<Item = (u64, &'a [u8])>,
+    now_ms: u64,
+) -> Result<()> {
+    for (lsn, bytes) in records {
+        let rec = decode_record(bytes).map_err(|e| Error::Replay {
+            lsn,
+            reason: e.to_string(),
+        })?;
+        st.apply(lsn, &rec, now_ms)
+            .map_err(|reason| Error::Replay { lsn, reason })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stampfs_proto::{
+        AddChunk, Append, ChunkCommit, Close, Create, Delete, Mkdir, Rename, ReplicaState,
+        UpdatePipeline,
+    };
+    use std::time::Duration;
+
+    const A: ClientId = ClientId(0xa);
+    const B: ClientId = ClientId(0xb);
+
+    fn settings() -> Settings {
+        Settings {
+            replication: 3,
+            chunk_size: 1 << 20,
+            min_replication: 1,
+            dead_after_ms: 10_000,
+            limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
+        }
+    }
+
+    fn state_with_servers(n: u64) -> MasterState {
+        let mut st = MasterState::new(settings());
+        for i in 0..n {
+            st.register(
+                &Register {
+                    id: None,
+                    addr: format!("127.0.0.1:{}", 9000 + i),
+                    capacity: 1 << 40,
+                    used: 0,
+                    replicas: vec![],
+                },
+                0,
+            )
+            .expect("register");
+        }
+        st
+    }
+
+    fn replayed(st: &mut MasterState, log: &[(u64, Vec<u8>)]) -> MasterState {
+        let mut back = MasterState::new(settings());
+        replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
+        assert!(back.same_persisted(st), "replay rebuilds the same state");
+        back
+    }
+
+    fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
+        st.create(
+            &Create {
+                path: path.into(),
+                client,
+                replication: None,
+                chunk_size: None,
+                overwrite: false,
+            },
+            0,
+            1,
+        )
+        .expect("create")
+        .inode
+    }
+
+    fn ack_all(st: &mut MasterState, plan: &BumpPlan) {
+        let acks: Vec<_> = plan
+            .targets
+            .iter()
+            .map(|t| {
+                (
+                    t.id,
+                    ReplicaReport {
+                        handle: plan.handle,
+                        version: plan.version,
+                        length: plan.chunk_offset,
+                        state: ReplicaState::Writing,
+                    },
+                )
+            })
+            .collect();
+        st.record_replicas(plan.handle, &acks);
+    }
+
+    #[test]
+    fn namespace_operations_validate_and_replay() {
+        let mut st = MasterState::new(settings());
+        let mk = |path: &str, parents| Mkdir {
+            path: path.into(),
+            parents,
+        };
+        assert!(matches!(
+            st.mkdir(&mk("/a/b", false), 0, 1),
+            Err(Error::NotFound { .. })
+        ));
+        st.mkdir(&mk("/a/b/c", true), 0, 1).expect("mkdir -p");
+        assert!(matches!(
+            st.mkdir(&mk("/a/b", false), 0, 1),
+            Err(Error::AlreadyExists { .. })
+        ));
+        st.mkdir(&mk("/a/b", true), 0, 1)
+            .expect("mkdir -p of an existing dir");
+        create(&mut st, "/a/f", A);
+        assert!(matches!(
+            st.mkdir(&mk("/a/f/x", true), 0, 1),
+            Err(Error::NotADirectory { .. })
+        ));
+        assert!(matches!(
+            st.create(
+                &Create {
+                    path: "/a/f".into(),
+                    client: B,
+                    replication: None,
+                    chunk_size: None,
+                    overwrite: true
+                },
+                0,
+                1
+            ),
+            Err(Error::LeaseConflict { holder: A, .. })
+        ));
+        assert!(matches!(
+            st.create(
+                &Create {
+                    path: "/nope/f".into(),
+                    client: B,
+                    replication: None,
+                    chunk_size: None,
+                    overwrite: false
+                },
+                0,
+                1
+            ),
+            Err(Error::NotFound { ref path }) if path == "/nope"
+        ));
+        assert!(matches!(
+            st.create(
+                &Create {
+                    path: "/g".into(),
+                    client: B,
+                    replication: Some(0),
+                    chunk_size: None,
+                    overwrite: false
+                },
+                0,
+                1
+            ),
+            Err(Error::BadRequest { .. })
+        ));
+        let names: Vec<_> = st
+            .list("/a")
+            .expect("list")
+            .into_iter()
+            .map(|s| s.path)
+            .collect();
+        assert_eq!(names, vec!["/a/b", "/a/f"]);
+        assert_eq!(st.list("/a/f").expect("list file").len(), 1);
+        st.rename(
+            &Rename {
+                src: "/a/f".into(),
+                dst: "/a/b/g".into(),
+            },
+            0,
+            2,
+        )
+        .expect("rename");
+        assert!(matches!(
+            st.rename(
+                &Rename {
+                    src: "/a".into(),
+                    dst: "/a/b/x".into()
+                },
+                0,
+                2
+            ),
+            Err(Error::BadRequest { .. })
+        ));
+        assert!(matches!(
+            st.rename(
+                &Rename {
+                    src: "/a/b".into(),
+                    dst: "/a/b/c".into()
+                },
+                0,
+                2
+            ),
+            Err(Error::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            st.delete(
+                &Delete {
+                    path: "/a".into(),
+                    recursive: false
+                },
+                0,
+                3
+            ),
+            Err(Error::DirectoryNotEmpty { .. })
+        ));
+        assert!(matches!(st.stat("a/b"), Err(Error::InvalidPath { .. })));
+        assert_eq!(st.stat("/a/b/g").expect("stat").state, FileState::Open);
+        let log = st.take_outbox();
+        replayed(&mut st, &log);
+        st.delete(
+            &Delete {
+                path: "/a".into(),
+                recursive: true,
+            },
+            0,
+            3,
+        )
+        .expect("rm -r");
+        assert!(
+            st.leases.is_empty(),
+            "the deleted open file's lease is gone"
+        );
+        assert!(st.ns.is_empty());
+    }
+
+    #[test]
+    fn add_chunk_mints_handles_and_versions_and_commits_the_previous() {
+        let mut st = state_with_servers(3);
+        let ino = create(&mut st, "/f", A);
+        let add = |prev| AddChunk {
+            path: "/f".into(),
+            client: A,
+            previous: prev,
+        };
+        let p0 = st.add_chunk(&add(None), ino, 0, 2).expect("first chunk");
+        assert_eq!((p0.bump.chunk_index, p0.bump.file_offset), (0, 0));
+        assert!(p0.finalize.is_none());
+        // previous None while the file already has a chunk is allowed: that chunk keeps
+        // its committed length (0 here).
+        let p1 = st.add_chunk(&add(None), ino, 0, 2).expect("second chunk");
+        assert_eq!(p1.bump.chunk_index, 1);
+        ack_all(&mut st, &p1.bump);
+        assert_eq!(p1.bump.version, ChunkVersion(1));
+        assert_eq!(p1.bump.targets.len(), 3);
+        assert!(p1.bump.create);
+        let p2 = st
+            .add_chunk(
+                &add(Some(ChunkCommit {
+                    handle: p1.bump.handle,
+                    length: 1000,
+                })),
+                ino,
+                0,
+                3,
+            )
+            .expect("third chunk");
+        assert!(p2.bump.handle > p1.bump.handle);
+        assert_eq!(p2.bump.file_offset, 1000);
+        let fin = p2.finalize.expect("finalize previous");
+        assert_eq!(
+            (fin.handle, fin.length, fin.targets.len()),
+            (p1.bump.handle, 1000, 3)
+        );
+        // Another client may not add chunks.
+        let mut other = add(None);
+        other.client = B;
+        assert!(matches!(
+            st.add_chunk(&other, ino, 0, 3),
+            Err(Error::LeaseExpired { .. })
+        ));
+        // A commit of a chunk that is not the last is refused.
+        assert!(matches!(
+            st.add_chunk(
+                &add(Some(ChunkCommit {
+                    handle: p1.bump.handle,
+                    length: 5
+                })),
+                ino,
+                0,
+                3
+            ),
+            Err(Error::BadRequest { .. })
+        ));
+        let log = st.take_outbox();
+        let back = replayed(&mut st, &log);
+        assert!(back.chunks.next_handle() > p2.bump.handle);
+    }
+
+    #[test]
+    fn add_chunk_without_live_servers_is_not_enough_replicas() {
+        let mut st = MasterState::new(settings());
+        let ino = create(&mut st, "/f", A);
+        let err = st
+            .add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None,
+                },
+                ino,
+                0,
+                1,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::NotEnoughReplicas { live: 0, needed: 1 }),
+            "{err}"
+        );
+        let mut st = state_with_servers(2);
+        let ino = create(&mut st, "/f", A);
+        // Servers die after dead_after without heartbeats.
+        let err = st
+            .add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None,
+                },
+                ino,
+                20_000,
+                1,
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::NotEnoughReplicas { .. }), "{err}");
+    }
+
+    #[test]
+    fn append_close_and_pipeline_recovery_bump_versions() {
+        let mut st = state_with_servers(3);
+        let ino = create(&mut st, "/f", A);
+        let p = st
+            .add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None,
+                },
+                ino,
+                0,
+                1,
+            )
+            .expect("chunk");
+        ack_all(&mut st, &p.bump);
+        let h = p.bump.handle;
+        let close = |client, len| Close {
+            path: "/f".into(),
+            client,
+            last: Some(ChunkCommit {
+                handle: h,
+                length: len,
+            }),
+        };
+        assert!(matches!(
+            st.close(&close(B, 10), ino, 0, 2),
+            Err(Error::LeaseExpired { .. })
+        ));
+        let c = st.close(&close(A, 10), ino, 0, 2).expect("close");
+        assert_eq!((c.status.length, c.status.state), (10, FileState::Closed));
+        assert!(st.leases.is_empty());
+        // A retried close is fine; a different one is not.
+        st.close(&close(A, 10), ino, 0, 2)
+            .expect("idempotent close");
+        assert!(st.close(&close(A, 11), ino, 0, 2).is_err());
+
+        // Append re-leases the partial last chunk under version 2.
+        let a = st
+            .append(
+                &Append {
+                    path: "/f".into(),
+                    client: B,
+                },
+                ino,
+                0,
+                3,
+            )
+            .expect("append");
+        let bump = a.bump.expect("partial chunk is re-leased");
+        assert_eq!(
+            (bump.version, bump.chunk_offset, bump.create),
+            (ChunkVersion(2), 10, false)
+        );
+        assert_eq!(bump.targets.len(), 3);
+        assert_eq!(a.status.state, FileState::Open);
+        // Someone else's append now conflicts.
+        let err = st
+            .append(
+                &Append {
+                    path: "/f".into(),
+                    client: A,
+                },
+                ino,
+                1_000,
+                3,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::LeaseConflict {
+                    holder: B,
+                    expires_in_ms: 59_000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        ack_all(&mut st, &bump);
+        // Pipeline recovery over two survivors: version 3, the third is now stale.
+        let survivors: Vec<_> = bump.targets.iter().take(2).map(|t| t.id).collect();
+        let up = UpdatePipeline {
+            path: "/f".into(),
+            client: B,
+            handle: h,
+            survivors: survivors.clone(),
+            acked_length: 50,
+        };
+        let r = st.update_pipeline(&up, ino, 0).expect("recovery");
+        assert_eq!(
+            (r.version, r.chunk_offset, r.targets.len()),
+            (ChunkVersion(3), 50, 2)
+        );
+        ack_all(&mut st, &r);
+        let info = st.chunks.get(h).expect("chunk");
+        assert_eq!(info.current().count(), 2);
+        assert_eq!(info.stale().count(), 1);
+        let loc = st
+            .locations("/f", A, &ClusterKey::from_bytes([1; 32]), 0)
+            .expect("locations");
+        assert_eq!(
+            loc.chunks[0].replicas.len(),
+            2,
+            "the stale replica is never handed out"
+        );
+        assert!(!loc.chunks[0].complete);
+        assert_eq!(loc.chunks[0].version, ChunkVersion(3));
+        // A survivor that is stale is refused.
+        let mut bad = up.clone();
+        bad.survivors = vec![bump.targets[2].id];
+        assert!(matches!(
+            st.update_pipeline(&bad, ino, 0),
+            Err(Error::BadRequest { .. })
+        ));
+        let log = st.take_outbox();
+        let back = replayed(&mut st, &log);
+        assert_eq!(back.chunks.get(h).expect("chunk").version, ChunkVersion(3));
+        assert_eq!(back.leases.get(ino).expect("open file lease").holder, B);
+    }
+
+    #[test]
+    fn counters_resume_strictly_above_after_replay_and_checkpoint() {
+        let mut st = state_with_servers(2);
+        let mut log = st.take_outbox();
+        let mut handles = Vec::new();
+        for i in 0..5 {
+            let path = format!("/f{i}");
+            let ino = create(&mut st, &path, A);
+            let p = st
+                .add_chunk(
+                    &AddChunk {
+                        path: path.clone(),
+                        client: A,
+                        previous: None,
+                    },
+                    ino,
+                    0,
+                    1,
+                )
+                .expect("chunk");
+            ack_all(&mut st, &p.bump);
+            handles.push(p.bump.handle);
+            st.close(
+                &Close {
+                    path: path.clone(),
+                    client: A,
+                    last: Some(ChunkCommit {
+                        handle: p.bump.handle,
+                        length: 1,
+                    }),
+                },
+                ino,
+                0,
+                1,
+            )
+            .expect("close");
+            let a = st
+                .append(&Append { path, client: B }, ino, 0, 1)
+                .expect("append");
+            assert_eq!(a.bump.expect("bump").version, ChunkVersion(2));
+        }
+        st.delete(
+            &Delete {
+                path: "/f4".into(),
+                recursive: false,
+            },
+            0,
+            1,
+        )
+        .expect("rm");
+        log.extend(st.take_outbox());
+        // Full log replay.
+        let mut back = replayed(&mut st, &log);
+        // Checkpoint at the middle, then the rest of the log.
+        let mid = log.len() / 2;
+        let mut half = MasterState::new(settings());
+        replay_records(
+            &mut half,
+            log[..mid].iter().map(|(l, b)| (*l, b.as_slice())),
+            0,
+        )
+        .expect("first half");
+        let snap = half.encode_snapshot().expect("snapshot");
+        let mut from_ckpt = MasterState::decode_snapshot(settings(), &snap, 0).expect("decode");
+        replay_records(
+            &mut from_ckpt,
+            log[mid..].iter().map(|(l, b)| (*l, b.as_slice())),
+            0,
+        )
+        .expect("second half");
+        assert!(from_ckpt.same_persisted(&st));
+        for replayed in [&mut back, &mut from_ckpt] {
+            assert!(replayed.chunks.next_handle() > *handles.iter().max().expect("some"));
+            assert!(replayed.ns.next_inode().0 > 6);
+            assert_eq!(replayed.next_server_id(), ChunkserverId(3));
+            assert_eq!(replayed.last_lsn, st.last_lsn);
+            // The next version minted for each surviving chunk is above every one issued.
+            for h in &handles[..4] {
+                assert_eq!(
+                    replayed.chunks.get(*h).expect("chunk").version,
+                    ChunkVersion(2)
+                );
+            }
+            assert!(
+                replayed.chunks.get(handles[4]).is_none(),
+                "deleted with its file"
+            );
+            // A new chunk gets a fresh handle.
+            replayed
+                .register(
+                    &Register {
+                        id: Some(ChunkserverId(1)),
+                        addr: "127.0.0.1:9000".into(),
+                        capacity: 1 << 40,
+                        used: 0,
+                        replicas: vec![],
+                    },
+                    0,
+                )
+                .expect("re-register keeps the id");
+            let ino = replayed.resolve_path("/f0").expect("f0");
+            let p = replayed
+                .add_chunk(
+                    &AddChunk {
+                        path: "/f0".into(),
+                        client: B,
+                        previous: None,
+                    },
+                    ino,
+                    0,
+                    1,
+                )
+                .expect("new chunk");
+            assert!(!handles.contains(&p.bump.handle));
+            assert!(p.bump.handle > *handles.iter().max().expect("some"));
+        }
+    }
+
+    #[test]
+    fn registration_keeps_known_ids_and_classifies_reports() {
+        let mut st = state_with_servers(1);
+        let ino = create(&mut st, "/f", A);
+        let p = st
+            .add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None,
+                },
+                ino,
+                0,
+                1,
+            )
+            .expect("chunk");
+        let h = p.bump.handle;
+        st.update_pipeline(
+            &UpdatePipeline {
+                path: "/f".into(),
+                client: A,
+                handle: h,
+                survivors: vec![],
+                acked_length: 0,
+            },
+            ino,
+            0,
+        )
+        .expect_err("no survivors");
+        let rep = |version| ReplicaReport {
+            handle: h,
+            version: ChunkVersion(version),
+            length: 0,
+            state: ReplicaState::Writing,
+        };
+        let orphan = ReplicaReport {
+            handle: ChunkHandle(999),
+            ..rep(1)
+        };
+        let id = st
+            .register(
+                &Register {
+                    id: Some(ChunkserverId(1)),
+                    addr: "127.0.0.1:9000".into(),
+                    capacity: 1,
+                    used: 0,
+                    replicas: vec![rep(1), orphan],
+                },
+                0,
+            )
+            .expect("register");
+        assert_eq!(id, ChunkserverId(1));
+        let cs = st.registry.get(id).expect("registered");
+        assert_eq!(cs.orphans, vec![orphan]);
+        assert_eq!(st.chunks.get(h).expect("c").current().count(), 1);
+        // A report above the master's version is never handed out.
+        let s = st.apply_report(id, &[rep(7)]);
+        assert_eq!(s.ahead, 1);
+        let loc = st
+            .locations("/f", A, &ClusterKey::from_bytes([1; 32]), 0)
+            .expect("locations");
+        assert!(loc.chunks[0].replicas.is_empty());
+        // An empty full report removes the replica.
+        st.apply_report(id, &[]);
+        assert!(st.chunks.get(h).expect("c").replicas.is_empty());
+        // An unknown id gets a fresh one.
+        let new = st
+            .register(
+                &Register {
+                    id: Some(ChunkserverId(77)),
+                    addr: "x".into(),
+                    capacity: 1,
+                    used: 0,
+                    replicas: vec![],
+                },
+                0,
+            )
+            .expect("register");
+        assert_eq!(new, ChunkserverId(2));
+    }
+}

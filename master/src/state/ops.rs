@@ -1,0 +1,659 @@
+//! The requests that change the namespace or start a write, as methods of
+//! [`MasterState`]: each validates, commits its [`Record`] and returns what the server
+//! must do next (the bumps to push before the grant, the replicas to finalize).
+
+use super::{MasterState, Record};
+use crate::chunk_table::server_index;
+use crate::config::{check_chunk_size, check_replication};
+use crate::error::{Error, Result};
+use crate::lease::Takeover;
+use crate::namespace::{self, join, FileMeta, Inode, InodeKind, WriteState, ROOT};
+use crate::placement;
+use stampfs_proto::{
+    Append, ChunkCommit, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
+    Create, Delete, FileStatus, InodeId, Mkdir, Rename, ReplicaReport, UpdatePipeline,
+};
+use std::collections::HashSet;
+
+/// Version bumps to push before a write grant goes out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BumpPlan {
+    pub inode: InodeId,
+    pub path: String,
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    /// `BumpVersion { create }`: a new replica is made.
+    pub create: bool,
+    /// Where to push it, in pipeline order.
+    pub targets: Vec<ChunkserverAddr>,
+    /// Fewest successful bumps for the grant.
+    pub needed: usize,
+    pub chunk_index: u64,
+    pub file_offset: u64,
+    pub chunk_offset: u64,
+    pub chunk_size: u64,
+}
+
+/// Replicas to seal at a committed length (best effort).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinalizePlan {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub length: u64,
+    pub targets: Vec<ChunkserverAddr>,
+}
+
+/// What `Append` decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendPlan {
+    pub status: FileStatus,
+    /// Present when the last chunk is re-leased under a new version.
+    pub bump: Option<BumpPlan>,
+}
+
+/// What `AddChunk` decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddChunkPlan {
+    pub bump: BumpPlan,
+    pub finalize: Option<FinalizePlan>,
+}
+
+/// What `Close` decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClosePlan {
+    pub status: FileStatus,
+    pub finalize: Option<FinalizePlan>,
+}
+
+impl MasterState {
+    // ------------------------------------------------------------ namespace mutations
+
+    /// `mkdir`; returns the directory's status (an existing directory is fine with
+    /// `parents`, like `mkdir -p`).
+    pub fn mkdir(&mut self, req: &Mkdir, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
+        let comps = namespace::components(&req.path)?;
+        let path = join(&comps);
+        let mut cur = ROOT;
+        let mut dirs = Vec::new();
+        let mut parent = ROOT;
+        let mut next = self.ns.next_inode().0;
+        for (i, name) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            if !dirs.is_empty() {
+                dirs.push((name.to_string(), InodeId(next)));
+                next += 1;
+                continue;
+            }
+            match self.ns.child(cur, name) {
+                Some(child) => match self.ns.get(child).map(|c| &c.kind) {
+                    Some(InodeKind::Dir(_)) => cur = child,
+                    _ if last => return Err(Error::AlreadyExists { path }),
+                    _ => {
+                        return Err(Error::NotADirectory {
+                            path: join(&comps[..=i]),
+                        })
+                    }
+                },
+                None if last || req.parents => {
+                    parent = cur;
+                    dirs.push((name.to_string(), InodeId(next)));
+                    next += 1;
+                }
+                None => {
+                    return Err(Error::NotFound {
+                        path: join(&comps[..=i]),
+                    })
+                }
+            }
+        }
+        if dirs.is_empty() {
+            if req.parents {
+                return self.status(path, cur);
+            }
+            return Err(Error::AlreadyExists { path });
+        }
+        let ino = dirs.last().map(|d| d.1).unwrap_or(ROOT);
+        self.commit(
+            Record::Mkdir {
+                parent,
+                dirs,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        self.status(path, ino)
+    }
+
+    /// `create`: a new file, open for `client`.
+    pub fn create(&mut self, req: &Create, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
+        let comps = namespace::components(&req.path)?;
+        let path = join(&comps);
+        if comps.is_empty() {
+            return Err(Error::IsADirectory { path });
+        }
+        let replication = req.replication.unwrap_or(self.settings.replication);
+        check_replication(replication).map_err(Error::bad_request)?;
+        let chunk_size = req.chunk_size.unwrap_or(self.settings.chunk_size);
+        check_chunk_size(chunk_size).map_err(Error::bad_request)?;
+        let (parent, name) = self.ns.resolve_parent(&comps)?;
+        let replaces = match self.ns.child(parent, name) {
+            None => None,
+            Some(old) => {
+                let f = self
+                    .ns
+                    .file(old)
+                    .ok_or_else(|| Error::IsADirectory { path: path.clone() })?;
+                if !req.overwrite {
+                    return Err(Error::AlreadyExists { path });
+                }
+                if let Some(holder) = f.writer() {
+                    if holder != req.client {
+                        return Err(self.conflict(&path, old, holder, now_ms));
+                    }
+                }
+                Some(old)
+            }
+        };
+        let inode = self.ns.next_inode();
+        self.commit(
+            Record::Create {
+                parent,
+                name: name.to_string(),
+                inode,
+                replication,
+                chunk_size,
+                client: req.client,
+                replaces,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        self.status(path, inode)
+    }
+
+    fn conflict(&self, path: &str, ino: InodeId, holder: ClientId, now_ms: u64) -> Error {
+        let expires_in_ms = match self.leases.takeover(ino, now_ms, self.settings.limits) {
+            Takeover::Conflict { expires_in_ms, .. } => expires_in_ms,
+            _ => 0,
+        };
+        Error::LeaseConflict {
+            path: path.to_string(),
+            holder,
+            expires_in_ms,
+        }
+    }
+
+    pub fn rename(&mut self, req: &Rename, now_ms: u64, mtime_ms: u64) -> Result<()> {
+        let src = namespace::components(&req.src)?;
+        let dst = namespace::components(&req.dst)?;
+        if src.is_empty() {
+            return Err(Error::bad_request("cannot rename /"));
+        }
+        let ino = self.ns.resolve(&src)?;
+        if dst.is_empty() || self.ns.resolve(&dst).is_ok() {
+            return Err(Error::AlreadyExists { path: join(&dst) });
+        }
+        let (src_parent, src_name) = self.ns.resolve_parent(&src)?;
+        let (dst_parent, dst_name) = self.ns.resolve_parent(&dst)?;
+        if self.ns.is_within(dst_parent, ino) {
+            return Err(Error::bad_request(format!(
+                "cannot move {} into itself ({})",
+                join(&src),
+                join(&dst)
+            )));
+        }
+        self.commit(
+            Record::Rename {
+                src_parent,
+                src_name: src_name.to_string(),
+                dst_parent,
+                dst_name: dst_name.to_string(),
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(())
+    }
+
+    pub fn delete(&mut self, req: &Delete, now_ms: u64, mtime_ms: u64) -> Result<()> {
+        let comps = namespace::components(&req.path)?;
+        if comps.is_empty() {
+            return Err(Error::bad_request("cannot delete /"));
+        }
+        let ino = self.ns.resolve(&comps)?;
+        if let Some(d) = self.ns.get(ino).and_then(Inode::as_dir) {
+            if !d.children.is_empty() && !req.recursive {
+                return Err(Error::DirectoryNotEmpty { path: join(&comps) });
+            }
+        }
+        let (parent, name) = self.ns.resolve_parent(&comps)?;
+        self.commit(
+            Record::Delete {
+                parent,
+                name: name.to_string(),
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ write path
+
+    /// Resolves `path` to a file, checking it is still `expect` (the inode the caller
+    /// locked).
+    fn locked_file(&self, path: &str, expect: InodeId) -> Result<(String, &FileMeta)> {
+        let comps = namespace::components(path)?;
+        let p = join(&comps);
+        let ino = self.ns.resolve(&comps)?;
+        if ino != expect {
+            return Err(Error::NotFound { path: p });
+        }
+        let f = self
+            .ns
+            .file(ino)
+            .ok_or_else(|| Error::IsADirectory { path: p.clone() })?;
+        Ok((p, f))
+    }
+
+    /// Checks `client` holds the write lease on file `ino` and renews it.
+    fn check_writer(
+        &mut self,
+        path: &str,
+        ino: InodeId,
+        client: ClientId,
+        now_ms: u64,
+    ) -> Result<()> {
+        let f = self.ns.file(ino).ok_or_else(|| Error::IsADirectory {
+            path: path.to_string(),
+        })?;
+        if f.writer() != Some(client) {
+            return Err(Error::LeaseExpired {
+                path: path.to_string(),
+                client,
+            });
+        }
+        self.leases.renew(ino, client, now_ms);
+        if self.leases.get(ino).is_none() {
+            self.leases.acquire(ino, client, now_ms);
+        }
+        Ok(())
+    }
+
+    fn check_commit(&self, path: &str, f: &FileMeta, c: &ChunkCommit) -> Result<()> {
+        if f.chunks.last() != Some(&c.handle) {
+            return Err(Error::bad_request(format!(
+                "chunk {} is not the last chunk of {path}",
+                c.handle
+            )));
+        }
+        if c.length > f.chunk_size {
+            return Err(Error::bad_request(format!(
+                "committed length {} of chunk {} exceeds the chunk size {}",
+                c.length, c.handle, f.chunk_size
+            )));
+        }
+        let committed = self.chunks.get(c.handle).map(|i| i.length).unwrap_or(0);
+        if c.length < committed {
+            return Err(Error::bad_request(format!(
+                "committed length {} of chunk {} is below the already committed {committed}",
+                c.length, c.handle
+            )));
+        }
+        Ok(())
+    }
+
+    fn offset_of(&self, f: &FileMeta, index: usize) -> u64 {
+        f.chunks[..index.min(f.chunks.len())]
+            .iter()
+            .filter_map(|h| self.chunks.get(*h))
+            .map(|c| c.length)
+            .sum()
+    }
+
+    /// `append`: reopens a closed file for `client`. When its last chunk has room, a new
+    /// version is minted for it and the bump targets are its live current replicas.
+    pub fn append(
+        &mut self,
+        req: &Append,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<AppendPlan> {
+        let (path, f) = self.locked_file(&req.path, expect)?;
+        if let Some(holder) = f.writer() {
+            return Err(self.conflict(&path, expect, holder, now_ms));
+        }
+        let needed = self.settings.needed(f.replication);
+        let chunk_size = f.chunk_size;
+        let last = match f.chunks.last() {
+            Some(h) => {
+                let info = self
+                    .chunks
+                    .get(*h)
+                    .ok_or_else(|| Error::bad_request(format!("chunk {h} of {path} is unknown")))?;
+                (info.length < chunk_size).then_some((*h, info.version, info.length))
+            }
+            None => None,
+        };
+        let index = f.chunks.len().saturating_sub(1);
+        let file_offset = self.offset_of(f, index);
+        let bump = match last {
+            None => None,
+            Some((handle, version, length)) => {
+                let info = self
+                    .chunks
+                    .get(handle)
+                    .ok_or_else(|| Error::bad_request("chunk vanished"))?;
+                let targets = self.current_targets(info, now_ms);
+                if targets.len() < needed {
+                    return Err(Error::NotEnoughReplicas {
+                        live: targets.len() as u32,
+                        needed: needed as u32,
+                    });
+                }
+                Some(BumpPlan {
+                    inode: expect,
+                    path: path.clone(),
+                    handle,
+                    version: version.next(),
+                    create: false,
+                    targets,
+                    needed,
+                    chunk_index: index as u64,
+                    file_offset,
+                    chunk_offset: length,
+                    chunk_size,
+                })
+            }
+        };
+        self.commit(
+            Record::Reopen {
+                inode: expect,
+                client: req.client,
+                last: bump.as_ref().map(|b| (b.handle, b.version)),
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(AppendPlan {
+            status: self.status(path, expect)?,
+            bump,
+        })
+    }
+
+    /// `add_chunk`: commits the previous chunk, mints a handle and version 1 for a new
+    /// one and places it.
+    pub fn add_chunk(
+        &mut self,
+        req: &stampfs_proto::AddChunk,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<AddChunkPlan> {
+        let path = self.locked_file(&req.path, expect)?.0;
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (_, f) = self.locked_file(&req.path, expect)?;
+        if let Some(c) = &req.previous {
+            self.check_commit(&path, f, c)?;
+        }
+        let replication = f.replication;
+        let chunk_size = f.chunk_size;
+        let needed = self.settings.needed(replication);
+        let candidates = self
+            .registry
+            .candidates(now_ms, self.settings.dead_after_ms, chunk_size);
+        let placed = placement::choose(
+            &candidates,
+            usize::from(replication),
+            needed,
+            &mut rand::thread_rng(),
+        )
+        .map_err(|e| Error::NotEnoughReplicas {
+            live: e.live,
+            needed: e.needed,
+        })?;
+        let handle = self.chunks.next_handle();
+        let version = ChunkVersion(1);
+        self.commit(
+            Record::AddChunk {
+                inode: expect,
+                previous: req.previous,
+                handle,
+                version,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        let mut targets = Vec::with_capacity(placed.targets.len());
+        for id in &placed.targets {
+            self.registry.reserve(*id, chunk_size);
+            if let Some(cs) = self.registry.get(*id) {
+                targets.push(cs.addr());
+            }
+        }
+        if placed.under_replicated {
+            tracing::info!(chunk = %handle, path = %path, placed = targets.len(), replication, "chunk placed under-replicated");
+        }
+        let f = self
+            .ns
+            .file(expect)
+            .ok_or_else(|| Error::NotFound { path: path.clone() })?;
+        let index = f.chunks.len().saturating_sub(1);
+        let file_offset = self.offset_of(f, index);
+        let finalize = req.previous.and_then(|c| {
+            let info = self.chunks.get(c.handle)?;
+            Some(FinalizePlan {
+                handle: c.handle,
+                version: info.version,
+                length: c.length,
+                targets: self.current_targets(info, now_ms),
+            })
+        });
+        Ok(AddChunkPlan {
+            bump: BumpPlan {
+                inode: expect,
+                path,
+                handle,
+                version,
+                create: true,
+                targets,
+                needed,
+                chunk_index: index as u64,
+                file_offset,
+                chunk_offset: 0,
+                chunk_size,
+            },
+            finalize,
+        })
+    }
+
+    /// `update_pipeline`: a new version for the last chunk over the survivors.
+    pub fn update_pipeline(
+        &mut self,
+        req: &UpdatePipeline,
+        expect: InodeId,
+        now_ms: u64,
+    ) -> Result<BumpPlan> {
+        let path = self.locked_file(&req.path, expect)?.0;
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (_, f) = self.locked_file(&req.path, expect)?;
+        if f.chunks.last() != Some(&req.handle) {
+            return Err(Error::bad_request(format!(
+                "chunk {} is not the last chunk of {path}",
+                req.handle
+            )));
+        }
+        let needed = self.settings.needed(f.replication);
+        let chunk_size = f.chunk_size;
+        let index = f.chunks.len() - 1;
+        let file_offset = self.offset_of(f, index);
+        let info = self
+            .chunks
+            .get(req.handle)
+            .ok_or_else(|| Error::bad_request(format!("chunk {} is unknown", req.handle)))?;
+        if req.acked_length > chunk_size || req.acked_length < info.length {
+            return Err(Error::bad_request(format!(
+                "acknowledged length {} is outside [{}, {chunk_size}]",
+                req.acked_length, info.length
+            )));
+        }
+        if req.survivors.is_empty() {
+            return Err(Error::NotEnoughReplicas {
+                live: 0,
+                needed: needed as u32,
+            });
+        }
+        let mut seen = HashSet::new();
+        let mut targets = Vec::with_capacity(req.survivors.len());
+        for s in &req.survivors {
+            if !seen.insert(*s) {
+                return Err(Error::bad_request(format!("survivor {s} is listed twice")));
+            }
+            match info.replica(*s) {
+                Some(r) if r.version == info.version => {}
+                _ => {
+                    return Err(Error::bad_request(format!(
+                        "{s} is not an up-to-date replica of chunk {}",
+                        req.handle
+                    )))
+                }
+            }
+            if let Some(cs) = self.registry.get(*s) {
+                targets.push(cs.addr());
+            }
+        }
+        let version = info.version.next();
+        self.commit(
+            Record::SetVersion {
+                handle: req.handle,
+                version,
+            },
+            now_ms,
+        )?;
+        Ok(BumpPlan {
+            inode: expect,
+            path,
+            handle: req.handle,
+            version,
+            create: false,
+            targets,
+            needed,
+            chunk_index: index as u64,
+            file_offset,
+            chunk_offset: req.acked_length,
+            chunk_size,
+        })
+    }
+
+    /// `close`: commits the last chunk, closes the file, releases the lease. A retried
+    /// close of a file already closed at the same length succeeds again.
+    pub fn close(
+        &mut self,
+        req: &stampfs_proto::Close,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<ClosePlan> {
+        let (path, f) = self.locked_file(&req.path, expect)?;
+        if f.write == WriteState::Closed {
+            let same = match &req.last {
+                None => true,
+                Some(c) => {
+                    f.chunks.last() == Some(&c.handle)
+                        && self.chunks.get(c.handle).map(|i| i.length) == Some(c.length)
+                }
+            };
+            if same {
+                return Ok(ClosePlan {
+                    status: self.status(path, expect)?,
+                    finalize: None,
+                });
+            }
+        }
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (_, f) = self.locked_file(&req.path, expect)?;
+        if let Some(c) = &req.last {
+            self.check_commit(&path, f, c)?;
+        }
+        self.commit(
+            Record::Close {
+                inode: expect,
+                last: req.last,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        let finalize = req.last.and_then(|c| {
+            let info = self.chunks.get(c.handle)?;
+            Some(FinalizePlan {
+                handle: c.handle,
+                version: info.version,
+                length: c.length,
+                targets: self.current_targets(info, now_ms),
+            })
+        });
+        Ok(ClosePlan {
+            status: self.status(path, expect)?,
+            finalize,
+        })
+    }
+
+    /// Undoes a reopen whose bumps did not reach enough replicas: the file is closed
+    /// again (its last chunk keeps the new version; replicas that missed it are stale).
+    pub fn revert_reopen(
+        &mut self,
+        ino: InodeId,
+        client: ClientId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<()> {
+        match self.ns.file(ino).map(|f| f.writer()) {
+            Some(Some(c)) if c == client => {
+                self.commit(
+                    Record::Close {
+                        inode: ino,
+                        last: None,
+                        mtime_ms,
+                    },
+                    now_ms,
+                )?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops a new chunk that could not be placed, if it is still the file's last.
+    pub fn abandon_chunk(&mut self, ino: InodeId, handle: ChunkHandle, now_ms: u64) -> Result<()> {
+        if self.ns.file(ino).and_then(|f| f.chunks.last()) == Some(&handle) {
+            self.commit(Record::AbandonChunk { inode: ino, handle }, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Records replicas that acknowledged a command (bump, finalize) with their report.
+    pub fn record_replicas(
+        &mut self,
+        handle: ChunkHandle,
+        acks: &[(ChunkserverId, ReplicaReport)],
+    ) {
+        let Some(info) = self.chunks.get_mut(handle) else {
+            return;
+        };
+        for (id, rep) in acks {
+            let Some(idx) = server_index(*id) else {
+                continue;
+            };
+            info.set_replica(idx, rep.version, rep.state);
+            if let Some(cs) = self.registry.get_mut(*id) {
+                cs.replicas.insert(handle);
+            }
+        }
+    }
+
+    /// Renews every lease `client` holds.
+    pub fn renew(&mut self, client: ClientId, now_ms: u64) -> usize {
+        self.leases.renew_client(client, now_ms)
+    }
+}

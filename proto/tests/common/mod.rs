@@ -1,0 +1,763 @@
+//! Shared helpers for the proto integration tests: proptest strategies for every wire
+//! type, a per-thread tokio runtime, and a "through the real codec" round trip over a
+//! `tokio::io::duplex` stream.
+//!
+//! Each test binary uses only part of this module.
+#![allow(dead_code)]
+
+use bincode::{Decode, Encode};
+use bytes::Bytes;
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use stampfs_proto::codec::encode_value;
+use stampfs_proto::*;
+use std::fmt::Debug;
+
+// ---------------------------------------------------------------- runtime and wire
+
+thread_local! {
+    /// One current-thread runtime per test thread, reused by every proptest case.
+    static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+}
+
+/// Runs a future to completion on this thread's runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    RT.with(|rt| rt.block_on(f))
+}
+
+/// The proptest configuration of this suite: few cases, so the suite stays fast.
+pub fn cfg() -> Config {
+    Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// Writes `frames` with a [`FrameWriter`] into a duplex pipe of `pipe` bytes (small
+/// pipes force the reader to see every frame in pieces) and reads them back with a
+/// [`FrameReader`] until the clean end of stream.
+pub fn through_pipe(frames: &[Frame], pipe: usize) -> Result<Vec<Frame>> {
+    block_on(async {
+        let (a, b) = tokio::io::duplex(pipe.max(1));
+        let mut writer = FrameWriter::new(a);
+        let mut reader = FrameReader::new(b);
+        // Each side owns its half, so an early error drops it and ends the other side.
+        let write = async move {
+            for f in frames {
+                writer.write_frame(f).await?;
+            }
+            writer.shutdown().await
+        };
+        let read = async move {
+            let mut got = Vec::new();
+            while let Some(f) = reader.read_frame().await? {
+                got.push(f);
+            }
+            Ok::<_, Error>(got)
+        };
+        let (w, r) = tokio::join!(write, read);
+        w?;
+        r
+    })
+}
+
+/// Feeds raw `bytes` to a [`FrameReader`] (the writer closes after the last byte) and
+/// returns the reader's first answer.
+pub fn read_raw(bytes: &[u8], pipe: usize) -> Result<Option<Frame>> {
+    let bytes = bytes.to_vec();
+    block_on(async move {
+        use tokio::io::AsyncWriteExt;
+        let (mut a, b) = tokio::io::duplex(pipe.max(1));
+        let mut reader = FrameReader::new(b);
+        let write = async move {
+            // The reader may stop early (an error); a broken pipe is then expected.
+            let _ = a.write_all(&bytes).await;
+            let _ = a.shutdown().await;
+        };
+        let read = async move {
+            let r = reader.read_frame().await;
+            // Closing the read side unblocks a writer stuck on a full pipe.
+            drop(reader);
+            r
+        };
+        tokio::join!(write, read).1
+    })
+}
+
+/// Encodes `msg` with `data` in a frame, checks the three encodings agree
+/// (`to_bytes`, `encode_prefix` + parts, what `FrameWriter` puts on the stream),
+/// sends it through a pipe, parses it back with both decoders and decodes the header.
+pub fn frame_round_trip<M>(
+    msg: &M,
+    data: Bytes,
+    pipe: usize,
+) -> std::result::Result<(), TestCaseError>
+where
+    M: Encode + Decode<()> + PartialEq + Debug,
+{
+    let frame = Frame::new(msg, data.clone()).map_err(fail)?;
+    prop_assert_eq!(&frame.header[..], &encode_value(msg).map_err(fail)?[..]);
+    let bytes = frame.to_bytes().map_err(fail)?;
+    let prefix = frame.encode_prefix().map_err(fail)?;
+    prop_assert_eq!(&bytes[..12], &prefix[..]);
+    prop_assert_eq!(bytes.len(), 8 + frame.body_len());
+
+    // Whole-buffer decoder.
+    let (parsed, used) = Frame::parse(&bytes)
+        .map_err(fail)?
+        .ok_or_else(|| TestCaseError::fail("a whole frame parsed as incomplete"))?;
+    prop_assert_eq!(used, bytes.len());
+    prop_assert_eq!(&parsed, &frame);
+
+    // Stream decoder, two frames back to back, then a clean end of stream.
+    let second = Frame::message(msg).map_err(fail)?;
+    let got = through_pipe(&[frame.clone(), second.clone()], pipe).map_err(fail)?;
+    prop_assert_eq!(got.len(), 2);
+    prop_assert_eq!(&got[0], &frame);
+    prop_assert_eq!(&got[1], &second);
+    prop_assert_eq!(&got[0].data, &data);
+    let decoded: M = got[0].decode().map_err(fail)?;
+    prop_assert_eq!(&decoded, msg);
+    let decoded: M = got[1].decode().map_err(fail)?;
+    prop_assert_eq!(&decoded, msg);
+    Ok(())
+}
+
+/// Turns a proto error into a proptest failure.
+pub fn fail(e: Error) -> TestCaseError {
+    TestCaseError::fail(e.to_string())
+}
+
+// ---------------------------------------------------------------- primitives
+
+/// A u64 that exercises every bincode varint width (1, 3, 5 and 9 bytes).
+pub fn arb_u64() -> BoxedStrategy<u64> {
+    prop_oneof![
+        0u64..251,
+        251u64..=0xFFFF,
+        0x1_0000u64..=0xFFFF_FFFF,
+        any::<u64>(),
+        Just(u64::MAX),
+    ]
+    .boxed()
+}
+
+/// A u32 that exercises every varint width it can have.
+pub fn arb_u32() -> impl Strategy<Value = u32> {
+    prop_oneof![0u32..251, 251u32..=0xFFFF, any::<u32>(), Just(u32::MAX)]
+}
+
+/// Any string, including non-ASCII and empty.
+pub fn arb_string() -> BoxedStrategy<String> {
+    // Compiled once per strategy: a `&str` strategy recompiles its regex per value.
+    let regex = |r: &str| prop::string::string_regex(r).expect("valid regex");
+    prop_oneof![regex("[a-z/._-]{0,16}"), regex("(?s).{0,12}")].boxed()
+}
+
+/// Raw data for a frame's data section.
+pub fn arb_data() -> impl Strategy<Value = Bytes> {
+    prop_oneof![
+        Just(Vec::new()),
+        prop::collection::vec(any::<u8>(), 0..64),
+        prop::collection::vec(any::<u8>(), 0..3000),
+    ]
+    .prop_map(Bytes::from)
+}
+
+/// A duplex pipe size: tiny pipes split frames at every possible point.
+pub fn arb_pipe() -> impl Strategy<Value = usize> {
+    prop_oneof![1usize..16, 16usize..512, Just(64 << 10)]
+}
+
+fn small_vec<S: Strategy>(s: S) -> impl Strategy<Value = Vec<S::Value>> {
+    prop::collection::vec(s, 0..4)
+}
+
+// ---------------------------------------------------------------- ids and tokens
+
+pub fn arb_handle() -> impl Strategy<Value = ChunkHandle> {
+    arb_u64().prop_map(ChunkHandle)
+}
+
+pub fn arb_version() -> impl Strategy<Value = ChunkVersion> {
+    arb_u64().prop_map(ChunkVersion)
+}
+
+pub fn arb_cs() -> impl Strategy<Value = ChunkserverId> {
+    arb_u64().prop_map(ChunkserverId)
+}
+
+pub fn arb_client() -> impl Strategy<Value = ClientId> {
+    arb_u64().prop_map(ClientId)
+}
+
+pub fn arb_inode() -> impl Strategy<Value = InodeId> {
+    arb_u64().prop_map(InodeId)
+}
+
+prop_compose! {
+    /// A token with arbitrary fields and MAC (the codec does not check MACs).
+    pub fn arb_token()(handle in arb_handle(), version in arb_version(),
+                       client in arb_client(), mac in any::<[u8; 32]>()) -> ChunkToken {
+        ChunkToken { handle, version, client, mac }
+    }
+}
+
+prop_compose! {
+    pub fn arb_signed_command()(body in arb_chunk_command(), mac in any::<[u8; 32]>())
+        -> Signed<ChunkCommand> {
+        Signed { body, mac }
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
+    let s = arb_string;
+    prop_oneof![
+        (arb_handle(), arb_version(), arb_version())
+            .prop_map(|(handle, presented, current)| {
+                RemoteError::StaleToken {
+                    handle,
+                    presented,
+                    current,
+                }
+            })
+            .boxed(),
+        (arb_handle(), arb_version(), arb_version())
+            .prop_map(|(handle, presented, current)| {
+                RemoteError::ReplicaStale {
+                    handle,
+                    presented,
+                    current,
+                }
+            })
+            .boxed(),
+        arb_handle()
+            .prop_map(|handle| RemoteError::BadToken { handle })
+            .boxed(),
+        (arb_handle(), arb_u64())
+            .prop_map(|(handle, offset)| RemoteError::ChecksumMismatch { handle, offset })
+            .boxed(),
+        s().prop_map(|what| RemoteError::NotFound { what }).boxed(),
+        s().prop_map(|path| RemoteError::AlreadyExists { path })
+            .boxed(),
+        s().prop_map(|path| RemoteError::NotADirectory { path })
+            .boxed(),
+        s().prop_map(|path| RemoteError::IsADirectory { path })
+            .boxed(),
+        s().prop_map(|path| RemoteError::DirectoryNotEmpty { path })
+            .boxed(),
+        (s(), arb_client(), arb_u64())
+            .prop_map(|(path, holder, expires_in_ms)| {
+                RemoteError::LeaseConflict {
+                    path,
+                    holder,
+                    expires_in_ms,
+                }
+            })
+            .boxed(),
+        s().prop_map(|path| RemoteError::LeaseExpired { path })
+            .boxed(),
+        s().prop_map(|path| RemoteError::RecoveryInProgress { path })
+            .boxed(),
+        arb_cs()
+            .prop_map(|chunkserver| RemoteError::NoSpace { chunkserver })
+            .boxed(),
+        (arb_u32(), arb_u32())
+            .prop_map(|(live, needed)| RemoteError::NotEnoughReplicas { live, needed })
+            .boxed(),
+        s().prop_map(|reason| RemoteError::BadRequest { reason })
+            .boxed(),
+        s().prop_map(|reason| RemoteError::Internal { reason })
+            .boxed(),
+        (arb_u64(), arb_u64())
+            .prop_map(|(len, max)| RemoteError::FrameTooLarge { len, max })
+            .boxed(),
+        s().prop_map(|reason| RemoteError::MalformedFrame { reason })
+            .boxed(),
+        s().prop_map(|reason| RemoteError::Io { reason }).boxed(),
+        s().prop_map(|reason| RemoteError::Unavailable { reason })
+            .boxed(),
+        (s(), s())
+            .prop_map(|(path, reason)| RemoteError::InvalidPath { path, reason })
+            .boxed(),
+        s().prop_map(|reason| RemoteError::NotSupported { reason })
+            .boxed(),
+    ]
+    .boxed()
+}
+
+/// Either a value from `ok` or a remote error: what a reply frame carries.
+pub fn arb_result<T: Debug + Clone>(
+    ok: impl Strategy<Value = T>,
+) -> impl Strategy<Value = std::result::Result<T, RemoteError>> {
+    prop_oneof![ok.prop_map(Ok), arb_remote_error().prop_map(Err)]
+}
+
+// ---------------------------------------------------------------- shared shapes
+
+pub fn arb_replica_state() -> impl Strategy<Value = ReplicaState> {
+    prop_oneof![Just(ReplicaState::Writing), Just(ReplicaState::Finalized)]
+}
+
+pub fn arb_file_kind() -> impl Strategy<Value = FileKind> {
+    prop_oneof![Just(FileKind::File), Just(FileKind::Directory)]
+}
+
+pub fn arb_file_state() -> impl Strategy<Value = FileState> {
+    prop_oneof![
+        Just(FileState::Open),
+        Just(FileState::Closed),
+        Just(FileState::Recovering)
+    ]
+}
+
+prop_compose! {
+    pub fn arb_cs_addr()(id in arb_cs(), addr in arb_string()) -> ChunkserverAddr {
+        ChunkserverAddr { id, addr }
+    }
+}
+
+prop_compose! {
+    pub fn arb_replica_report()(handle in arb_handle(), version in arb_version(),
+                                length in arb_u64(), state in arb_replica_state())
+        -> ReplicaReport {
+        ReplicaReport { handle, version, length, state }
+    }
+}
+
+prop_compose! {
+    pub fn arb_file_status()(path in arb_string(), inode in arb_inode(), kind in arb_file_kind(),
+                             length in arb_u64(), replication in any::<u8>(),
+                             chunk_size in arb_u64(), state in arb_file_state(),
+                             mtime_ms in arb_u64()) -> FileStatus {
+        FileStatus { path, inode, kind, length, replication, chunk_size, state, mtime_ms }
+    }
+}
+
+prop_compose! {
+    pub fn arb_replica_location()(chunkserver in arb_cs(), addr in arb_string(),
+                                  version in arb_version(), state in arb_replica_state())
+        -> ReplicaLocation {
+        ReplicaLocation { chunkserver, addr, version, state }
+    }
+}
+
+prop_compose! {
+    pub fn arb_located_chunk()(handle in arb_handle(), version in arb_version(),
+                               file_offset in arb_u64(), length in arb_u64(),
+                               complete in any::<bool>(), token in arb_token(),
+                               replicas in small_vec(arb_replica_location())) -> LocatedChunk {
+        LocatedChunk { handle, version, file_offset, length, complete, token, replicas }
+    }
+}
+
+prop_compose! {
+    pub fn arb_file_locations()(status in arb_file_status(),
+                                chunks in small_vec(arb_located_chunk())) -> FileLocations {
+        FileLocations { status, chunks }
+    }
+}
+
+prop_compose! {
+    pub fn arb_write_grant()(token in arb_token(), chunk_index in arb_u64(),
+                             file_offset in arb_u64(), chunk_offset in arb_u64(),
+                             chunk_size in arb_u64(), pipeline in small_vec(arb_cs_addr()))
+        -> WriteGrant {
+        WriteGrant { token, chunk_index, file_offset, chunk_offset, chunk_size, pipeline }
+    }
+}
+
+prop_compose! {
+    pub fn arb_chunk_commit()(handle in arb_handle(), length in arb_u64()) -> ChunkCommit {
+        ChunkCommit { handle, length }
+    }
+}
+
+// ---------------------------------------------------------------- client → master
+
+prop_compose! {
+    pub fn arb_mkdir()(path in arb_string(), parents in any::<bool>()) -> Mkdir {
+        Mkdir { path, parents }
+    }
+}
+
+prop_compose! {
+    pub fn arb_create()(path in arb_string(), client in arb_client(),
+                        replication in any::<Option<u8>>(),
+                        chunk_size in prop::option::of(arb_u64()),
+                        overwrite in any::<bool>()) -> Create {
+        Create { path, client, replication, chunk_size, overwrite }
+    }
+}
+
+prop_compose! {
+    pub fn arb_append()(path in arb_string(), client in arb_client()) -> Append {
+        Append { path, client }
+    }
+}
+
+prop_compose! {
+    pub fn arb_append_reply()(status in arb_file_status(),
+                              last_chunk in prop::option::of(arb_write_grant())) -> AppendReply {
+        AppendReply { status, last_chunk }
+    }
+}
+
+prop_compose! {
+    pub fn arb_add_chunk()(path in arb_string(), client in arb_client(),
+                           previous in prop::option::of(arb_chunk_commit())) -> AddChunk {
+        AddChunk { path, client, previous }
+    }
+}
+
+prop_compose! {
+    pub fn arb_update_pipeline()(path in arb_string(), client in arb_client(),
+                                 handle in arb_handle(), survivors in small_vec(arb_cs()),
+                                 acked_length in arb_u64()) -> UpdatePipeline {
+        UpdatePipeline { path, client, handle, survivors, acked_length }
+    }
+}
+
+prop_compose! {
+    pub fn arb_close()(path in arb_string(), client in arb_client(),
+                       last in prop::option::of(arb_chunk_commit())) -> Close {
+        Close { path, client, last }
+    }
+}
+
+prop_compose! {
+    pub fn arb_renew_lease()(client in arb_client()) -> RenewLease {
+        RenewLease { client }
+    }
+}
+
+prop_compose! {
+    pub fn arb_get_locations()(path in arb_string(), client in arb_client()) -> GetLocations {
+        GetLocations { path, client }
+    }
+}
+
+prop_compose! {
+    pub fn arb_list()(path in arb_string()) -> List {
+        List { path }
+    }
+}
+
+prop_compose! {
+    pub fn arb_stat()(path in arb_string()) -> Stat {
+        Stat { path }
+    }
+}
+
+prop_compose! {
+    pub fn arb_rename()(src in arb_string(), dst in arb_string()) -> Rename {
+        Rename { src, dst }
+    }
+}
+
+prop_compose! {
+    pub fn arb_delete()(path in arb_string(), recursive in any::<bool>()) -> Delete {
+        Delete { path, recursive }
+    }
+}
+
+prop_compose! {
+    pub fn arb_recover_lease()(path in arb_string(), client in arb_client()) -> RecoverLease {
+        RecoverLease { path, client }
+    }
+}
+
+prop_compose! {
+    pub fn arb_recovery_outcome()(path in arb_string(), closed in any::<bool>(),
+                                  old_version in prop::option::of(arb_version()),
+                                  new_version in prop::option::of(arb_version()),
+                                  length in arb_u64()) -> RecoveryOutcome {
+        RecoveryOutcome { path, closed, old_version, new_version, length }
+    }
+}
+
+prop_compose! {
+    pub fn arb_report_corrupt()(handle in arb_handle(), chunkserver in arb_cs()) -> ReportCorrupt {
+        ReportCorrupt { handle, chunkserver }
+    }
+}
+
+// ---------------------------------------------------------------- chunkserver → master
+
+prop_compose! {
+    pub fn arb_register()(id in prop::option::of(arb_cs()), addr in arb_string(),
+                          capacity in arb_u64(), used in arb_u64(),
+                          replicas in small_vec(arb_replica_report())) -> Register {
+        Register { id, addr, capacity, used, replicas }
+    }
+}
+
+prop_compose! {
+    pub fn arb_register_reply()(id in arb_cs()) -> RegisterReply {
+        RegisterReply { id }
+    }
+}
+
+prop_compose! {
+    pub fn arb_heartbeat()(id in arb_cs(), capacity in arb_u64(), used in arb_u64(),
+                           replica_count in arb_u64(), active_streams in arb_u32()) -> Heartbeat {
+        Heartbeat { id, capacity, used, replica_count, active_streams }
+    }
+}
+
+prop_compose! {
+    pub fn arb_heartbeat_reply()(commands in small_vec(arb_signed_command()),
+                                 reregister in any::<bool>()) -> HeartbeatReply {
+        HeartbeatReply { commands, reregister }
+    }
+}
+
+prop_compose! {
+    pub fn arb_chunk_report()(id in arb_cs(), replicas in small_vec(arb_replica_report()))
+        -> ChunkReport {
+        ChunkReport { id, replicas }
+    }
+}
+
+pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
+    prop_oneof![
+        arb_mkdir().prop_map(MasterRequest::Mkdir).boxed(),
+        arb_create().prop_map(MasterRequest::Create).boxed(),
+        arb_append().prop_map(MasterRequest::Append).boxed(),
+        arb_add_chunk().prop_map(MasterRequest::AddChunk).boxed(),
+        arb_update_pipeline()
+            .prop_map(MasterRequest::UpdatePipeline)
+            .boxed(),
+        arb_close().prop_map(MasterRequest::Close).boxed(),
+        arb_renew_lease()
+            .prop_map(MasterRequest::RenewLease)
+            .boxed(),
+        arb_get_locations()
+            .prop_map(MasterRequest::GetLocations)
+            .boxed(),
+        arb_list().prop_map(MasterRequest::List).boxed(),
+        arb_stat().prop_map(MasterRequest::Stat).boxed(),
+        arb_rename().prop_map(MasterRequest::Rename).boxed(),
+        arb_delete().prop_map(MasterRequest::Delete).boxed(),
+        arb_recover_lease()
+            .prop_map(MasterRequest::RecoverLease)
+            .boxed(),
+        arb_report_corrupt()
+            .prop_map(MasterRequest::ReportCorrupt)
+            .boxed(),
+        arb_register().prop_map(MasterRequest::Register).boxed(),
+        arb_heartbeat().prop_map(MasterRequest::Heartbeat).boxed(),
+        arb_chunk_report()
+            .prop_map(MasterRequest::ChunkReport)
+            .boxed(),
+    ]
+    .boxed()
+}
+
+/// The variant name; exhaustive (no `_` arm), so a new variant breaks the build here
+/// until it has a strategy above and a name below.
+pub fn master_request_variant(r: &MasterRequest) -> &'static str {
+    match r {
+        MasterRequest::Mkdir(_) => "Mkdir",
+        MasterRequest::Create(_) => "Create",
+        MasterRequest::Append(_) => "Append",
+        MasterRequest::AddChunk(_) => "AddChunk",
+        MasterRequest::UpdatePipeline(_) => "UpdatePipeline",
+        MasterRequest::Close(_) => "Close",
+        MasterRequest::RenewLease(_) => "RenewLease",
+        MasterRequest::GetLocations(_) => "GetLocations",
+        MasterRequest::List(_) => "List",
+        MasterRequest::Stat(_) => "Stat",
+        MasterRequest::Rename(_) => "Rename",
+        MasterRequest::Delete(_) => "Delete",
+        MasterRequest::RecoverLease(_) => "RecoverLease",
+        MasterRequest::ReportCorrupt(_) => "ReportCorrupt",
+        MasterRequest::Register(_) => "Register",
+        MasterRequest::Heartbeat(_) => "Heartbeat",
+        MasterRequest::ChunkReport(_) => "ChunkReport",
+    }
+}
+
+// ---------------------------------------------------------------- → chunkserver
+
+prop_compose! {
+    pub fn arb_write_setup()(token in arb_token(), offset in arb_u64(),
+                             downstream in small_vec(arb_cs_addr())) -> WriteSetup {
+        WriteSetup { token, offset, downstream }
+    }
+}
+
+prop_compose! {
+    pub fn arb_write_setup_reply()(accepted in small_vec(arb_cs()),
+                                   failed in small_vec((arb_cs(), arb_remote_error())))
+        -> WriteSetupReply {
+        WriteSetupReply { accepted, failed }
+    }
+}
+
+prop_compose! {
+    pub fn arb_packet()(token in arb_token(), seq in arb_u64(), offset in arb_u64(),
+                        crc in arb_u32(), sync in any::<bool>()) -> Packet {
+        Packet { token, seq, offset, crc, sync }
+    }
+}
+
+prop_compose! {
+    pub fn arb_replica_ack()(chunkserver in arb_cs(), result in arb_result(arb_u64()))
+        -> ReplicaAck {
+        ReplicaAck { chunkserver, result }
+    }
+}
+
+prop_compose! {
+    pub fn arb_ack()(seq in arb_u64(), replicas in small_vec(arb_replica_ack())) -> Ack {
+        Ack { seq, replicas }
+    }
+}
+
+prop_compose! {
+    pub fn arb_read()(token in arb_token(), offset in arb_u64(), len in arb_u32()) -> Read {
+        Read { token, offset, len }
+    }
+}
+
+prop_compose! {
+    pub fn arb_read_reply()(replica in arb_replica_report()) -> ReadReply {
+        ReadReply { replica }
+    }
+}
+
+prop_compose! {
+    pub fn arb_replica_info()(token in arb_token()) -> ReplicaInfo {
+        ReplicaInfo { token }
+    }
+}
+
+prop_compose! {
+    pub fn arb_receive_replica()(token in arb_token(), length in arb_u64()) -> ReceiveReplica {
+        ReceiveReplica { token, length }
+    }
+}
+
+pub fn arb_chunk_command() -> BoxedStrategy<ChunkCommand> {
+    prop_oneof![
+        (arb_handle(), arb_version(), any::<bool>())
+            .prop_map(|(handle, version, create)| {
+                ChunkCommand::BumpVersion {
+                    handle,
+                    version,
+                    create,
+                }
+            })
+            .boxed(),
+        (arb_handle(), arb_version())
+            .prop_map(|(handle, max_version)| ChunkCommand::Delete {
+                handle,
+                max_version
+            })
+            .boxed(),
+        (arb_handle(), arb_version(), arb_cs_addr())
+            .prop_map(|(handle, version, target)| {
+                ChunkCommand::Replicate {
+                    handle,
+                    version,
+                    target,
+                }
+            })
+            .boxed(),
+        (arb_handle(), arb_version(), arb_u64())
+            .prop_map(|(handle, version, length)| {
+                ChunkCommand::Truncate {
+                    handle,
+                    version,
+                    length,
+                }
+            })
+            .boxed(),
+        (arb_handle(), arb_version(), arb_u64())
+            .prop_map(|(handle, version, length)| {
+                ChunkCommand::Finalize {
+                    handle,
+                    version,
+                    length,
+                }
+            })
+            .boxed(),
+        arb_handle()
+            .prop_map(|handle| ChunkCommand::Info { handle })
+            .boxed(),
+    ]
+    .boxed()
+}
+
+/// Exhaustive variant name of a [`ChunkCommand`].
+pub fn chunk_command_variant(c: &ChunkCommand) -> &'static str {
+    match c {
+        ChunkCommand::BumpVersion { .. } => "BumpVersion",
+        ChunkCommand::Delete { .. } => "Delete",
+        ChunkCommand::Replicate { .. } => "Replicate",
+        ChunkCommand::Truncate { .. } => "Truncate",
+        ChunkCommand::Finalize { .. } => "Finalize",
+        ChunkCommand::Info { .. } => "Info",
+    }
+}
+
+pub fn arb_chunk_request() -> BoxedStrategy<ChunkRequest> {
+    prop_oneof![
+        arb_write_setup().prop_map(ChunkRequest::WriteSetup).boxed(),
+        arb_read().prop_map(ChunkRequest::Read).boxed(),
+        arb_replica_info()
+            .prop_map(ChunkRequest::ReplicaInfo)
+            .boxed(),
+        arb_receive_replica()
+            .prop_map(ChunkRequest::ReceiveReplica)
+            .boxed(),
+        arb_signed_command().prop_map(ChunkRequest::Command).boxed(),
+    ]
+    .boxed()
+}
+
+/// Exhaustive variant name of a [`ChunkRequest`].
+pub fn chunk_request_variant(r: &ChunkRequest) -> &'static str {
+    match r {
+        ChunkRequest::WriteSetup(_) => "WriteSetup",
+        ChunkRequest::Read(_) => "Read",
+        ChunkRequest::ReplicaInfo(_) => "ReplicaInfo",
+        ChunkRequest::ReceiveReplica(_) => "ReceiveReplica",
+        ChunkRequest::Command(_) => "Command",
+    }
+}
+
+/// Exhaustive variant name of a [`RemoteError`].
+pub fn remote_error_variant(e: &RemoteError) -> &'static str {
+    match e {
+        RemoteError::StaleToken { .. } => "StaleToken",
+        RemoteError::ReplicaStale { .. } => "ReplicaStale",
+        RemoteError::BadToken { .. } => "BadToken",
+        RemoteError::ChecksumMismatch { .. } => "ChecksumMismatch",
+        RemoteError::NotFound { .. } => "NotFound",
+        RemoteError::AlreadyExists { .. } => "AlreadyExists",
+        RemoteError::NotADirectory { .. } => "NotADirectory",
+        RemoteError::IsADirectory { .. } => "IsADirectory",
+        RemoteError::DirectoryNotEmpty { .. } => "DirectoryNotEmpty",
+        RemoteError::LeaseConflict { .. } => "LeaseConflict",
+        RemoteError::LeaseExpired { .. } => "LeaseExpired",
+        RemoteError::RecoveryInProgress { .. } => "RecoveryInProgress",
+        RemoteError::NoSpace { .. } => "NoSpace",
+        RemoteError::NotEnoughReplicas { .. } => "NotEnoughReplicas",
+        RemoteError::BadRequest { .. } => "BadRequest",
+        RemoteError::Internal { .. } => "Internal",
+        RemoteError::FrameTooLarge { .. } => "FrameTooLarge",
+        RemoteError::MalformedFrame { .. } => "MalformedFrame",
+        RemoteError::Io { .. } => "Io",
+        RemoteError::Unavailable { .. } => "Unavailable",
+        RemoteError::InvalidPath { .. } => "InvalidPath",
+        RemoteError::NotSupported { .. } => "NotSupported",
+    }
+}

@@ -1,0 +1,217 @@
+//! Command-line arguments of the `stampfs` binary.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// stampfs: a distributed block store whose chunk versions fence stale writers.
+#[derive(Parser, Debug)]
+#[command(name = "stampfs", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The master to talk to.
+#[derive(Args, Debug, Clone)]
+pub struct MasterAddr {
+    /// Address of the master.
+    #[arg(long, env = "STAMPFS_MASTER", default_value = "127.0.0.1:7070")]
+    pub master: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the master (namespace, chunk versions, leases, placement).
+    Master(stampfs_master::MasterConfig),
+    /// Run a chunkserver (replicas on local disk, the fenced write pipeline).
+    Chunkserver(stampfs_chunkserver::ChunkserverConfig),
+    /// Run a master and N chunkservers in this process, for trying stampfs out.
+    Dev(DevArgs),
+    /// Store a local file (or stdin with `-`) as REMOTE.
+    Put(PutArgs),
+    /// Append a local file (or stdin with `-`) to REMOTE.
+    Append(AppendArgs),
+    /// Copy REMOTE to a local file (or stdout with `-`).
+    Get(GetArgs),
+    /// Print REMOTE on stdout.
+    Cat(CatArgs),
+    /// List a directory.
+    Ls(LsArgs),
+    /// Create a directory.
+    Mkdir(MkdirArgs),
+    /// Remove a file or directory.
+    Rm(RmArgs),
+    /// Rename a file or directory.
+    Mv(MvArgs),
+    /// Show a file's status, chunks, versions and replicas.
+    Stat(StatArgs),
+    /// Recover the write lease of a file whose writer died or hung, and close it.
+    Recover(RecoverArgs),
+    /// Check replica health (not built yet).
+    Fsck(FsckArgs),
+    /// Cluster administration (not built yet).
+    #[command(subcommand)]
+    Admin(AdminCommand),
+    /// Mount stampfs with FUSE (not built yet).
+    Mount(MountArgs),
+    /// Show lease recovery and fencing of a paused writer on a local cluster.
+    Demo(DemoArgs),
+    /// Write-pipeline benchmarks (not built yet).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct DevArgs {
+    /// Data directory (a temporary one by default, removed on exit).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Number of chunkservers.
+    #[arg(long, default_value_t = 3)]
+    pub chunkservers: usize,
+    /// Master listen address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PutArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Local file, or `-` for stdin.
+    pub local: String,
+    /// Destination path in stampfs.
+    pub remote: String,
+    /// Replicas per chunk (master default when absent).
+    #[arg(long)]
+    pub replication: Option<u8>,
+    /// Chunk size, e.g. 64MiB (master default when absent).
+    #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+    pub chunk_size: Option<u64>,
+    /// Replace REMOTE if it exists.
+    #[arg(long, short)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AppendArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Local file, or `-` for stdin.
+    pub local: String,
+    /// File in stampfs to append to.
+    pub remote: String,
+}
+
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub remote: String,
+    /// Local file, or `-` for stdout.
+    pub local: String,
+}
+
+#[derive(Args, Debug)]
+pub struct CatArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub remote: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Long listing: kind, replication, length, state, name.
+    #[arg(short = 'l')]
+    pub long: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct MkdirArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Create missing parents; no error if it exists.
+    #[arg(short = 'p')]
+    pub parents: bool,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct RmArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Remove directories and their contents.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct MvArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub src: String,
+    pub dst: String,
+}
+
+#[derive(Args, Debug)]
+pub struct StatArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub path: String,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RecoverArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub path: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// Chunkservers and chunk health (not built yet).
+    Report {
+        #[command(flatten)]
+        master: MasterAddr,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub mountpoint: PathBuf,
+    #[arg(long)]
+    pub foreground: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Write throughput and latency through the full pipeline (not built yet).
+    Pipeline {},
+}

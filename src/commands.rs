@@ -1,0 +1,508 @@
+//! What each subcommand does: start servers, or call the client library and print
+//! the result for a person (or as JSON for scripts).
+
+use crate::cli::*;
+use crate::cluster::LocalCluster;
+use crate::{EXIT_ERROR, EXIT_FENCED, EXIT_OK};
+use anyhow::{Context, Result};
+use serde::Serialize;
+use stampfs_client::{Client, CreateOptions, FileWriter};
+use stampfs_proto::units::format_size;
+use stampfs_proto::{FileKind, FileState, FileStatus};
+use std::io::IsTerminal;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Turns a command's result into an exit status, printing one line on failure.
+pub fn report(result: Result<()>) -> u8 {
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            let fenced = e.chain().any(|c| {
+                c.downcast_ref::<stampfs_client::Error>()
+                    .is_some_and(|e| e.is_fenced())
+            });
+            if fenced {
+                eprintln!("stampfs: fenced: {e:#}");
+                EXIT_FENCED
+            } else {
+                eprintln!("stampfs: error: {e:#}");
+                EXIT_ERROR
+            }
+        }
+    }
+}
+
+/// Waits for SIGINT or SIGTERM and says which.
+pub async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers we can only run until killed.
+        std::future::pending::<()>().await;
+        return "none";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+pub async fn serve_master(cfg: stampfs_master::MasterConfig) -> u8 {
+    let handle = match stampfs_master::start(cfg).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("stampfs master: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let sig = wait_for_signal().await;
+    tracing::info!(signal = sig, "shutting down");
+    match handle.shutdown().await {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("stampfs master: shutdown: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+pub async fn serve_chunkserver(cfg: stampfs_chunkserver::ChunkserverConfig) -> u8 {
+    let handle = match stampfs_chunkserver::start(cfg).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("stampfs chunkserver: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let sig = wait_for_signal().await;
+    tracing::info!(signal = sig, "shutting down");
+    match handle.shutdown().await {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("stampfs chunkserver: shutdown: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+pub async fn dev(args: DevArgs) -> u8 {
+    let (dir, _temp) = match &args.dir {
+        Some(d) => (d.clone(), None),
+        None => match tempfile::Builder::new().prefix("stampfs-dev-").tempdir() {
+            Ok(t) => (t.path().to_path_buf(), Some(t)),
+            Err(e) => {
+                eprintln!("stampfs dev: cannot make a temporary directory: {e}");
+                return EXIT_ERROR;
+            }
+        },
+    };
+    let cluster = match LocalCluster::builder(&dir)
+        .chunkservers(args.chunkservers)
+        .master_listen(&args.listen)
+        .start()
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("stampfs dev: {e:#}");
+            return EXIT_ERROR;
+        }
+    };
+    println!("stampfs dev cluster is up");
+    println!("  master        {}", cluster.master_addr());
+    for (i, cs) in cluster.chunkserver_addrs().iter().enumerate() {
+        println!("  chunkserver {i} {cs}");
+    }
+    println!("  data          {}", dir.display());
+    println!();
+    println!(
+        "try:  echo hello | stampfs put --master {} - /hello.txt",
+        cluster.master_addr()
+    );
+    println!(
+        "      stampfs cat --master {} /hello.txt",
+        cluster.master_addr()
+    );
+    println!("Ctrl-C stops it.");
+    let sig = wait_for_signal().await;
+    println!("{sig}: stopping");
+    match cluster.shutdown().await {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("stampfs dev: shutdown: {e:#}");
+            EXIT_ERROR
+        }
+    }
+}
+
+async fn connect(m: &MasterAddr) -> Result<Client> {
+    Client::connect(&m.master)
+        .await
+        .with_context(|| format!("cannot reach the master at {}", m.master))
+}
+
+/// A progress bar on a terminal for transfers of at least 8 MiB; hidden otherwise.
+fn progress(total: Option<u64>) -> indicatif::ProgressBar {
+    let big = total.is_none_or(|t| t >= 8 << 20);
+    if !std::io::stderr().is_terminal() || !big {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = match total {
+        Some(t) => indicatif::ProgressBar::new(t),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Copies `input` into `writer`. When the input pauses (a pipe with nothing more to
+/// read right now), what was read is hflushed so it is acknowledged everywhere.
+async fn pump<R: AsyncRead + Unpin>(
+    mut input: R,
+    writer: &mut FileWriter,
+    total: Option<u64>,
+    flush_on_pause: bool,
+) -> Result<u64> {
+    let bar = progress(total);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = input.read(&mut buf).await.context("reading the input")?;
+        if n == 0 {
+            break;
+        }
+        writer
+            .write_all(&buf[..n])
+            .await
+            .map_err(stampfs_client::Error::from_io)?;
+        copied += n as u64;
+        bar.set_position(copied);
+        if flush_on_pause && n < buf.len() {
+            writer.hflush().await?;
+        }
+    }
+    bar.finish_and_clear();
+    Ok(copied)
+}
+
+async fn open_input(local: &str) -> Result<(Box<dyn AsyncRead + Unpin + Send>, Option<u64>, bool)> {
+    if local == "-" {
+        return Ok((Box::new(tokio::io::stdin()), None, true));
+    }
+    let f = tokio::fs::File::open(local)
+        .await
+        .with_context(|| format!("cannot open {local}"))?;
+    let len = f.metadata().await.ok().map(|m| m.len());
+    Ok((Box::new(f), len, false))
+}
+
+pub async fn put(args: PutArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let (input, total, is_pipe) = open_input(&args.local).await?;
+    let opts = CreateOptions {
+        replication: args.replication,
+        chunk_size: args.chunk_size,
+        overwrite: args.force,
+    };
+    let mut writer = client
+        .create(&args.remote, opts)
+        .await
+        .with_context(|| format!("cannot create {}", args.remote))?;
+    pump(input, &mut writer, total, is_pipe).await?;
+    writer.close().await?;
+    Ok(())
+}
+
+pub async fn append(args: AppendArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let (input, total, is_pipe) = open_input(&args.local).await?;
+    let mut writer = client
+        .append(&args.remote)
+        .await
+        .with_context(|| format!("cannot append to {}", args.remote))?;
+    pump(input, &mut writer, total, is_pipe).await?;
+    writer.close().await?;
+    Ok(())
+}
+
+async fn copy_out(client: &Client, remote: &str, mut out: impl AsyncWrite + Unpin) -> Result<()> {
+    let mut reader = client
+        .open(remote)
+        .await
+        .with_context(|| format!("cannot open {remote}"))?;
+    let bar = progress(Some(reader.len()));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .await
+            .map_err(stampfs_client::Error::from_io)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])
+            .await
+            .context("writing the output")?;
+        copied += n as u64;
+        bar.set_position(copied);
+    }
+    out.flush().await.context("writing the output")?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+pub async fn get(args: GetArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    if args.local == "-" {
+        return copy_out(&client, &args.remote, tokio::io::stdout()).await;
+    }
+    let tmp = format!("{}.stampfs-partial", args.local);
+    let file = tokio::fs::File::create(&tmp)
+        .await
+        .with_context(|| format!("cannot create {tmp}"))?;
+    let res = copy_out(&client, &args.remote, file).await;
+    if res.is_err() {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return res;
+    }
+    tokio::fs::rename(&tmp, &args.local)
+        .await
+        .with_context(|| format!("cannot rename {tmp} to {}", args.local))?;
+    Ok(())
+}
+
+pub async fn cat(args: CatArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    copy_out(&client, &args.remote, tokio::io::stdout()).await
+}
+
+#[derive(Serialize)]
+struct EntryJson<'a> {
+    name: &'a str,
+    path: &'a str,
+    kind: FileKind,
+    length: u64,
+    replication: u8,
+    chunk_size: u64,
+    state: FileState,
+    mtime_ms: u64,
+}
+
+fn base_name(path: &str) -> &str {
+    path.rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("/")
+}
+
+fn state_word(s: FileState) -> &'static str {
+    match s {
+        FileState::Open => "open",
+        FileState::Closed => "closed",
+        FileState::Recovering => "recovering",
+    }
+}
+
+pub async fn ls(args: LsArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let entries = client
+        .list(&args.path)
+        .await
+        .with_context(|| format!("cannot list {}", args.path))?;
+    if args.json {
+        let out: Vec<EntryJson> = entries.iter().map(entry_json).collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    for e in &entries {
+        let name = base_name(&e.path);
+        if args.long {
+            let (kind, name) = match e.kind {
+                FileKind::Directory => ('d', format!("{name}/")),
+                FileKind::File => ('-', name.to_string()),
+            };
+            println!(
+                "{kind} {:>2} {:>14} {:<10} {name}",
+                e.replication,
+                e.length,
+                state_word(e.state)
+            );
+        } else {
+            match e.kind {
+                FileKind::Directory => println!("{name}/"),
+                FileKind::File => println!("{name}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn entry_json(e: &FileStatus) -> EntryJson<'_> {
+    EntryJson {
+        name: base_name(&e.path),
+        path: &e.path,
+        kind: e.kind,
+        length: e.length,
+        replication: e.replication,
+        chunk_size: e.chunk_size,
+        state: e.state,
+        mtime_ms: e.mtime_ms,
+    }
+}
+
+pub async fn mkdir(args: MkdirArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    client
+        .mkdir(&args.path, args.parents)
+        .await
+        .with_context(|| format!("cannot create directory {}", args.path))?;
+    Ok(())
+}
+
+pub async fn rm(args: RmArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    client
+        .delete(&args.path, args.recursive)
+        .await
+        .with_context(|| format!("cannot remove {}", args.path))?;
+    Ok(())
+}
+
+pub async fn mv(args: MvArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    client
+        .rename(&args.src, &args.dst)
+        .await
+        .with_context(|| format!("cannot move {} to {}", args.src, args.dst))?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct StatJson {
+    path: String,
+    kind: FileKind,
+    length: u64,
+    replication: u8,
+    chunk_size: u64,
+    state: FileState,
+    chunks: Vec<ChunkJson>,
+}
+
+#[derive(Serialize)]
+struct ChunkJson {
+    handle: String,
+    version: u64,
+    length: u64,
+    replicas: Vec<ReplicaJson>,
+}
+
+#[derive(Serialize)]
+struct ReplicaJson {
+    chunkserver: u64,
+    addr: String,
+    version: u64,
+    state: stampfs_proto::ReplicaState,
+}
+
+pub async fn stat(args: StatArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let status = client
+        .stat(&args.path)
+        .await
+        .with_context(|| format!("cannot stat {}", args.path))?;
+    let chunks = if status.kind == FileKind::File {
+        client
+            .locations(&args.path)
+            .await
+            .with_context(|| format!("cannot get the chunks of {}", args.path))?
+            .chunks
+    } else {
+        Vec::new()
+    };
+    let out = StatJson {
+        path: status.path.clone(),
+        kind: status.kind,
+        length: status.length,
+        replication: status.replication,
+        chunk_size: status.chunk_size,
+        state: status.state,
+        chunks: chunks
+            .iter()
+            .map(|c| ChunkJson {
+                handle: c.handle.to_string(),
+                version: c.version.0,
+                length: c.length,
+                replicas: c
+                    .replicas
+                    .iter()
+                    .map(|r| ReplicaJson {
+                        chunkserver: r.chunkserver.0,
+                        addr: r.addr.clone(),
+                        version: r.version.0,
+                        state: r.state,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("path         {}", out.path);
+    println!("kind         {:?}", out.kind);
+    if out.kind == FileKind::File {
+        println!("length       {} ({})", out.length, format_size(out.length));
+        println!("replication  {}", out.replication);
+        println!("chunk size   {}", format_size(out.chunk_size));
+        println!("state        {}", state_word(out.state));
+        for (i, c) in out.chunks.iter().enumerate() {
+            let replicas: Vec<String> = c
+                .replicas
+                .iter()
+                .map(|r| format!("cs{}@{} v{}", r.chunkserver, r.addr, r.version))
+                .collect();
+            println!(
+                "chunk {i:<4} {} v{} {:>12} B  [{}]",
+                c.handle,
+                c.version,
+                c.length,
+                replicas.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn recover(args: RecoverArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let out = client
+        .recover_lease(&args.path)
+        .await
+        .with_context(|| format!("cannot recover the lease of {}", args.path))?;
+    let v = |v: Option<stampfs_proto::ChunkVersion>| v.map_or("-".to_string(), |v| v.to_string());
+    if out.closed {
+        println!(
+            "{}: recovered; last chunk version {} -> {}; closed at {} bytes",
+            out.path,
+            v(out.old_version),
+            v(out.new_version),
+            out.length
+        );
+    } else {
+        println!(
+            "{}: recovery in progress (version {} -> {})",
+            out.path,
+            v(out.old_version),
+            v(out.new_version)
+        );
+    }
+    Ok(())
+}

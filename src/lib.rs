@@ -1,0 +1,88 @@
+//! The `stampfs` command: servers, file commands, the local dev cluster and the demo.
+//!
+//! This crate is wiring only: argument parsing ([`cli`]), process set-up (tracing,
+//! signals, exit statuses) and the presentation of results ([`commands`]). Storage
+//! logic lives in `stampfs-master`, `stampfs-chunkserver` and `stampfs-client`.
+//! [`cluster::LocalCluster`] runs a master and chunkservers in one process for
+//! `stampfs dev`, the demo and benchmarks.
+
+pub mod cli;
+pub mod cluster;
+pub mod commands;
+pub mod demo;
+
+use cli::{AdminCommand, BenchCommand, Cli, Command};
+use std::process::ExitCode;
+
+/// Exit status for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status for any failure other than fencing.
+pub const EXIT_ERROR: u8 = 1;
+/// Exit status for a subcommand that is not built yet, or bad usage.
+pub const EXIT_UNAVAILABLE: u8 = 2;
+/// Exit status when the writer was fenced by the storage.
+pub const EXIT_FENCED: u8 = 3;
+
+/// Runs one invocation and returns its exit status.
+pub fn run(cli: Cli) -> ExitCode {
+    let server = matches!(
+        cli.command,
+        Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_)
+    );
+    init_tracing(if server { "info" } else { "warn" });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("stampfs: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let code = runtime.block_on(dispatch(cli.command));
+    // Do not wait for stray background tasks (lease renewal, idle connections).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    ExitCode::from(code)
+}
+
+fn init_tracing(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn not_built(what: &str, issue: &str) -> u8 {
+    eprintln!("stampfs {what}: not built yet ({issue}). Nothing was done.");
+    EXIT_UNAVAILABLE
+}
+
+async fn dispatch(command: Command) -> u8 {
+    match command {
+        Command::Master(cfg) => commands::serve_master(cfg).await,
+        Command::Chunkserver(cfg) => commands::serve_chunkserver(cfg).await,
+        Command::Dev(args) => commands::dev(args).await,
+        Command::Put(args) => commands::report(commands::put(args).await),
+        Command::Append(args) => commands::report(commands::append(args).await),
+        Command::Get(args) => commands::report(commands::get(args).await),
+        Command::Cat(args) => commands::report(commands::cat(args).await),
+        Command::Ls(args) => commands::report(commands::ls(args).await),
+        Command::Mkdir(args) => commands::report(commands::mkdir(args).await),
+        Command::Rm(args) => commands::report(commands::rm(args).await),
+        Command::Mv(args) => commands::report(commands::mv(args).await),
+        Command::Stat(args) => commands::report(commands::stat(args).await),
+        Command::Recover(args) => commands::report(commands::recover(args).await),
+        Command::Fsck(_) => not_built("fsck", "the replica-health issue"),
+        Command::Admin(AdminCommand::Report { .. }) => {
+            not_built("admin report", "the replica-health issue")
+        }
+        Command::Mount(_) => not_built("mount", "the FUSE issue"),
+        Command::Demo(_) => demo::run().await,
+        Command::Bench(BenchCommand::Pipeline {}) => {
+            not_built("bench pipeline", "the benchmark issue")
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! `TestCluster`: real `stampfs` processes (a master and chunkservers) on ephemeral
+//! loopback ports in a temp dir. Each process logs to a file; the logs are printed when
+//! a test fails. Processes can be SIGKILLed, SIGSTOPped, SIGCONTed and restarted, and
+//! every child is killed and reaped on drop.
+
+#![allow(dead_code)]
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_stampfs");
+
+/// One server process.
+pub struct Proc {
+    pub name: String,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    pub addr: String,
+}
+
+impl Proc {
+    fn spawn(name: &str, dir: &Path, args: Vec<String>, logs: &Path) -> Proc {
+        std::fs::create_dir_all(dir).expect("create server dir");
+        let _ = std::fs::remove_file(dir.join("addr"));
+        let log = logs.join(format!("{name}.log"));
+        let mut p = Proc {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            args,
+            log,
+            child: None,
+            addr: String::new(),
+        };
+        p.start();
+        p
+    }
+
+    fn start(&mut self) {
+        let _ = std::fs::remove_file(self.dir.join("addr"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open log");
+        let child = Command::new(BIN)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn stampfs");
+        self.child = Some(child);
+        self.addr = self.wait_addr();
+    }
+
+    fn wait_addr(&mut self) -> String {
+        let path = self.dir.join("addr");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&path) {
+                let s = s.trim().to_string();
+                if !s.is_empty() {
+                    return s;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "{} exited with {status} before it was ready:\n{}",
+                        self.name,
+                        std::fs::read_to_string(&self.log).unwrap_or_default()
+                    );
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not write {} within 30 s:\n{}",
+                self.name,
+                path.display(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("process is running")
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("kill");
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn stop(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    pub fn cont(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// SIGTERM and wait for a clean exit; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the process again with the same arguments and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_ref() {
+            // SIGKILL ends a stopped process too; continuing it first is harmless.
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+/// Options for a [`TestCluster`].
+#[derive(Clone)]
+pub struct Opts {
+    pub chunkservers: usize,
+    pub master_args: Vec<String>,
+    pub chunkserver_args: Vec<String>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Self {
+            chunkservers: 3,
+            master_args: Vec::new(),
+            chunkserver_args: vec!["--heartbeat".into(), "200ms".into()],
+        }
+    }
+}
+
+pub struct TestCluster {
+    pub dir: tempfile::TempDir,
+    pub master: Proc,
+    pub chunkservers: Vec<Proc>,
+    opts: Opts,
+}
+
+impl TestCluster {
+    pub fn start() -> Self {
+        Self::with(Opts::default())
+    }
+
+    pub fn with(opts: Opts) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("stampfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs).expect("logs dir");
+        let mdir = dir.path().join("master");
+        let mut margs: Vec<String> = vec![
+            "master".into(),
+            "--dir".into(),
+            mdir.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--dead-after".into(),
+            "2s".into(),
+        ];
+        margs.extend(opts.master_args.iter().cloned());
+        let master = Proc::spawn("master", &mdir, margs, &logs);
+        let mut cluster = TestCluster {
+            dir,
+            master,
+            chunkservers: Vec::new(),
+            opts: opts.clone(),
+        };
+        for _ in 0..opts.chunkservers {
+            cluster.add_chunkserver();
+        }
+        cluster.wait_live(opts.chunkservers);
+        cluster
+    }
+
+    pub fn key_file(&self) -> PathBuf {
+        self.dir.path().join("master").join("cluster.key")
+    }
+
+    /// Starts one more chunkserver and returns its index.
+    pub fn add_chunkserver(&mut self) -> usize {
+        let i = self.chunkservers.len();
+        let cdir = self.dir.path().join(format!("cs{i}"));
+        let mut args: Vec<String> = vec![
+            "chunkserver".into(),
+            "--dir".into(),
+            cdir.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--master".into(),
+            self.master.addr.clone(),
+            "--cluster-key-file".into(),
+            self.key_file().display().to_string(),
+        ];
+        args.extend(self.opts.chunkserver_args.iter().cloned());
+        let logs = self.dir.path().join("logs");
+        self.chunkservers
+            .push(Proc::spawn(&format!("cs{i}"), &cdir, args, &logs));
+        i
+    }
+
+    /// Waits until `n` chunkservers have registered (their id file exists).
+    pub fn wait_live(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let registered = self
+                .chunkservers
+                .iter()
+                .filter(|c| c.dir.join("chunkserver.id").exists())
+                .count();
+            if registered >= n {
+                // One more heartbeat round so the master sees them live.
+                std::thread::sleep(Duration::from_millis(300));
+                return;
+            }
+            assert!(Instant::now() < deadline, "chunkservers did not register");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A `stampfs` command aimed at this cluster's master.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("STAMPFS_MASTER", &self.master.addr)
+            .env("RUST_LOG", "warn");
+        c
+    }
+
+    /// Runs a `stampfs` command to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run stampfs")
+    }
+
+    /// Runs a command and asserts success, returning stdout.
+    pub fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "stampfs {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// Runs a command with `input` on stdin.
+    pub fn run_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let data = input.to_vec();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("wait");
+        let _ = feeder.join();
+        out
+    }
+
+    /// Writes `data` to a local temp file and `put`s it.
+    pub fn put_bytes(&self, remote: &str, data: &[u8], extra: &[&str]) {
+        let local = self
+            .dir
+            .path()
+            .join(format!("put-{}", remote.replace('/', "_")));
+        std::fs::write(&local, data).expect("write local file");
+        let local_s = local.display().to_string();
+        let mut args = vec!["put", local_s.as_str(), remote];
+        args.extend_from_slice(extra);
+        self.ok(&args);
+    }
+
+    /// `cat` of a remote file.
+    pub fn cat(&self, remote: &str) -> Vec<u8> {
+        self.ok(&["cat", remote])
+    }
+
+    /// `stat --json`.
+    pub fn stat_json(&self, remote: &str) -> serde_json::Value {
+        let out = self.ok(&["stat", "--json", remote]);
+        serde_json::from_slice(&out).expect("stat json")
+    }
+
+    /// Every process's log, for a failing test.
+    pub fn logs(&self) -> String {
+        let mut s = format!("==== master log\n{}", self.master.log_text());
+        for c in &self.chunkservers {
+            s += &format!("==== {} log\n{}", c.name, c.log_text());
+        }
+        s
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+/// Deterministic test data.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
