@@ -7,12 +7,15 @@ use stampfs_chunkserver::{ChunkserverConfig, ChunkserverHandle};
 use stampfs_master::{MasterConfig, MasterHandle};
 use std::path::{Path, PathBuf};
 
+/// Adjusts a chunkserver's configuration before it starts.
+type ChunkserverTweak = Box<dyn Fn(&mut ChunkserverConfig) + Send>;
+
 /// Builds a [`LocalCluster`].
 pub struct LocalClusterBuilder {
     dir: PathBuf,
     chunkservers: usize,
     master: MasterConfig,
-    chunkserver_tweak: Option<Box<dyn Fn(&mut ChunkserverConfig) + Send>>,
+    chunkserver_tweak: Option<ChunkserverTweak>,
 }
 
 impl LocalClusterBuilder {

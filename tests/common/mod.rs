@@ -58,6 +58,12 @@ impl Proc {
             .expect("spawn stampfs");
         self.child = Some(child);
         self.addr = self.wait_addr();
+        // Restarts come back on the same address, as a real server would.
+        if let Some(i) = self.args.iter().position(|a| a == "--listen") {
+            if let Some(v) = self.args.get_mut(i + 1) {
+                *v = self.addr.clone();
+            }
+        }
     }
 
     fn wait_addr(&mut self) -> String {
