@@ -52,11 +52,11 @@ pub enum Command {
     /// Cluster administration (not built yet).
     #[command(subcommand)]
     Admin(AdminCommand),
-    /// Mount stampfs with FUSE (not built yet).
+    /// Mount stampfs with FUSE.
     Mount(MountArgs),
     /// Show lease recovery and fencing of a paused writer on a local cluster.
     Demo(DemoArgs),
-    /// Write-pipeline benchmarks (not built yet).
+    /// Write-pipeline benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
 }
@@ -212,6 +212,41 @@ pub struct DemoArgs {}
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Write throughput and latency through the full pipeline (not built yet).
-    Pipeline {},
+    /// Write throughput and latency through the full pipeline, next to the raw disk.
+    Pipeline(BenchPipelineArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchPipelineArgs {
+    /// Bytes written per configuration.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "2GiB")]
+    pub size: u64,
+    /// Replication factors to measure, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    pub replication: Vec<u8>,
+    /// Packet payload size.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64KiB")]
+    pub packet: u64,
+    /// Bytes in flight per writer.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "8MiB")]
+    pub window: u64,
+    /// I/O engines to measure (embedded cluster only), comma separated: uring, threads.
+    #[arg(long, value_delimiter = ',', default_value = "uring,threads")]
+    pub engine: Vec<String>,
+    /// Number of small appends (4 KiB + hsync) measured per configuration.
+    #[arg(long, default_value_t = 200)]
+    pub small_writes: usize,
+    /// Write the results as JSON to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw throughput and ratio per configuration as an SVG plot.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Use a running cluster instead of an embedded one.
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Directory for the embedded cluster and the raw-disk baseline (a temp dir under
+    /// the current directory by default, so it is on the disk being measured).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }

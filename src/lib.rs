@@ -6,10 +6,12 @@
 //! [`cluster::LocalCluster`] runs a master and chunkservers in one process for
 //! `stampfs dev`, the demo and benchmarks.
 
+pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod commands;
 pub mod demo;
+pub mod mount;
 
 use cli::{AdminCommand, BenchCommand, Cli, Command};
 use std::process::ExitCode;
@@ -52,6 +54,7 @@ fn init_tracing(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -79,10 +82,8 @@ async fn dispatch(command: Command) -> u8 {
         Command::Admin(AdminCommand::Report { .. }) => {
             not_built("admin report", "the replica-health issue")
         }
-        Command::Mount(_) => not_built("mount", "the FUSE issue"),
+        Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
-        Command::Bench(BenchCommand::Pipeline {}) => {
-            not_built("bench pipeline", "the benchmark issue")
-        }
+        Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,
     }
 }

@@ -7,7 +7,7 @@
 //! before a record is written (see [`crate::state`]).
 
 use bincode::{Decode, Encode};
-use stampfs_proto::{ChunkHandle, ClientId, InodeId};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ClientId, InodeId};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Error, Result};
@@ -15,13 +15,21 @@ use crate::error::{Error, Result};
 /// The root directory's inode.
 pub const ROOT: InodeId = InodeId(1);
 
-/// Whether a file has a writer.
+/// Whether a file has a writer. New variants go at the end (checkpoints hold it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
 pub enum WriteState {
     Closed,
     /// Open for writing by `client` (its lease timer is soft state, see [`crate::lease`]).
     Open {
         client: ClientId,
+    },
+    /// Lease recovery is taking the file away from `holder`, whose lease is gone: the
+    /// last chunk's version was raised above `old_version` (the version the holder
+    /// wrote with; the chunk table holds the target) and the file closes when the
+    /// replicas are sealed (see [`crate::recovery`]).
+    Recovering {
+        holder: ClientId,
+        old_version: ChunkVersion,
     },
 }
 
@@ -39,8 +47,13 @@ impl FileMeta {
     pub fn writer(&self) -> Option<ClientId> {
         match self.write {
             WriteState::Open { client } => Some(client),
-            WriteState::Closed => None,
+            WriteState::Closed | WriteState::Recovering { .. } => None,
         }
+    }
+
+    /// Lease recovery is under way.
+    pub fn is_recovering(&self) -> bool {
+        matches!(self.write, WriteState::Recovering { .. })
     }
 }
 
@@ -204,6 +217,24 @@ impl Namespace {
         Ok((parent, name))
     }
 
+    /// The path of `ino`, walking up through its parents (`None` once it is unlinked).
+    pub fn path_of(&self, mut ino: InodeId) -> Option<String> {
+        let mut names = Vec::new();
+        while ino != ROOT {
+            let parent = self.inodes.get(&ino)?.parent;
+            let dir = self.inodes.get(&parent).and_then(Inode::as_dir)?;
+            let name = dir
+                .children
+                .iter()
+                .find(|(_, child)| **child == ino)
+                .map(|(name, _)| name.as_str())?;
+            names.push(name);
+            ino = parent;
+        }
+        names.reverse();
+        Some(join(&names))
+    }
+
     /// Whether `ino` is `ancestor` or lies below it.
     pub fn is_within(&self, mut ino: InodeId, ancestor: InodeId) -> bool {
         loop {
@@ -362,6 +393,9 @@ mod tests {
         ns.insert(InodeId(2), "f", InodeId(3), f).expect("f");
         assert_eq!(ns.resolve(&["a", "f"]).expect("found"), InodeId(3));
         assert_eq!(ns.resolve(&[]).expect("root"), ROOT);
+        assert_eq!(ns.path_of(InodeId(3)).as_deref(), Some("/a/f"));
+        assert_eq!(ns.path_of(ROOT).as_deref(), Some("/"));
+        assert_eq!(ns.path_of(InodeId(99)), None);
         let e = ns.resolve(&["a", "nope"]).unwrap_err();
         assert!(
             matches!(e, Error::NotFound { ref path } if path == "/a/nope"),

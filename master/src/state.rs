@@ -29,10 +29,12 @@ use stampfs_proto::{
     ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, Register,
     ReplicaLocation, ReplicaReport,
 };
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 mod ops;
+mod recovery;
 pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
+pub use recovery::{AppendGate, RecoveryBegin, RecoveryPlan};
 
 /// Version of the checkpoint payload layout.
 const SNAPSHOT_FORMAT: u32 = 1;
@@ -103,6 +105,24 @@ pub enum Record {
     },
     /// A chunkserver id handed out (or its address changed).
     RegisterChunkserver { id: ChunkserverId, addr: String },
+    /// Lease recovery of `inode` started (or resumed): the holder's lease is gone and
+    /// the last chunk `handle` moves to `version`, which is pushed to its replicas
+    /// next. `old_version` is the version the holder wrote with.
+    RecoveryStarted {
+        inode: InodeId,
+        handle: ChunkHandle,
+        old_version: ChunkVersion,
+        version: ChunkVersion,
+    },
+    /// Lease recovery of `inode` finished: the last chunk, sealed at `version`, has
+    /// `length` committed bytes and the file is closed.
+    RecoveryCommitted {
+        inode: InodeId,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+        mtime_ms: u64,
+    },
 }
 
 /// The configuration the state machine's decisions use.
@@ -156,6 +176,13 @@ pub struct MasterState {
     pub registry: Registry,
     /// Soft: lease timers of open files.
     pub leases: LeaseTable,
+    /// Soft index of the files in lease recovery (rebuilt by replay and checkpoint
+    /// loading), so the recovery worker does not scan the namespace.
+    pub recovering: BTreeSet<InodeId>,
+    /// Soft: last chunks that lease recovery closed while no live replica held their
+    /// version. fsck reports them as missing; an entry goes when a replica at the
+    /// chunk's version is reported (or the chunk is deleted).
+    pub missing_chunks: BTreeSet<ChunkHandle>,
     /// Committed records not yet handed to the log: `(lsn, encoded record)`.
     outbox: Vec<(u64, Vec<u8>)>,
 }
@@ -198,6 +225,8 @@ impl MasterState {
             next_server: 1,
             registry: Registry::default(),
             leases: LeaseTable::default(),
+            recovering: BTreeSet::new(),
+            missing_chunks: BTreeSet::new(),
             outbox: Vec::new(),
         }
     }
@@ -253,6 +282,12 @@ impl MasterState {
         for (ino, client) in open {
             st.leases.acquire(ino, client, now_ms);
         }
+        st.recovering = st
+            .ns
+            .iter()
+            .filter(|(_, i)| i.as_file().is_some_and(FileMeta::is_recovering))
+            .map(|(ino, _)| *ino)
+            .collect();
         Ok(st)
     }
 
@@ -426,6 +461,7 @@ impl MasterState {
                 }
                 self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
                 self.leases.release(*inode);
+                self.recovering.remove(inode);
             }
             Record::Rename {
                 src_parent,
@@ -447,6 +483,69 @@ impl MasterState {
                 }
                 self.servers.insert(*id, addr.clone());
                 self.next_server = self.next_server.max(id.0.saturating_add(1));
+            }
+            Record::RecoveryStarted {
+                inode,
+                handle,
+                old_version,
+                version,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let holder = match f.write {
+                    WriteState::Open { client } => client,
+                    WriteState::Recovering { holder, .. } => holder,
+                    WriteState::Closed => return Err(format!("{inode} is closed")),
+                };
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                self.set_version(*handle, *version)?;
+                self.touch_file(*inode, 0, |f| {
+                    f.write = WriteState::Recovering {
+                        holder,
+                        old_version: *old_version,
+                    }
+                });
+                self.leases.release(*inode);
+                self.recovering.insert(*inode);
+            }
+            Record::RecoveryCommitted {
+                inode,
+                handle,
+                version,
+                length,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if !f.is_recovering() {
+                    return Err(format!("{inode} is not in lease recovery"));
+                }
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                if *length > f.chunk_size {
+                    return Err(format!("length {length} exceeds the chunk size"));
+                }
+                let info = self
+                    .chunks
+                    .get_mut(*handle)
+                    .ok_or(format!("unknown chunk {handle}"))?;
+                if info.version != *version {
+                    return Err(format!(
+                        "chunk {handle} is at version {}, not {version}",
+                        info.version
+                    ));
+                }
+                info.length = *length;
+                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.leases.release(*inode);
+                self.recovering.remove(inode);
             }
         }
         self.last_lsn = lsn;
@@ -483,6 +582,7 @@ impl MasterState {
         for (ino, inode) in self.ns.remove(parent, name, mtime_ms)? {
             if let InodeKind::File(f) = inode.kind {
                 self.leases.release(ino);
+                self.recovering.remove(&ino);
                 for h in f.chunks {
                     self.forget_chunk(h);
                 }
@@ -492,6 +592,7 @@ impl MasterState {
     }
 
     fn forget_chunk(&mut self, h: ChunkHandle) {
+        self.missing_chunks.remove(&h);
         if let Some(info) = self.chunks.remove(h) {
             for r in info.replicas.iter() {
                 if let Some(cs) = self.registry.get_mut(r.server_id()) {
@@ -539,6 +640,7 @@ impl MasterState {
                 state: match f.write {
                     WriteState::Closed => FileState::Closed,
                     WriteState::Open { .. } => FileState::Open,
+                    WriteState::Recovering { .. } => FileState::Recovering,
                 },
                 mtime_ms: inode.mtime_ms,
             },
@@ -626,7 +728,7 @@ impl MasterState {
             .ns
             .file(ino)
             .ok_or_else(|| Error::IsADirectory { path: join(&comps) })?;
-        let open = f.writer().is_some();
+        let open = f.write != WriteState::Closed;
         let mut chunks = Vec::with_capacity(f.chunks.len());
         let mut offset = 0u64;
         for (i, h) in f.chunks.iter().enumerate() {
@@ -715,7 +817,12 @@ impl MasterState {
                 continue;
             };
             match classify(info.version, r.version) {
-                ReplicaClass::Current => summary.current += 1,
+                ReplicaClass::Current => {
+                    summary.current += 1;
+                    if self.missing_chunks.remove(&r.handle) {
+                        tracing::info!(chunk = %r.handle, chunkserver = %id, version = %r.version, "a replica of a chunk lease recovery found missing is back");
+                    }
+                }
                 ReplicaClass::Stale => {
                     summary.stale += 1;
                     tracing::debug!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "stale replica");
