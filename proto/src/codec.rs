@@ -237,19 +237,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             got += n;
         }
         let (len, crc) = parse_prefix(prefix)?;
-        let mut body = BytesMut::new();
+        // Grow by exact steps only when full, so memory follows the bytes that arrived
+        // and never exceeds `len`.
+        let mut body: Vec<u8> = Vec::new();
         while body.len() < len {
-            let want = (len - body.len()).min(READ_STEP);
-            body.reserve(want);
+            if body.capacity() == body.len() {
+                body.reserve_exact((len - body.len()).min(READ_STEP));
+            }
+            let room = (body.capacity() - body.len()).min(len - body.len());
             let n = (&mut self.inner)
-                .take(want as u64)
+                .take(room as u64)
                 .read_buf(&mut body)
                 .await?;
             if n == 0 {
                 return Err(Error::Truncated);
             }
         }
-        Frame::from_body(body.freeze(), crc).map(Some)
+        Frame::from_body(Bytes::from(body), crc).map(Some)
     }
 
     /// The underlying reader.

@@ -333,6 +333,17 @@ fn a_data_section_over_its_limit_is_refused() {
 }
 
 #[test]
+fn a_header_over_its_limit_is_refused_even_when_all_of_it_arrived() {
+    // The body holds all MAX_HEADER_LEN + 1 header bytes, within MAX_FRAME_LEN.
+    let hlen = MAX_HEADER_LEN + 1;
+    let frame_bytes = raw_frame(&body(hlen as u32, &vec![0u8; hlen + 10]));
+    let parsed = Frame::parse(&frame_bytes);
+    assert!(matches!(parsed, Err(Error::Malformed { .. })), "{parsed:?}");
+    let read = read_raw(&frame_bytes, 64 << 10);
+    assert!(matches!(read, Err(Error::Malformed { .. })), "{read:?}");
+}
+
+#[test]
 fn frames_over_a_limit_cannot_be_built() {
     let header_over = vec![0u8; MAX_HEADER_LEN];
     // A Vec<u8> of MAX_HEADER_LEN bytes encodes to more than MAX_HEADER_LEN bytes.
