@@ -198,11 +198,25 @@ pub enum AdminCommand {
     },
 }
 
+/// Mount stampfs at MOUNTPOINT with FUSE (as root: through /dev/fuse, nothing else
+/// needed). Files are append-only, as in HDFS: a write anywhere but at the end of a
+/// file fails with EOPNOTSUPP. close(2) is hflush, fsync(2) is hsync. Unmount with
+/// `umount MOUNTPOINT`, or SIGINT/SIGTERM to the server; both close open files first.
 #[derive(Args, Debug)]
 pub struct MountArgs {
     #[command(flatten)]
     pub master: MasterAddr,
+    /// An existing, empty directory.
+    ///
+    /// Files under it are append-only, as in HDFS: a write anywhere but at the end of
+    /// a file fails with EOPNOTSUPP, and only an empty file can be truncated (to 0).
+    /// close(2) is hflush (visible to every reader), fsync(2) is hsync.
     pub mountpoint: PathBuf,
+    /// Serve in this process (logs on stderr) until SIGINT/SIGTERM or `umount`.
+    ///
+    /// Without it, stampfs starts a server in the background (new process group,
+    /// logging to this stderr), waits until the mount is ready, prints the server's
+    /// pid and returns.
     #[arg(long)]
     pub foreground: bool,
 }
@@ -233,6 +247,9 @@ pub struct BenchPipelineArgs {
     /// I/O engines to measure (embedded cluster only), comma separated: uring, threads.
     #[arg(long, value_delimiter = ',', default_value = "uring,threads")]
     pub engine: Vec<String>,
+    /// Chunk size of the benchmark files (the master's default when absent).
+    #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+    pub chunk_size: Option<u64>,
     /// Number of small appends (4 KiB + hsync) measured per configuration.
     #[arg(long, default_value_t = 200)]
     pub small_writes: usize,

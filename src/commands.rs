@@ -49,42 +49,39 @@ pub async fn wait_for_signal() -> &'static str {
     }
 }
 
-pub async fn serve_master(cfg: stampfs_master::MasterConfig) -> u8 {
-    let handle = match stampfs_master::start(cfg).await {
+/// Runs a server until SIGINT/SIGTERM, then shuts it down cleanly.
+async fn serve<H, E, S, F>(what: &str, started: Result<H, E>, shutdown: S) -> u8
+where
+    E: std::fmt::Display,
+    S: FnOnce(H) -> F,
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    let handle = match started {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("stampfs master: {e}");
+            eprintln!("stampfs {what}: {e}");
             return EXIT_ERROR;
         }
     };
     let sig = wait_for_signal().await;
     tracing::info!(signal = sig, "shutting down");
-    match handle.shutdown().await {
+    match shutdown(handle).await {
         Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("stampfs master: shutdown: {e}");
+            eprintln!("stampfs {what}: shutdown: {e}");
             EXIT_ERROR
         }
     }
 }
 
+pub async fn serve_master(cfg: stampfs_master::MasterConfig) -> u8 {
+    let started = stampfs_master::start(cfg).await;
+    serve("master", started, |h| h.shutdown()).await
+}
+
 pub async fn serve_chunkserver(cfg: stampfs_chunkserver::ChunkserverConfig) -> u8 {
-    let handle = match stampfs_chunkserver::start(cfg).await {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("stampfs chunkserver: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    let sig = wait_for_signal().await;
-    tracing::info!(signal = sig, "shutting down");
-    match handle.shutdown().await {
-        Ok(()) => EXIT_OK,
-        Err(e) => {
-            eprintln!("stampfs chunkserver: shutdown: {e}");
-            EXIT_ERROR
-        }
-    }
+    let started = stampfs_chunkserver::start(cfg).await;
+    serve("chunkserver", started, |h| h.shutdown()).await
 }
 
 pub async fn dev(args: DevArgs) -> u8 {

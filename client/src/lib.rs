@@ -11,14 +11,17 @@
 //!   [`Error::Fenced`] and never retries with the old token.
 //! - [`FileReader`]: from [`Client::open`]; `AsyncRead + AsyncSeek` and
 //!   [`FileReader::read_at`], reading only replicas at the current version.
+//! - [`mount`]: the FUSE mount ([`Mount`]) built on the above; append-only files.
 
 mod client;
 mod error;
+pub mod mount;
 mod pipeline;
 mod reader;
 mod writer;
 
 pub use client::{Client, ClientConfig, CreateOptions};
 pub use error::{Error, Result};
+pub use mount::{Mount, MountConfig};
 pub use reader::FileReader;
 pub use writer::FileWriter;

@@ -20,7 +20,10 @@ use stampfs_proto::{
 };
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::PollSender;
@@ -31,6 +34,33 @@ use tracing::Instrument;
 const CMD_QUEUE: usize = 4;
 /// Pipeline recoveries tried for one failure before giving up.
 const MAX_RECOVERIES: usize = 6;
+/// Most ack-latency samples kept (16 MiB); later packets are not sampled.
+const MAX_LATENCY_SAMPLES: usize = 1 << 20;
+
+/// Per-packet ack latencies (first send to full-pipeline ack), shared by the front and
+/// the streamer. Off by default: then the only cost is one relaxed load per packet.
+#[derive(Debug, Default)]
+struct AckClock {
+    on: AtomicBool,
+    /// Samples in ack order; the streamer appends, the front takes them. Held only for
+    /// a push or a take, never across an `.await`.
+    samples: Mutex<Vec<Duration>>,
+}
+
+impl AckClock {
+    fn start(&self) -> Option<Instant> {
+        self.on.load(Ordering::Relaxed).then(Instant::now)
+    }
+
+    fn record(&self, since: Option<Instant>) {
+        if let Some(t) = since {
+            let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+            if s.len() < MAX_LATENCY_SAMPLES {
+                s.push(t.elapsed());
+            }
+        }
+    }
+}
 
 enum Cmd {
     Data(Bytes),
@@ -61,6 +91,8 @@ pub struct FileWriter {
     done: Option<Error>,
     written: u64,
     status: FileStatus,
+    /// Ack-latency recording, shared with the streamer task.
+    clock: Arc<AckClock>,
 }
 
 impl std::fmt::Debug for FileWriter {
@@ -77,12 +109,14 @@ impl FileWriter {
         let (raw_tx, rx) = mpsc::channel(CMD_QUEUE);
         let packet_size = client.config().packet_size;
         let chunk = last.map(|grant| ChunkState::new(grant.clone(), grant.chunk_offset));
+        let clock = Arc::new(AckClock::default());
         let streamer = Streamer {
             client: client.clone(),
             path: status.path.clone(),
             chunk,
             failed: None,
             next_seq: 0,
+            clock: clock.clone(),
         };
         let span = tracing::info_span!("writer", path = %status.path, client = %client.id());
         tokio::spawn(streamer.run(rx).instrument(span));
@@ -96,7 +130,20 @@ impl FileWriter {
             done: None,
             written: 0,
             status,
+            clock,
         }
+    }
+
+    /// Starts (or stops) recording each packet's ack latency: the time from its first
+    /// send to its acknowledgement by every replica of the pipeline. Off by default.
+    pub fn record_ack_latencies(&mut self, on: bool) {
+        self.clock.on.store(on, Ordering::Relaxed);
+    }
+
+    /// Takes the ack latencies recorded so far, in ack order (at most about a million
+    /// are kept).
+    pub fn take_ack_latencies(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut *self.clock.samples.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The file's path.
@@ -284,6 +331,8 @@ struct Pending {
     crc: u32,
     sync: bool,
     data: Bytes,
+    /// When it was first sent, if ack latencies are being recorded.
+    sent_at: Option<Instant>,
 }
 
 /// The chunk currently being written.
@@ -331,6 +380,7 @@ struct Streamer {
     chunk: Option<ChunkState>,
     failed: Option<Error>,
     next_seq: u64,
+    clock: Arc<AckClock>,
 }
 
 impl Streamer {
@@ -429,6 +479,7 @@ impl Streamer {
                 crc: crc32fast::hash(&piece),
                 sync: false,
                 data: piece,
+                sent_at: self.clock.start(),
             };
             self.next_seq += 1;
             self.push(pending).await?;
@@ -538,6 +589,7 @@ impl Streamer {
         }
         if let Some(done) = chunk.unacked.pop_front() {
             chunk.acked = done.offset + done.data.len() as u64;
+            self.clock.record(done.sent_at);
         }
         Ok(())
     }
@@ -701,6 +753,7 @@ impl Streamer {
                     crc: crc32fast::hash(&[]),
                     sync: true,
                     data: Bytes::new(),
+                    sent_at: self.clock.start(),
                 };
                 self.next_seq += 1;
                 if let Err(e) = self.push(p).await {

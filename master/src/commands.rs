@@ -1,5 +1,5 @@
 //! Commands the master pushes to chunkservers and waits for: version bumps (before a
-//! grant leaves, invariant 2) and finalizes.
+//! grant leaves, invariant 2), finalizes, and lease recovery's truncate + finalize.
 //!
 //! Each command is a [`Signed`] [`ChunkCommand`] sent over a cached connection per
 //! chunkserver address, with a timeout on connect and reply. A cached connection that
@@ -147,6 +147,36 @@ impl CommandSender {
             }
         }
         ok
+    }
+
+    /// Lease recovery's seal: `Truncate` then `Finalize` at `length` on each target,
+    /// targets concurrently. One result per target, in target order (the finalize's
+    /// report, or the first failure).
+    pub async fn seal(
+        &self,
+        targets: &[ChunkserverAddr],
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        length: u64,
+    ) -> Vec<CommandResult> {
+        let calls = targets.iter().map(|t| async move {
+            let truncate = ChunkCommand::Truncate {
+                handle,
+                version,
+                length,
+            };
+            let finalize = ChunkCommand::Finalize {
+                handle,
+                version,
+                length,
+            };
+            let result = match self.send(&t.addr, truncate).await {
+                Ok(_) => self.send(&t.addr, finalize).await,
+                Err(e) => Err(e),
+            };
+            (t.id, result)
+        });
+        join_all(calls).await
     }
 
     /// Seals replicas at `length` (best effort); returns those that acknowledged.

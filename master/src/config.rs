@@ -37,10 +37,11 @@ pub struct MasterConfig {
     /// A chunkserver with no heartbeat for this long is dead: its replicas are not handed out.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub dead_after: Duration,
-    /// Write lease soft limit: after it, another client's append or recover may take the file over.
+    /// Write lease soft limit: after it, an append (by anyone) starts lease recovery of
+    /// the file (`stampfs recover` forces recovery at any time).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub lease_soft: Duration,
-    /// Write lease hard limit: after it, the master recovers the file on its own.
+    /// Write lease hard limit: after it, the master starts lease recovery on its own.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
     pub lease_hard: Duration,
     /// Write a checkpoint (and trim the log) at least this often when the log has grown.

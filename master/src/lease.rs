@@ -7,8 +7,8 @@
 //!
 //! - before the **soft limit** the holder owns the file; anyone else gets a conflict
 //!   naming the holder and how long until the soft limit;
-//! - after the soft limit another client's append or recover may take the file over
-//!   (lease recovery);
+//! - after the soft limit an append starts lease recovery ([`crate::recovery`]);
+//!   `RecoverLease` forces it at any time;
 //! - after the **hard limit** the master recovers the file on its own.
 
 use stampfs_proto::{ClientId, InodeId};
@@ -71,7 +71,8 @@ pub struct Lease {
     pub holder: ClientId,
     /// When the holder last renewed it (master clock, ms).
     pub renewed_ms: u64,
-    /// The hard-limit expiry was already reported (so the monitor says it once).
+    /// The hard-limit expiry was already reported (so the recovery worker starts one
+    /// recovery per expiry).
     pub hard_reported: bool,
 }
 

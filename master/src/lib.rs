@@ -14,21 +14,45 @@
 //! - [`state`]: the replayable state machine ([`state::MasterState`], [`state::Record`]).
 //! - [`oplog`]: the group-committed operation log and checkpoints ([`oplog::Oplog`]).
 //! - [`commands`]: version bumps and finalizes pushed to chunkservers.
+//! - [`recovery`]: lease recovery of files whose writer died or hung: triggers, the
+//!   bump / shortest length / truncate / finalize / commit procedure, restart.
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
+//! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!
 //! Invariant 1 (DESIGN.md) lives in [`state`] and [`service`]: every new handle and
 //! version is carried by a log record that is durable before a bump or a token with
 //! it leaves, and replay restores the counters from those records. Invariant 2: a
 //! write grant is returned only after the bump reached the replicas in its pipeline.
+//! Lease recovery ([`recovery`]) reads replica lengths only from the bump's replies,
+//! so every length that counts comes from a replica that already fences the old writer.
+
+/// Returns `Err` from the enclosing function when the named fail point is enabled
+/// (cargo feature `fail-points`, see `fail`); expands to nothing without the feature.
+#[cfg(feature = "fail-points")]
+macro_rules! fail_point {
+    ($name:literal) => {
+        if $crate::fail::is_enabled($name) {
+            tracing::warn!(point = $name, "fail point hit");
+            return Err($crate::fail::error($name));
+        }
+    };
+}
+#[cfg(not(feature = "fail-points"))]
+macro_rules! fail_point {
+    ($name:literal) => {};
+}
 
 pub mod chunk_table;
 pub mod commands;
 pub mod config;
 pub mod error;
+#[cfg(feature = "fail-points")]
+pub mod fail;
 pub mod lease;
 pub mod namespace;
 pub mod oplog;
 pub mod placement;
+pub mod recovery;
 pub mod registry;
 pub mod server;
 pub mod service;

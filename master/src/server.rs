@@ -11,6 +11,7 @@ use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::lease::Clock;
 use crate::oplog::{self, Oplog};
+use crate::recovery::RECOVERY_TICK;
 use crate::service::Core;
 use crate::state::{decode_record, MasterState, Settings};
 use bincode::Encode;
@@ -193,9 +194,18 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         .local_addr()
         .map_err(|e| Error::io("read the listening address", e))?;
     let max_connections = config.max_connections;
-    let core = Arc::new(Core::new(config, key, state, log, clock, checkpoint_lsn));
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let core = Arc::new(Core::new(
+        config,
+        key,
+        state,
+        log,
+        clock,
+        checkpoint_lsn,
+        tasks.clone(),
+        shutdown.clone(),
+    ));
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
         listener,
@@ -214,6 +224,16 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         shutdown.clone(),
         move || {
             c.monitor();
+            async {}
+        },
+    ));
+    let c = core.clone();
+    tasks.spawn(periodic(
+        "lease-recovery",
+        RECOVERY_TICK,
+        shutdown.clone(),
+        move || {
+            c.recovery_pass();
             async {}
         },
     ));
@@ -364,7 +384,7 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
         .unwrap_or_default()
 }
 
-async fn dispatch(core: &Core, id: u64, req: MasterRequest) -> Frame {
+async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
     match req {
         MasterRequest::Mkdir(r) => reply(id, core.mkdir(r).await),
         MasterRequest::Create(r) => reply(id, core.create(r).await),

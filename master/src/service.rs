@@ -7,23 +7,32 @@
 //! grant) hold the file's async lock so that two of them never interleave on one
 //! file. Reads wait for the log too, so a reply never shows state that a crash could
 //! still take back.
+//!
+//! Lease recovery (`service/recovery.rs`) has the same shape under the same file lock:
+//! it runs as background tasks (at most one per file) started by the recovery
+//! worker, by `append` past the soft limit, and by `RecoverLease`.
 
 use crate::commands::CommandSender;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::lease::{wall_ms, Clock};
 use crate::oplog::{self, lock, Oplog};
-use crate::state::{BumpPlan, FinalizePlan, MasterState};
+use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
-    List, Mkdir, RecoverLease, RecoveryOutcome, Register, RegisterReply, RemoteError, Rename,
-    RenewLease, ReportCorrupt, Stat, UpdatePipeline, WriteGrant,
+    List, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease, ReportCorrupt, Stat,
+    UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::OwnedMutexGuard;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+mod recovery;
+pub use recovery::Recoveries;
 
 /// Per-file async locks for the multi-step write operations.
 #[derive(Debug, Default)]
@@ -64,6 +73,13 @@ pub struct Core {
     last_checkpoint_ms: AtomicU64,
     /// One checkpoint at a time (the worker and explicit calls).
     checkpointing: tokio::sync::Mutex<()>,
+    /// Lease recoveries running in the background, at most one per file.
+    recoveries: Recoveries,
+    /// Where background recoveries are spawned (the server's tracker, so shutdown
+    /// waits for them).
+    tasks: TaskTracker,
+    /// Cancelled at shutdown (or crash): background recoveries stop.
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Core {
@@ -76,6 +92,9 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
+    /// A core serving `state`; background recoveries are spawned on `tasks` and stop
+    /// when `shutdown` is cancelled.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: MasterConfig,
         key: ClusterKey,
@@ -83,6 +102,8 @@ impl Core {
         log: Oplog,
         clock: Clock,
         checkpoint_lsn: u64,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
     ) -> Self {
         let commands = CommandSender::new(key.clone(), config.command_timeout);
         Self {
@@ -96,6 +117,9 @@ impl Core {
             checkpoint_lsn: AtomicU64::new(checkpoint_lsn),
             last_checkpoint_ms: AtomicU64::new(clock.now_ms()),
             checkpointing: tokio::sync::Mutex::new(()),
+            recoveries: Recoveries::default(),
+            tasks,
+            shutdown,
         }
     }
 
@@ -244,8 +268,32 @@ impl Core {
 
     // ------------------------------------------------------------ write path
 
+    /// `append`. A file whose writer passed its soft limit gets lease recovery started
+    /// and the caller `RecoveryInProgress` (it retries); within the limit the caller
+    /// gets `LeaseConflict`. Both are decided before the file lock, so a running
+    /// recovery does not hold the caller up.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
-    pub async fn append(&self, req: Append) -> Result<AppendReply> {
+    pub async fn append(self: &Arc<Self>, req: Append) -> Result<AppendReply> {
+        let gate = {
+            let now = self.clock.now_ms();
+            self.state().append_gate(&req.path, now)?
+        };
+        if let AppendGate::Recover { inode, holder } = gate {
+            let path = self
+                .state()
+                .ns
+                .path_of(inode)
+                .unwrap_or_else(|| req.path.clone());
+            tracing::info!(path = %path, holder = %holder, client = %req.client, "append found the write lease past its soft limit; starting lease recovery");
+            self.spawn_recovery(
+                inode,
+                crate::recovery::Trigger::Append {
+                    client: req.client,
+                    holder,
+                },
+            );
+            return Err(Error::RecoveryInProgress { path });
+        }
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, mt| st.append(&req, ino, now, mt))
@@ -329,14 +377,6 @@ impl Core {
         let now = self.clock.now_ms();
         self.state().renew(req.client, now);
         Ok(())
-    }
-
-    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
-    pub async fn recover_lease(&self, req: RecoverLease) -> Result<RecoveryOutcome> {
-        let _ = req;
-        Err(Error::NotSupported {
-            reason: "lease recovery is not implemented yet".into(),
-        })
     }
 
     #[tracing::instrument(skip_all, fields(chunk = %req.handle, chunkserver = %req.chunkserver))]
@@ -451,7 +491,8 @@ impl Core {
         }
     }
 
-    /// Logs chunkservers that died or came back, and leases past their hard limit.
+    /// Logs chunkservers that died or came back. (Leases past their hard limit are the
+    /// recovery worker's: [`Core::recovery_pass`].)
     pub fn monitor(&self) {
         let now = self.clock.now_ms();
         let mut st = self.state();
@@ -462,10 +503,6 @@ impl Core {
             } else {
                 tracing::warn!(chunkserver = %id, "chunkserver missed its heartbeats: dead; its replicas are no longer handed out");
             }
-        }
-        let limits = st.settings.limits;
-        for (ino, lease) in st.leases.take_hard_expired(now, limits) {
-            tracing::warn!(inode = %ino, holder = %lease.holder, "write lease passed its hard limit (lease recovery is not implemented yet)");
         }
     }
 }

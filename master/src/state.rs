@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 mod ops;
 mod recovery;
 pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
-pub use recovery::{AppendGate, RecoveryBegin, RecoveryPlan};
+pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 
 /// Version of the checkpoint payload layout.
 const SNAPSHOT_FORMAT: u32 = 1;

@@ -146,6 +146,9 @@ impl MasterState {
                 if !req.overwrite {
                     return Err(Error::AlreadyExists { path });
                 }
+                if f.is_recovering() {
+                    return Err(Error::RecoveryInProgress { path });
+                }
                 if let Some(holder) = f.writer() {
                     if holder != req.client {
                         return Err(self.conflict(&path, old, holder, now_ms));
@@ -321,6 +324,9 @@ impl MasterState {
         mtime_ms: u64,
     ) -> Result<AppendPlan> {
         let (path, f) = self.locked_file(&req.path, expect)?;
+        if f.is_recovering() {
+            return Err(Error::RecoveryInProgress { path });
+        }
         if let Some(holder) = f.writer() {
             return Err(self.conflict(&path, expect, holder, now_ms));
         }

@@ -1,0 +1,1099 @@
+//! [`StampFs`]: the fuser callbacks, and [`Shared`]: the state and the async work
+//! behind them.
+//!
+//! fuser calls [`StampFs`] on its one session thread. A callback never waits for the
+//! network there: it answers from memory (cached attributes, directory snapshots) or
+//! hands the request and its `Reply*` object to a task on the tokio runtime, which
+//! replies when the cluster has answered. So a slow read never holds up an `ls`.
+
+use super::errno::errno_for;
+use super::handles::{
+    check_truncate, check_write, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteCheck,
+    WriteHandle, WriteState,
+};
+use super::inodes::{base_name, AttrCache, Cached, Inodes, ROOT};
+use crate::client::{Client, CreateOptions};
+use crate::error::Error;
+use crate::reader::FileReader;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use stampfs_proto::{FileKind, FileState, FileStatus, RemoteError};
+use std::ffi::OsStr;
+use std::future::Future;
+use std::io::SeekFrom;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio_util::task::TaskTracker;
+
+/// `st_blksize`: tools size their buffers from it (`cp` then writes 1 MiB at a time).
+const BLKSIZE: u32 = 1 << 20;
+/// Largest read served in one request (the kernel asks for at most 1 MiB).
+const MAX_READ: u32 = 32 << 20;
+/// Read-ahead the kernel may do per file.
+const READAHEAD: u32 = 1 << 20;
+
+/// Locks a mutex that only guards plain bookkeeping: a panic elsewhere cannot leave it
+/// half-updated in a way worth refusing service for.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn name_str(name: &OsStr) -> Result<&str, Errno> {
+    name.to_str().ok_or(Errno::EINVAL)
+}
+
+/// Reads up to `size` bytes at `offset` through the reader's read-ahead buffer
+/// (fewer only at the end of the file).
+async fn read_from(
+    reader: &mut FileReader,
+    path: &str,
+    offset: u64,
+    size: u32,
+) -> Result<Vec<u8>, Errno> {
+    let io = |e: std::io::Error| errno_for(&Error::from_io(e), "read", path);
+    reader.seek(SeekFrom::Start(offset)).await.map_err(io)?;
+    let mut buf = vec![0u8; size.min(MAX_READ) as usize];
+    let mut n = 0;
+    while n < buf.len() {
+        let got = reader.read(&mut buf[n..]).await.map_err(io)?;
+        if got == 0 {
+            break;
+        }
+        n += got;
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Everything the callbacks and their tasks share.
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    /// Where request tasks run.
+    pub(crate) rt: tokio::runtime::Handle,
+    ttl: Duration,
+    uid: u32,
+    gid: u32,
+    /// Inodes the kernel holds, with their paths; locked briefly, never across an await.
+    inodes: Mutex<Inodes>,
+    /// Recent attributes by path; locked briefly, never across an await.
+    attrs: Mutex<AttrCache>,
+    /// Open handles; locked briefly, never across an await.
+    pub(crate) handles: Mutex<Handles>,
+    /// Every request task, so unmount can wait for the ones in progress.
+    pub(crate) tasks: TaskTracker,
+}
+
+impl Shared {
+    pub(crate) fn new(client: Client, rt: tokio::runtime::Handle, ttl: Duration) -> Self {
+        Self {
+            client,
+            rt,
+            ttl,
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            inodes: Mutex::new(Inodes::default()),
+            attrs: Mutex::new(AttrCache::new(ttl)),
+            handles: Mutex::new(Handles::default()),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    fn path_of(&self, ino: INodeNo) -> Result<String, Errno> {
+        lock(&self.inodes)
+            .path(ino.0)
+            .map(str::to_string)
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn child_path(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
+        let name = name_str(name)?;
+        lock(&self.inodes)
+            .child(parent.0, name)
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn attr(&self, st: &FileStatus, size: u64) -> FileAttr {
+        let mtime = UNIX_EPOCH + Duration::from_millis(st.mtime_ms);
+        let (kind, perm, nlink) = match st.kind {
+            FileKind::Directory => (FileType::Directory, 0o755, 2),
+            FileKind::File => (FileType::RegularFile, 0o644, 1),
+        };
+        FileAttr {
+            ino: INodeNo(st.inode.0),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// The size to show: what this mount's writer has produced if it is writing the
+    /// file, else the cached or fetched size.
+    fn shown_size(&self, st: &FileStatus, size: u64) -> u64 {
+        lock(&self.handles).local_size(st.inode.0).unwrap_or(size)
+    }
+
+    fn cached(&self, path: &str) -> Option<Cached> {
+        lock(&self.attrs).get(path, Instant::now())
+    }
+
+    fn invalidate(&self, path: &str) {
+        lock(&self.attrs).invalidate(path);
+    }
+
+    /// Status and readable size of `path`, from the cache when fresh.
+    async fn status_and_size(&self, path: &str) -> Result<(FileStatus, u64), Errno> {
+        if let Some(c) = self.cached(path) {
+            return Ok((c.status, c.size));
+        }
+        let st = self
+            .client
+            .stat(path)
+            .await
+            .map_err(|e| errno_for(&e, "stat", path))?;
+        let size = self.visible_size(&st).await;
+        lock(&self.attrs).put(st.clone(), size, Instant::now());
+        Ok((st, size))
+    }
+
+    /// For a file another client is writing, the length readers can see (everything
+    /// hflushed is on every replica); the committed length otherwise.
+    async fn visible_size(&self, st: &FileStatus) -> u64 {
+        if st.kind != FileKind::File || st.state == FileState::Closed {
+            return st.length;
+        }
+        if lock(&self.handles).local_size(st.inode.0).is_some() {
+            return st.length;
+        }
+        match self.client.open(&st.path).await {
+            Ok(r) => r.len().max(st.length),
+            Err(e) => {
+                tracing::debug!(path = %st.path, error = %e, "visible length unknown; using the committed length");
+                st.length
+            }
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, st: &FileStatus, size: u64) {
+        let attr = self.attr(st, self.shown_size(st, size));
+        lock(&self.inodes).remember(st.inode.0, &st.path);
+        reply.entry(&self.ttl, &attr, Generation(0));
+    }
+
+    #[tracing::instrument(skip_all, fields(ino = ino.0))]
+    async fn getattr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        let path = self.path_of(ino)?;
+        let (st, size) = self.status_and_size(&path).await?;
+        if st.inode.0 != ino.0 {
+            // The path now names another file (replaced by another client).
+            self.invalidate(&path);
+            return Err(Errno::ESTALE);
+        }
+        Ok(self.attr(&st, self.shown_size(&st, size)))
+    }
+
+    #[tracing::instrument(skip_all, fields(ino = ino.0, size = ?size))]
+    async fn setattr(&self, ino: INodeNo, size: Option<u64>) -> Result<FileAttr, Errno> {
+        let path = self.path_of(ino)?;
+        let (st, fetched) = self.status_and_size(&path).await?;
+        let current = self.shown_size(&st, fetched);
+        if let Some(requested) = size {
+            if !check_truncate(requested, current) {
+                tracing::warn!(
+                    %path,
+                    requested,
+                    current,
+                    "truncate refused with EOPNOTSUPP: stampfs files are append-only (as in \
+                     HDFS); only a freshly created, empty file can be truncated (to 0)"
+                );
+                return Err(Errno::EOPNOTSUPP);
+            }
+        }
+        // Modes, owners and times are not stored by stampfs: accepted and ignored.
+        Ok(self.attr(&st, current))
+    }
+
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn mkdir(&self, path: String) -> Result<FileStatus, Errno> {
+        let st = self
+            .client
+            .mkdir(&path, false)
+            .await
+            .map_err(|e| errno_for(&e, "mkdir", &path))?;
+        self.invalidate(&path);
+        Ok(st)
+    }
+
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn remove(&self, path: String, op: &'static str) -> Result<(), Errno> {
+        let res = self.client.delete(&path, false).await;
+        self.invalidate(&path);
+        res.map_err(|e| errno_for(&e, op, &path))
+    }
+
+    #[tracing::instrument(skip_all, fields(%from, %to))]
+    async fn rename(&self, from: String, to: String, replace: bool) -> Result<(), Errno> {
+        let first = self.client.rename(&from, &to).await;
+        let res = match first {
+            Err(Error::Remote(RemoteError::AlreadyExists { .. })) if replace => {
+                // POSIX rename replaces its target; the master's refuses. Remove the
+                // target (a file, or an empty directory of the same kind) and retry.
+                let src = self
+                    .client
+                    .stat(&from)
+                    .await
+                    .map_err(|e| errno_for(&e, "rename", &from))?;
+                let dst = self
+                    .client
+                    .stat(&to)
+                    .await
+                    .map_err(|e| errno_for(&e, "rename", &to))?;
+                match (src.kind, dst.kind) {
+                    (FileKind::Directory, FileKind::File) => return Err(Errno::ENOTDIR),
+                    (FileKind::File, FileKind::Directory) => return Err(Errno::EISDIR),
+                    _ => {}
+                }
+                self.client
+                    .delete(&to, false)
+                    .await
+                    .map_err(|e| errno_for(&e, "rename", &to))?;
+                self.invalidate(&to);
+                self.client.rename(&from, &to).await
+            }
+            other => other,
+        };
+        res.map_err(|e| errno_for(&e, "rename", &from))?;
+        lock(&self.inodes).renamed(&from, &to);
+        self.invalidate(&from);
+        self.invalidate(&to);
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn create(&self, path: String, append_mode: bool) -> Result<(FileStatus, u64), Errno> {
+        let writer = self
+            .client
+            .create(&path, CreateOptions::default())
+            .await
+            .map_err(|e| errno_for(&e, "create", &path))?;
+        let st = writer.status().clone();
+        let handle = WriteHandle::new(st.inode.0, st.path.clone(), append_mode, Some(writer));
+        let fh = lock(&self.handles).insert(Handle::Write(Arc::new(handle)));
+        self.invalidate(&path);
+        Ok((st, fh))
+    }
+
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn mknod(&self, path: String) -> Result<FileStatus, Errno> {
+        let mut writer = self
+            .client
+            .create(&path, CreateOptions::default())
+            .await
+            .map_err(|e| errno_for(&e, "mknod", &path))?;
+        let st = writer
+            .close()
+            .await
+            .map_err(|e| errno_for(&e, "mknod", &path))?;
+        self.invalidate(&path);
+        Ok(st)
+    }
+
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn open_read(&self, ino: INodeNo, path: String) -> Result<u64, Errno> {
+        let reader = self
+            .client
+            .open(&path)
+            .await
+            .map_err(|e| errno_for(&e, "open", &path))?;
+        let h = ReadHandle {
+            ino: ino.0,
+            path,
+            reader: tokio::sync::Mutex::new(reader),
+        };
+        Ok(lock(&self.handles).insert(Handle::Read(Arc::new(h))))
+    }
+
+    /// Opens for writing; `truncate` (`O_TRUNC`) is allowed only on an empty file.
+    #[tracing::instrument(skip_all, fields(%path))]
+    async fn open_write(
+        &self,
+        ino: INodeNo,
+        path: String,
+        append_mode: bool,
+        truncate: bool,
+    ) -> Result<u64, Errno> {
+        if truncate {
+            let (st, size) = self.status_and_size(&path).await?;
+            let current = self.shown_size(&st, size);
+            if !check_truncate(0, current) {
+                tracing::warn!(
+                    current,
+                    "open with O_TRUNC refused with EOPNOTSUPP: stampfs files are \
+                     append-only (as in HDFS); only an empty file can be truncated"
+                );
+                return Err(Errno::EOPNOTSUPP);
+            }
+        }
+        let h = WriteHandle::new(ino.0, path, append_mode, None);
+        Ok(lock(&self.handles).insert(Handle::Write(Arc::new(h))))
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, size = size))]
+    async fn read(&self, h: &ReadHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let mut reader = h.reader.lock().await;
+        let want_end = offset.saturating_add(u64::from(size));
+        if want_end > reader.len() {
+            // The kernel thinks the file is longer than when this reader looked: it
+            // grew. If this mount wrote the bytes, hflush them first (a program reads
+            // what it wrote, as on a local file system); then look again.
+            if lock(&self.handles)
+                .local_size(h.ino)
+                .is_some_and(|n| n > reader.len())
+            {
+                self.flush_local_writers(h.ino).await;
+            }
+            if let Ok(fresh) = self.client.open(&h.path).await {
+                if fresh.len() > reader.len() {
+                    *reader = fresh;
+                }
+            }
+        }
+        read_from(&mut reader, &h.path, offset, size).await
+    }
+
+    /// hflushes every writer of `ino` in this mount, each in its turn after the
+    /// requests already queued on it.
+    async fn flush_local_writers(&self, ino: u64) {
+        let writers: Vec<Arc<WriteHandle>> = lock(&self.handles)
+            .writers()
+            .into_iter()
+            .filter(|(_, w)| w.ino == ino)
+            .map(|(_, w)| w)
+            .collect();
+        for w in writers {
+            let ticket = w.turn.ticket();
+            let _turn = w.turn.enter(ticket).await;
+            if let Err(e) = self.flush(&w, false).await {
+                tracing::debug!(path = %w.path, errno = ?e, "flush before a read failed");
+            }
+        }
+    }
+
+    /// A read on a handle opened for reading and writing.
+    #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, size = size))]
+    async fn read_rw(&self, h: &WriteHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let mut st = h.state.lock().await;
+        let want_end = offset.saturating_add(u64::from(size));
+        if st.reader.as_ref().is_none_or(|r| want_end > r.len()) {
+            // Reads see this handle's own writes: hflush them first.
+            if let Some(w) = st.writer.as_mut() {
+                if let Err(e) = w.hflush().await {
+                    tracing::debug!(error = %e, "flush before a read failed");
+                }
+            }
+            let fresh = self
+                .client
+                .open(&h.path)
+                .await
+                .map_err(|e| errno_for(&e, "read", &h.path))?;
+            st.reader = Some(fresh);
+        }
+        let Some(reader) = st.reader.as_mut() else {
+            return Err(Errno::EIO);
+        };
+        read_from(reader, &h.path, offset, size).await
+    }
+
+    fn refuse_write(&self, h: &WriteHandle, offset: u64, end: u64) -> Errno {
+        if !h.warned.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                offset,
+                end,
+                "write refused with EOPNOTSUPP: stampfs files are append-only (as in HDFS), \
+                 so a write must start at the current end of the file"
+            );
+        }
+        Errno::EOPNOTSUPP
+    }
+
+    /// Opens the writer of a handle that was opened (not created) for writing: the
+    /// first write must be at the file's end, and only then is the lease taken.
+    async fn open_writer(
+        &self,
+        h: &WriteHandle,
+        st: &mut WriteState,
+        offset: u64,
+    ) -> Result<(), Errno> {
+        let status = self
+            .client
+            .stat(&h.path)
+            .await
+            .map_err(|e| errno_for(&e, "write", &h.path))?;
+        if status.kind == FileKind::Directory {
+            return Err(Errno::EISDIR);
+        }
+        let closed = status.state == FileState::Closed;
+        if closed && check_write(offset, status.length, h.append_mode) == WriteCheck::NotAtEnd {
+            return Err(self.refuse_write(h, offset, status.length));
+        }
+        let mut writer = self
+            .client
+            .append(&h.path)
+            .await
+            .map_err(|e| errno_for(&e, "write", &h.path))?;
+        let base = writer.status().length;
+        if check_write(offset, base, h.append_mode) == WriteCheck::NotAtEnd {
+            if let Err(e) = writer.close().await {
+                tracing::warn!(path = %h.path, error = %e, "closing an unused writer failed");
+            }
+            return Err(self.refuse_write(h, offset, base));
+        }
+        h.end.store(base, Ordering::SeqCst);
+        st.writer = Some(writer);
+        self.invalidate(&h.path);
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, len = data.len()))]
+    async fn write(&self, h: &WriteHandle, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
+        let mut st = h.state.lock().await;
+        if st.closed {
+            return Err(Errno::EBADF);
+        }
+        if let Some(e) = st.failed {
+            return Err(e);
+        }
+        if st.writer.is_none() {
+            self.open_writer(h, &mut st, offset).await?;
+        }
+        let end = h.end.load(Ordering::SeqCst);
+        if check_write(offset, end, h.append_mode) == WriteCheck::NotAtEnd {
+            return Err(self.refuse_write(h, offset, end));
+        }
+        let Some(writer) = st.writer.as_mut() else {
+            return Err(Errno::EIO);
+        };
+        if let Err(e) = writer.write_all(data).await {
+            let errno = errno_for(&Error::from_io(e), "write", &h.path);
+            st.failed = Some(errno);
+            return Err(errno);
+        }
+        h.end.fetch_add(u64::from(len), Ordering::SeqCst);
+        Ok(len)
+    }
+
+    /// `flush` (every close(2)) is hflush; `fsync` is hsync.
+    #[tracing::instrument(skip_all, fields(path = %h.path, sync = sync))]
+    async fn flush(&self, h: &WriteHandle, sync: bool) -> Result<(), Errno> {
+        let mut st = h.state.lock().await;
+        if let Some(e) = st.failed {
+            return Err(e);
+        }
+        if st.closed {
+            return Ok(());
+        }
+        let Some(writer) = st.writer.as_mut() else {
+            return Ok(());
+        };
+        let res = if sync {
+            writer.hsync().await
+        } else {
+            writer.hflush().await
+        };
+        if let Err(e) = res {
+            let errno = errno_for(&e, if sync { "fsync" } else { "flush" }, &h.path);
+            st.failed = Some(errno);
+            return Err(errno);
+        }
+        Ok(())
+    }
+
+    /// Closes the handle's writer: commits the length and releases the lease.
+    #[tracing::instrument(skip_all, fields(path = %h.path))]
+    pub(crate) async fn close_writer(&self, h: &WriteHandle) {
+        let mut st = h.state.lock().await;
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        st.reader = None;
+        let Some(mut writer) = st.writer.take() else {
+            return;
+        };
+        match writer.close().await {
+            Ok(status) => {
+                tracing::debug!(length = status.length, "closed");
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "closing the file failed; it stays open until its lease is recovered \
+                     (`stampfs recover`)"
+                );
+            }
+        }
+        self.invalidate(&h.path);
+    }
+
+    #[tracing::instrument(skip_all, fields(ino = d.ino))]
+    async fn list(&self, d: &DirHandle) -> Result<(), Errno> {
+        let path = self.path_of(INodeNo(d.ino))?;
+        let entries = self
+            .client
+            .list(&path)
+            .await
+            .map_err(|e| errno_for(&e, "readdir", &path))?;
+        let parent_ino = {
+            let inodes = lock(&self.inodes);
+            let parent = match path.rfind('/') {
+                Some(0) | None => "/",
+                Some(i) => &path[..i],
+            };
+            inodes.ino_of(parent).unwrap_or(ROOT)
+        };
+        let mut out = vec![
+            DirEntry {
+                ino: d.ino,
+                kind: FileType::Directory,
+                name: ".".into(),
+            },
+            DirEntry {
+                ino: parent_ino,
+                kind: FileType::Directory,
+                name: "..".into(),
+            },
+        ];
+        let now = Instant::now();
+        let mut attrs = lock(&self.attrs);
+        for e in entries {
+            let kind = match e.kind {
+                FileKind::Directory => FileType::Directory,
+                FileKind::File => FileType::RegularFile,
+            };
+            out.push(DirEntry {
+                ino: e.inode.0,
+                kind,
+                name: base_name(&e.path).to_string(),
+            });
+            // Files being written elsewhere need their visible length: not cached here.
+            if e.kind == FileKind::Directory || e.state == FileState::Closed {
+                let size = e.length;
+                attrs.put(e, size, now);
+            }
+        }
+        drop(attrs);
+        *lock(&d.entries) = out;
+        Ok(())
+    }
+
+    fn fill_dir(d: &DirHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = lock(&d.entries);
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+/// The fuser file system: thin callbacks over [`Shared`].
+pub(crate) struct StampFs {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl StampFs {
+    /// Runs a request on the runtime; its reply is sent from there.
+    fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.shared.tasks.spawn_on(fut, &self.shared.rt);
+    }
+
+    fn handle(&self, fh: FileHandle) -> Option<Handle> {
+        lock(&self.shared.handles).get(fh.0)
+    }
+}
+
+impl fuser::Filesystem for StampFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_readahead(READAHEAD) {
+            let _ = config.set_max_readahead(max);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(c) = self.shared.cached(&path) {
+            return self.shared.reply_entry(reply, &c.status, c.size);
+        }
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.status_and_size(&path).await {
+                Ok((st, size)) => sh.reply_entry(reply, &st, size),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.shared.inodes).forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.getattr(ino).await {
+                Ok(attr) => reply.attr(&sh.ttl, &attr),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.setattr(ino, size).await {
+                Ok(attr) => reply.attr(&sh.ttl, &attr),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.mknod(path).await {
+                Ok(st) => sh.reply_entry(reply, &st, 0),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.mkdir(path).await {
+                Ok(st) => sh.reply_entry(reply, &st, 0),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.remove(path, "unlink").await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.remove(path, "rmdir").await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return reply.error(Errno::EINVAL);
+        }
+        let (from, to) = match (
+            self.shared.child_path(parent, name),
+            self.shared.child_path(newparent, newname),
+        ) {
+            (Ok(f), Ok(t)) => (f, t),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.rename(from, to, replace).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        if flags.acc_mode() == OpenAccMode::O_RDONLY {
+            self.spawn(async move {
+                match sh.open_read(ino, path).await {
+                    Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                    Err(e) => reply.error(e),
+                }
+            });
+            return;
+        }
+        let append_mode = flags.0 & libc::O_APPEND != 0;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        self.spawn(async move {
+            match sh.open_write(ino, path, append_mode, truncate).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let sh = self.shared.clone();
+        match self.handle(fh) {
+            Some(Handle::Read(h)) => self.spawn(async move {
+                match sh.read(&h, offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(e),
+                }
+            }),
+            Some(Handle::Write(h)) => self.spawn(async move {
+                match sh.read_rw(&h, offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(e),
+                }
+            }),
+            Some(Handle::Dir(_)) => reply.error(Errno::EISDIR),
+            None => reply.error(Errno::EBADF),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(Handle::Write(h)) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        // The ticket is taken here, in the kernel's order; the task waits its turn.
+        let ticket = h.turn.ticket();
+        let data = data.to_vec();
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            let _turn = h.turn.enter(ticket).await;
+            match sh.write(&h, offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        let Some(Handle::Write(h)) = self.handle(fh) else {
+            return reply.ok();
+        };
+        let ticket = h.turn.ticket();
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            let _turn = h.turn.enter(ticket).await;
+            match sh.flush(&h, false).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(Handle::Write(h)) = self.handle(fh) else {
+            lock(&self.shared.handles).remove(fh.0);
+            return reply.ok();
+        };
+        let ticket = h.turn.ticket();
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            let _turn = h.turn.enter(ticket).await;
+            sh.close_writer(&h).await;
+            lock(&sh.handles).remove(fh.0);
+            sh.invalidate(&h.path);
+            reply.ok();
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(Handle::Write(h)) = self.handle(fh) else {
+            return reply.ok();
+        };
+        let ticket = h.turn.ticket();
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            let _turn = h.turn.enter(ticket).await;
+            match sh.flush(&h, true).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let d = DirHandle {
+            ino: ino.0,
+            entries: Mutex::new(Vec::new()),
+        };
+        let fh = lock(&self.shared.handles).insert(Handle::Dir(Arc::new(d)));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        let Some(Handle::Dir(d)) = self.handle(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        if offset > 0 {
+            return Shared::fill_dir(&d, offset, reply);
+        }
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.list(&d).await {
+                Ok(()) => Shared::fill_dir(&d, 0, reply),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.shared.handles).remove(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are durable at the master before it answers.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // The master has no capacity request yet, so capacity and usage are unknown:
+        // reported as zero rather than invented.
+        reply.statfs(0, 0, 0, 0, 0, BLKSIZE, 255, BLKSIZE);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        // stampfs stores no extended attributes.
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let path = match self.shared.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let append_mode = flags & libc::O_APPEND != 0;
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.create(path, append_mode).await {
+                Ok((st, fh)) => {
+                    let attr = sh.attr(&st, 0);
+                    lock(&sh.inodes).remember(st.inode.0, &st.path);
+                    reply.created(
+                        &sh.ttl,
+                        &attr,
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    );
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}

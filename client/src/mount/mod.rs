@@ -1,0 +1,250 @@
+//! The FUSE mount: a stampfs cluster as a local directory, built on [`Client`] (no
+//! second implementation of the protocol) and the pure-Rust `fuser` crate (as root it
+//! mounts through `/dev/fuse` directly, no libfuse or fusermount needed).
+//!
+//! [`Mount::start`] mounts and serves; [`Mount::ended`] resolves when someone runs
+//! `umount`; [`Mount::unmount`] unmounts, waits for the requests in progress and closes
+//! every file still open for writing.
+//!
+//! What a program sees:
+//! - **Append-only files, as in HDFS.** A write must start at the file's current end;
+//!   any other offset fails with `EOPNOTSUPP` (logged once per open file, saying why).
+//!   A truncate that would change the size fails the same way, so only a freshly
+//!   created (empty) file can be "truncated" to 0. `O_APPEND` writes always go to the
+//!   end.
+//! - **Durability.** `close(2)` (FUSE `flush`) is [`FileWriter::hflush`]: the bytes
+//!   are on every replica and visible to every reader. `fsync` is
+//!   [`FileWriter::hsync`]. The last close of a file (FUSE `release`) closes the
+//!   writer: the length is committed and the lease released.
+//! - **Sizes of open files.** A file this mount is writing shows the bytes written so
+//!   far (what a local file system would show the writer). A file another client is
+//!   writing shows what readers can read: its hflushed length.
+//! - **Caching.** Attributes and directory entries are cached for a short TTL (1 s by
+//!   default) by the kernel and here; a listing fills the cache so `ls -l` costs one
+//!   request. Reads go through the page cache and each open file's [`FileReader`]
+//!   with its read-ahead buffer.
+//! - **Concurrency.** fuser's session thread never waits for the network: every
+//!   request that needs the cluster runs as a tokio task that replies when done, so a
+//!   slow read does not hold up `ls`, and any number of files can be open.
+//! - **Crashes.** If the mount process dies, its leases lapse and the files it was
+//!   writing are closed by lease recovery (`stampfs recover PATH`, or the master on
+//!   its own after the hard limit), keeping every acknowledged byte.
+//! - `statfs` reports zero capacity: the master has no capacity request yet.
+//!
+//! [`FileWriter::hflush`]: crate::FileWriter::hflush
+//! [`FileWriter::hsync`]: crate::FileWriter::hsync
+//! [`FileReader`]: crate::FileReader
+
+mod errno;
+mod fs;
+mod handles;
+mod inodes;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use fs::{Shared, StampFs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Settings of a [`Mount`].
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// How long the kernel and the mount trust attributes and directory entries.
+    pub attr_ttl: Duration,
+    /// How long [`Mount::unmount`] waits for requests in progress, then for open
+    /// writers to close.
+    pub drain_timeout: Duration,
+    /// The mount's source name in `/proc/mounts`.
+    pub fsname: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        Self {
+            attr_ttl: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(30),
+            fsname: "stampfs".to_string(),
+        }
+    }
+}
+
+/// A mounted stampfs. Unmount it with [`Mount::unmount`]; dropping it unmounts too,
+/// but without closing the files still open for writing.
+pub struct Mount {
+    mountpoint: PathBuf,
+    config: MountConfig,
+    shared: Arc<Shared>,
+    /// Unmounts the kernel mount; fuser's handle, shared with its session.
+    unmounter: fuser::SessionUnmounter,
+    /// Fires when the session loop ends (the file system was unmounted, by us or by
+    /// `umount`); `None` once that was seen.
+    session_done: Option<oneshot::Receiver<std::io::Result<()>>>,
+    /// Set by `unmount`, so `Drop` has nothing left to do.
+    unmounted: bool,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount")
+            .field("mountpoint", &self.mountpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mount {
+    /// Mounts the cluster `client` talks to at `mountpoint` (an existing directory)
+    /// and starts serving it on the current tokio runtime.
+    #[tracing::instrument(skip_all, fields(mountpoint = %mountpoint.display()))]
+    pub async fn start(client: Client, mountpoint: &Path, config: MountConfig) -> Result<Mount> {
+        let meta = tokio::fs::metadata(mountpoint)
+            .await
+            .map_err(|e| Error::InvalidArgument {
+                reason: format!("mount point {}: {e}", mountpoint.display()),
+            })?;
+        if !meta.is_dir() {
+            return Err(Error::InvalidArgument {
+                reason: format!("mount point {} is not a directory", mountpoint.display()),
+            });
+        }
+        let shared = Arc::new(Shared::new(
+            client,
+            tokio::runtime::Handle::current(),
+            config.attr_ttl,
+        ));
+        let fs = StampFs {
+            shared: shared.clone(),
+        };
+        let mut options = fuser::Config::default();
+        options.mount_options = vec![
+            fuser::MountOption::FSName(config.fsname.clone()),
+            fuser::MountOption::Subtype("stampfs".to_string()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoAtime,
+        ];
+        // One session thread: it only queues work, and one reader keeps each open
+        // file's requests in the kernel's order.
+        options.n_threads = Some(1);
+        let mp = mountpoint.to_path_buf();
+        // Mounting waits for the kernel's INIT request: off the async threads.
+        let session = tokio::task::spawn_blocking(move || fuser::Session::new(fs, &mp, &options))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?
+            .map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot mount at {}: {e}", mountpoint.display()),
+                ))
+            })?;
+        let mut session = session;
+        let unmounter = session.unmount_callable();
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("stampfs-fuse".into())
+            .spawn(move || {
+                let res = session.run();
+                let _ = done_tx.send(res);
+            })
+            .map_err(Error::Io)?;
+        tracing::info!("mounted");
+        Ok(Mount {
+            mountpoint: mountpoint.to_path_buf(),
+            config,
+            shared,
+            unmounter,
+            session_done: Some(done_rx),
+            unmounted: false,
+        })
+    }
+
+    /// The mount point.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Resolves when the session ends: the file system was unmounted (`umount`) or
+    /// the kernel connection was aborted.
+    pub async fn ended(&mut self) {
+        if let Some(rx) = self.session_done.as_mut() {
+            match rx.await {
+                Ok(Ok(())) => tracing::info!("the file system was unmounted"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "the FUSE session ended with an error"),
+                Err(_) => tracing::warn!("the FUSE session thread went away"),
+            }
+            self.session_done = None;
+        }
+    }
+
+    /// Unmounts (lazily when the mount is busy: open descriptors then fail), waits for
+    /// the requests in progress, and closes every file still open for writing so its
+    /// length is committed and its lease released.
+    pub async fn unmount(mut self) -> Result<()> {
+        self.unmounted = true;
+        let mut lazily = false;
+        if self.session_done.is_some() {
+            if let Err(e) = self.unmounter.unmount() {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    tracing::warn!(
+                        "the mount point is busy (files or directories are open there); \
+                         detaching it lazily: writes on descriptors still open there will fail"
+                    );
+                    lazily = true;
+                    nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH)
+                        .map_err(|e| Error::Io(e.into()))?;
+                } else {
+                    return Err(Error::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot unmount {}: {e}", self.mountpoint.display()),
+                    )));
+                }
+            }
+        }
+        let drain = self.config.drain_timeout;
+        if !lazily {
+            // A clean unmount ends the session promptly.
+            let _ = tokio::time::timeout(drain, self.ended()).await;
+        }
+        self.shared.tasks.close();
+        if tokio::time::timeout(drain, self.shared.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout = ?drain,
+                "requests still running at unmount; closing open files anyway"
+            );
+        }
+        let writers = fs::lock(&self.shared.handles).writers();
+        if !writers.is_empty() {
+            tracing::info!(
+                files = writers.len(),
+                "closing files still open for writing"
+            );
+        }
+        let shared = self.shared.clone();
+        let close_all = async move {
+            for (fh, h) in writers {
+                shared.close_writer(&h).await;
+                fs::lock(&shared.handles).remove(fh);
+            }
+        };
+        if tokio::time::timeout(drain, close_all).await.is_err() {
+            tracing::warn!(
+                "some files could not be closed in time; lease recovery will close them"
+            );
+        }
+        tracing::info!(open = fs::lock(&self.shared.handles).len(), "unmounted");
+        Ok(())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if !self.unmounted && self.session_done.is_some() {
+            if let Err(e) = self.unmounter.unmount() {
+                tracing::warn!(error = %e, "unmount on drop failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,734 @@
+//! Lease recovery's state changes, as methods of [`MasterState`]: the append gate,
+//! the durable start and commit of a recovery, and what the worker should run. The
+//! decisions themselves are pure functions in [`crate::recovery`]; the steps that talk
+//! to chunkservers are in the service.
+
+use super::{MasterState, Record};
+use crate::error::{Error, Result};
+use crate::namespace::{self, join, FileMeta, WriteState};
+use crate::recovery::{self, OnAppend, Start, Trigger};
+use stampfs_proto::{
+    ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId, InodeId, RecoveryOutcome,
+    RemoteError,
+};
+
+/// What `append` runs into before it takes the file lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppendGate {
+    /// No writer in the way: go on with the ordinary append.
+    Proceed,
+    /// The holder passed its soft limit: start recovery, answer `RecoveryInProgress`.
+    Recover { inode: InodeId, holder: ClientId },
+}
+
+/// A recovery whose `RecoveryStarted` record is committed: what to push and seal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryPlan {
+    pub inode: InodeId,
+    pub path: String,
+    pub handle: ChunkHandle,
+    pub holder: ClientId,
+    /// The version the writer held.
+    pub old_version: ChunkVersion,
+    /// The master's version before this attempt (`old_version` on a first attempt,
+    /// the previous attempt's version on a resumed one).
+    pub previous: ChunkVersion,
+    /// The version minted for this attempt.
+    pub version: ChunkVersion,
+    /// Live replicas at a version in `old_version..=previous`, by chunkserver id.
+    pub targets: Vec<ChunkserverAddr>,
+}
+
+/// How a recovery that needed no bump ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closing {
+    /// The file had no writer.
+    AlreadyClosed,
+    /// Another client than the expired holder holds the file now: left alone.
+    HolderChanged { holder: ClientId },
+    /// Open without an open last chunk: closed at its committed length.
+    AtCommitted,
+    /// The last chunk had no live replica at a recoverable version: closed at the
+    /// chunk's committed length, the chunk listed as missing.
+    Missing {
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    },
+}
+
+/// What [`MasterState::begin_recovery`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecoveryBegin {
+    /// Nothing to push: the file is closed (or changed hands).
+    Done {
+        outcome: RecoveryOutcome,
+        how: Closing,
+    },
+    /// `RecoveryStarted` is committed: push the bump and seal.
+    Bump(RecoveryPlan),
+}
+
+impl MasterState {
+    /// The soft-limit rule of `append` on `path`: a file in recovery answers
+    /// `RecoveryInProgress`, a holder within its soft limit `LeaseConflict`, one past
+    /// it [`AppendGate::Recover`]. Anything else (a closed file, a directory, a bad
+    /// path) proceeds to the ordinary append, which reports it.
+    pub fn append_gate(&self, path: &str, now_ms: u64) -> Result<AppendGate> {
+        let Ok(comps) = namespace::components(path) else {
+            return Ok(AppendGate::Proceed);
+        };
+        let Ok(inode) = self.ns.resolve(&comps) else {
+            return Ok(AppendGate::Proceed);
+        };
+        let Some(f) = self.ns.file(inode) else {
+            return Ok(AppendGate::Proceed);
+        };
+        match f.write {
+            WriteState::Closed => Ok(AppendGate::Proceed),
+            WriteState::Recovering { .. } => Err(Error::RecoveryInProgress { path: join(&comps) }),
+            WriteState::Open { client: holder } => {
+                match recovery::on_append(
+                    holder,
+                    self.leases.takeover(inode, now_ms, self.settings.limits),
+                ) {
+                    OnAppend::Conflict {
+                        holder,
+                        expires_in_ms,
+                    } => Err(Error::LeaseConflict {
+                        path: join(&comps),
+                        holder,
+                        expires_in_ms,
+                    }),
+                    OnAppend::Recover { holder } => Ok(AppendGate::Recover { inode, holder }),
+                }
+            }
+        }
+    }
+
+    /// The path of a file for recovery (its inode may have been renamed since).
+    fn recovery_file(&self, inode: InodeId) -> Result<(String, &FileMeta)> {
+        let path = self.ns.path_of(inode).ok_or_else(|| Error::NotFound {
+            path: format!("file {inode}"),
+        })?;
+        let f = self
+            .ns
+            .file(inode)
+            .ok_or_else(|| Error::IsADirectory { path: path.clone() })?;
+        Ok((path, f))
+    }
+
+    /// Step 1 of lease recovery (the caller holds the file lock): decides, and either
+    /// closes the file at once or commits `RecoveryStarted` with a freshly minted
+    /// version for the last chunk, releasing the holder's lease. Nothing may be
+    /// pushed before the record is durable.
+    pub fn begin_recovery(
+        &mut self,
+        inode: InodeId,
+        trigger: Trigger,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<RecoveryBegin> {
+        let (path, f) = self.recovery_file(inode)?;
+        let write = f.write;
+        let handle = f.chunks.last().copied();
+        let last = handle.and_then(|h| self.chunks.get(h));
+        let dead_after = self.settings.dead_after_ms;
+        let start = recovery::decide(write, trigger.expired_holder(), f.chunk_size, last, |id| {
+            self.registry
+                .live_addr(id, now_ms, dead_after)
+                .map(str::to_string)
+        });
+        let current = last.map(|i| i.version);
+        match start {
+            Start::Closed => Ok(RecoveryBegin::Done {
+                outcome: self.recovery_outcome(inode, path)?,
+                how: Closing::AlreadyClosed,
+            }),
+            Start::HolderChanged { holder } => Ok(RecoveryBegin::Done {
+                outcome: self.recovery_outcome(inode, path)?,
+                how: Closing::HolderChanged { holder },
+            }),
+            Start::CloseAtCommitted => {
+                self.commit(
+                    Record::Close {
+                        inode,
+                        last: None,
+                        mtime_ms,
+                    },
+                    now_ms,
+                )?;
+                Ok(RecoveryBegin::Done {
+                    outcome: self.recovery_outcome(inode, path)?,
+                    how: Closing::AtCommitted,
+                })
+            }
+            Start::Missing { old_version } => {
+                let (Some(handle), Some(version)) = (handle, current) else {
+                    return Err(Error::bad_request("a missing chunk without a chunk"));
+                };
+                let length = last.map(|i| i.length).unwrap_or(0);
+                let rec = match write {
+                    WriteState::Recovering { .. } => Record::RecoveryCommitted {
+                        inode,
+                        handle,
+                        version,
+                        length,
+                        mtime_ms,
+                    },
+                    _ => Record::Close {
+                        inode,
+                        last: None,
+                        mtime_ms,
+                    },
+                };
+                self.commit(rec, now_ms)?;
+                self.missing_chunks.insert(handle);
+                let mut outcome = self.recovery_outcome(inode, path)?;
+                outcome.old_version = Some(old_version);
+                outcome.new_version = (version != old_version).then_some(version);
+                Ok(RecoveryBegin::Done {
+                    outcome,
+                    how: Closing::Missing { handle, version },
+                })
+            }
+            Start::Bump {
+                holder,
+                old_version,
+                version,
+                targets,
+            } => {
+                let (Some(handle), Some(previous)) = (handle, current) else {
+                    return Err(Error::bad_request("a bump without a chunk"));
+                };
+                self.commit(
+                    Record::RecoveryStarted {
+                        inode,
+                        handle,
+                        old_version,
+                        version,
+                    },
+                    now_ms,
+                )?;
+                Ok(RecoveryBegin::Bump(RecoveryPlan {
+                    inode,
+                    path,
+                    handle,
+                    holder,
+                    old_version,
+                    previous,
+                    version,
+                    targets,
+                }))
+            }
+        }
+    }
+
+    /// Step 5: commits the recovered `length` of the plan's chunk and closes the file.
+    /// Refused when the file moved on meanwhile (deleted, or another attempt minted a
+    /// newer version).
+    pub fn commit_recovery(
+        &mut self,
+        plan: &RecoveryPlan,
+        length: u64,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<RecoveryOutcome> {
+        let (path, f) = self.recovery_file(plan.inode)?;
+        let at = self.chunks.get(plan.handle).map(|i| i.version);
+        if !f.is_recovering() || f.chunks.last() != Some(&plan.handle) || at != Some(plan.version) {
+            return Err(RemoteError::Unavailable {
+                reason: format!(
+                    "{path} changed during lease recovery (chunk {} is at {at:?}, not {})",
+                    plan.handle, plan.version
+                ),
+            }
+            .into());
+        }
+        self.commit(
+            Record::RecoveryCommitted {
+                inode: plan.inode,
+                handle: plan.handle,
+                version: plan.version,
+                length,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        let mut outcome = self.recovery_outcome(plan.inode, path)?;
+        outcome.old_version = Some(plan.old_version);
+        outcome.new_version = Some(plan.version);
+        Ok(outcome)
+    }
+
+    /// The recovery view of a file as it is now: closed (no versions), or still in
+    /// recovery (`closed: false`, the writer's version and the master's current one).
+    pub fn recovery_outcome(&self, inode: InodeId, path: String) -> Result<RecoveryOutcome> {
+        let status = self.status(path, inode)?;
+        let f = self.ns.file(inode).ok_or_else(|| Error::IsADirectory {
+            path: status.path.clone(),
+        })?;
+        let (closed, old_version, new_version) = match f.write {
+            WriteState::Recovering { old_version, .. } => (
+                false,
+                Some(old_version),
+                f.chunks
+                    .last()
+                    .and_then(|h| self.chunks.get(*h))
+                    .map(|i| i.version),
+            ),
+            WriteState::Open { .. } => (false, None, None),
+            WriteState::Closed => (true, None, None),
+        };
+        Ok(RecoveryOutcome {
+            path: status.path,
+            closed,
+            old_version,
+            new_version,
+            length: status.length,
+        })
+    }
+
+    /// Forgets replicas of `handle` that failed to be sealed by a recovery: they are
+    /// not handed out (a later report at the sealed version brings them back; they
+    /// hold at least the committed length).
+    pub fn drop_replicas(&mut self, handle: ChunkHandle, ids: &[ChunkserverId]) {
+        let Some(info) = self.chunks.get_mut(handle) else {
+            return;
+        };
+        for id in ids {
+            if let Some(idx) = crate::chunk_table::server_index(*id) {
+                info.remove_replica(idx);
+            }
+            if let Some(cs) = self.registry.get_mut(*id) {
+                cs.replicas.remove(&handle);
+            }
+        }
+    }
+
+    /// What the recovery worker should run now: every open file whose lease passed the
+    /// hard limit (each expiry once), and every file left in recovery once its
+    /// chunkservers had a chance to register (`grace_ms` after start-up, or as soon as
+    /// all its replicas are back).
+    pub fn recoveries_due(&mut self, now_ms: u64, grace_ms: u64) -> Vec<(InodeId, Trigger)> {
+        let limits = self.settings.limits;
+        let mut due: Vec<(InodeId, Trigger)> = self
+            .leases
+            .take_hard_expired(now_ms, limits)
+            .into_iter()
+            .filter(|(ino, _)| self.ns.file(*ino).is_some_and(|f| f.writer().is_some()))
+            .map(|(ino, lease)| {
+                (
+                    ino,
+                    Trigger::HardLimit {
+                        holder: lease.holder,
+                    },
+                )
+            })
+            .collect();
+        let dead_after = self.settings.dead_after_ms;
+        for ino in &self.recovering {
+            let Some(f) = self.ns.file(*ino) else {
+                continue;
+            };
+            let WriteState::Recovering { old_version, .. } = f.write else {
+                continue;
+            };
+            let present = f
+                .chunks
+                .last()
+                .and_then(|h| self.chunks.get(*h))
+                .map(|info| {
+                    recovery::recoverable_targets(info, old_version, |id| {
+                        self.registry
+                            .live_addr(id, now_ms, dead_after)
+                            .map(str::to_string)
+                    })
+                    .len()
+                })
+                .unwrap_or(0);
+            if recovery::resume_ready(now_ms, grace_ms, present, f.replication) {
+                due.push((*ino, Trigger::Resume));
+            }
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::LeaseLimits;
+    use crate::state::{replay_records, Settings};
+    use stampfs_proto::{
+        AddChunk, Append, ChunkCommit, Close, Create, FileState, Register, ReplicaReport,
+        ReplicaState, UpdatePipeline,
+    };
+    use std::time::Duration;
+
+    const A: ClientId = ClientId(0xa);
+    const B: ClientId = ClientId(0xb);
+    const CHUNK: u64 = 1 << 20;
+
+    fn settings() -> Settings {
+        Settings {
+            replication: 3,
+            chunk_size: CHUNK,
+            min_replication: 1,
+            dead_after_ms: 10_000,
+            limits: LeaseLimits::new(Duration::from_millis(300), Duration::from_millis(600)),
+        }
+    }
+
+    fn state_with_servers(n: u64) -> MasterState {
+        let mut st = MasterState::new(settings());
+        for i in 0..n {
+            st.register(
+                &Register {
+                    id: None,
+                    addr: format!("127.0.0.1:{}", 9000 + i),
+                    capacity: 1 << 40,
+                    used: 0,
+                    replicas: vec![],
+                },
+                0,
+            )
+            .expect("register");
+        }
+        st
+    }
+
+    fn create(st: &mut MasterState, path: &str) -> InodeId {
+        st.create(
+            &Create {
+                path: path.into(),
+                client: A,
+                replication: None,
+                chunk_size: None,
+                overwrite: false,
+            },
+            0,
+            1,
+        )
+        .expect("create")
+        .inode
+    }
+
+    /// A file held by A with one chunk at version 1 on three replicas.
+    fn open_file(st: &mut MasterState) -> (InodeId, ChunkHandle, Vec<ChunkserverId>) {
+        let ino = create(st, "/f");
+        let p = st
+            .add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None,
+                },
+                ino,
+                0,
+                1,
+            )
+            .expect("chunk");
+        let acks: Vec<_> = p
+            .bump
+            .targets
+            .iter()
+            .map(|t| (t.id, report(p.bump.handle, 1, 0, ReplicaState::Writing)))
+            .collect();
+        st.record_replicas(p.bump.handle, &acks);
+        let ids = p.bump.targets.iter().map(|t| t.id).collect();
+        (ino, p.bump.handle, ids)
+    }
+
+    fn report(
+        handle: ChunkHandle,
+        version: u64,
+        length: u64,
+        state: ReplicaState,
+    ) -> ReplicaReport {
+        ReplicaReport {
+            handle,
+            version: ChunkVersion(version),
+            length,
+            state,
+        }
+    }
+
+    fn replay(st: &MasterState, log: &[(u64, Vec<u8>)]) -> MasterState {
+        let mut back = MasterState::new(settings());
+        replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
+        assert!(back.same_persisted(st));
+        back
+    }
+
+    #[test]
+    fn append_gate_follows_the_soft_limit() {
+        let mut st = state_with_servers(3);
+        let ino = create(&mut st, "/f");
+        assert!(matches!(
+            st.append_gate("/f", 299),
+            Err(Error::LeaseConflict {
+                holder: A,
+                expires_in_ms: 1,
+                ..
+            })
+        ));
+        assert_eq!(
+            st.append_gate("/f", 300).expect("gate"),
+            AppendGate::Recover {
+                inode: ino,
+                holder: A
+            }
+        );
+        // Whatever the ordinary append reports goes through to it.
+        for p in ["/nope", "/", "relative"] {
+            assert_eq!(st.append_gate(p, 0).expect("gate"), AppendGate::Proceed);
+        }
+    }
+
+    #[test]
+    fn recovery_bumps_fences_the_holder_and_commits_the_shortest_length() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        // One replica missed the writer's version (stale from the start).
+        st.record_replicas(h, &[(ids[2], report(h, 0, 0, ReplicaState::Writing))]);
+        let RecoveryBegin::Bump(plan) = st
+            .begin_recovery(ino, Trigger::Resume, 1_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(
+            (plan.old_version, plan.previous, plan.version, plan.holder),
+            (ChunkVersion(1), ChunkVersion(1), ChunkVersion(2), A)
+        );
+        let mut want = ids[..2].to_vec();
+        want.sort();
+        assert_eq!(plan.targets.iter().map(|t| t.id).collect::<Vec<_>>(), want);
+        assert_eq!(plan.path, "/f");
+        // The file is in recovery, the holder's lease is gone and it is refused.
+        assert_eq!(st.stat("/f").expect("stat").state, FileState::Recovering);
+        assert!(st.leases.get(ino).is_none());
+        assert!(matches!(
+            st.add_chunk(
+                &AddChunk {
+                    path: "/f".into(),
+                    client: A,
+                    previous: None
+                },
+                ino,
+                1_000,
+                2
+            ),
+            Err(Error::LeaseExpired { .. })
+        ));
+        assert!(matches!(
+            st.update_pipeline(
+                &UpdatePipeline {
+                    path: "/f".into(),
+                    client: A,
+                    handle: h,
+                    survivors: ids[..2].to_vec(),
+                    acked_length: 0
+                },
+                ino,
+                1_000
+            ),
+            Err(Error::LeaseExpired { .. })
+        ));
+        let close = |len| Close {
+            path: "/f".into(),
+            client: A,
+            last: Some(ChunkCommit {
+                handle: h,
+                length: len,
+            }),
+        };
+        assert!(matches!(
+            st.close(&close(10), ino, 1_000, 2),
+            Err(Error::LeaseExpired { .. })
+        ));
+        let append = |client| Append {
+            path: "/f".into(),
+            client,
+        };
+        assert!(matches!(
+            st.append_gate("/f", 1_000),
+            Err(Error::RecoveryInProgress { .. })
+        ));
+        assert!(matches!(
+            st.append(&append(B), ino, 1_000, 2),
+            Err(Error::RecoveryInProgress { .. })
+        ));
+        let outcome = st.recovery_outcome(ino, "/f".into()).expect("outcome");
+        assert_eq!(
+            (outcome.closed, outcome.old_version, outcome.new_version),
+            (false, Some(ChunkVersion(1)), Some(ChunkVersion(2)))
+        );
+        // The bumped replicas are current; the one that missed it is never handed out.
+        let bumped: Vec<_> = plan
+            .targets
+            .iter()
+            .zip([4096, 1000])
+            .map(|(t, len)| (t.id, report(h, 2, len, ReplicaState::Writing)))
+            .collect();
+        st.record_replicas(h, &bumped);
+        let key = stampfs_proto::ClusterKey::from_bytes([1; 32]);
+        let loc = st.locations("/f", B, &key, 1_000).expect("locations");
+        assert_eq!(loc.chunks[0].replicas.len(), 2);
+        assert!(!loc.chunks[0].complete);
+        let length =
+            crate::recovery::recovered_length(bumped.iter().map(|(_, r)| r.length)).expect("some");
+        assert_eq!(length, 1000);
+        let out = st.commit_recovery(&plan, length, 1_000, 3).expect("commit");
+        assert_eq!(
+            (out.closed, out.old_version, out.new_version, out.length),
+            (true, Some(ChunkVersion(1)), Some(ChunkVersion(2)), 1000)
+        );
+        let status = st.stat("/f").expect("stat");
+        assert_eq!((status.state, status.length), (FileState::Closed, 1000));
+        assert!(st.recovering.is_empty());
+        // A retried close of exactly what was recovered is harmless; anything else is
+        // refused.
+        st.close(&close(1000), ino, 1_000, 3).expect("same length");
+        assert!(st.close(&close(999), ino, 1_000, 3).is_err());
+        // A second commit of the same plan is refused (the file moved on).
+        assert!(st.commit_recovery(&plan, length, 1_000, 3).is_err());
+        // The next append re-leases the partial chunk at N+2 on the current replicas.
+        let a = st.append(&append(B), ino, 1_000, 4).expect("append");
+        let bump = a.bump.expect("re-leased");
+        assert_eq!((bump.version, bump.chunk_offset), (ChunkVersion(3), 1000));
+        assert_eq!(bump.targets.len(), 2);
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        assert_eq!(back.chunks.get(h).expect("chunk").version, ChunkVersion(3));
+        assert_eq!(back.leases.get(ino).expect("lease").holder, B);
+    }
+
+    #[test]
+    fn an_interrupted_recovery_is_replayed_in_recovery_and_resumes_with_a_new_version() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        let RecoveryBegin::Bump(plan) = st
+            .begin_recovery(ino, Trigger::Resume, 0, 2)
+            .expect("begin")
+        else {
+            panic!("expected a bump");
+        };
+        let log = st.take_outbox();
+        // Replay (log) and checkpoint both restore the file in recovery, no lease.
+        let mut back = replay(&st, &log);
+        let snap = st.encode_snapshot().expect("snapshot");
+        let from_ckpt = MasterState::decode_snapshot(settings(), &snap, 0).expect("decode");
+        for s in [&back, &from_ckpt] {
+            assert_eq!(s.recovering.iter().copied().collect::<Vec<_>>(), vec![ino]);
+            assert!(s.leases.is_empty());
+            assert_eq!(s.stat("/f").expect("stat").state, FileState::Recovering);
+            assert_eq!(s.chunks.get(h).expect("chunk").version, plan.version);
+        }
+        // Nothing is due before the chunkservers registered or the grace passed.
+        assert!(back.recoveries_due(100, 800).is_empty());
+        // Two replicas come back: one took the first bump, one still at the writer's.
+        for (i, v) in [(0usize, 2u64), (1, 1)] {
+            back.register(
+                &Register {
+                    id: Some(ids[i]),
+                    addr: format!("127.0.0.1:{}", 9100 + i),
+                    capacity: 1 << 40,
+                    used: 0,
+                    replicas: vec![report(h, v, 10, ReplicaState::Writing)],
+                },
+                100,
+            )
+            .expect("register");
+        }
+        assert!(
+            back.recoveries_due(200, 800).is_empty(),
+            "one still missing"
+        );
+        assert_eq!(back.recoveries_due(800, 800), vec![(ino, Trigger::Resume)]);
+        let RecoveryBegin::Bump(again) = back
+            .begin_recovery(ino, Trigger::Resume, 800, 3)
+            .expect("resume")
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(
+            (again.old_version, again.previous, again.version),
+            (ChunkVersion(1), ChunkVersion(2), ChunkVersion(3)),
+            "a fresh version, above everything minted"
+        );
+        assert_eq!(again.targets.len(), 2);
+        back.commit_recovery(&again, 10, 900, 4).expect("commit");
+        let out = back.recovery_outcome(ino, "/f".into()).expect("outcome");
+        assert!(out.closed);
+        assert!(back.recoveries_due(10_000, 800).is_empty());
+    }
+
+    #[test]
+    fn files_without_an_open_chunk_or_live_replicas_close_at_once() {
+        let mut st = state_with_servers(3);
+        // No chunk at all.
+        let ino = create(&mut st, "/empty");
+        let RecoveryBegin::Done { outcome, how } = st
+            .begin_recovery(ino, Trigger::Resume, 0, 2)
+            .expect("begin")
+        else {
+            panic!("expected done");
+        };
+        assert_eq!(how, Closing::AtCommitted);
+        assert_eq!(
+            (outcome.closed, outcome.old_version, outcome.length),
+            (true, None, 0)
+        );
+        // Again: already closed.
+        let RecoveryBegin::Done { how, .. } = st
+            .begin_recovery(ino, Trigger::Resume, 0, 2)
+            .expect("begin")
+        else {
+            panic!("expected done");
+        };
+        assert_eq!(how, Closing::AlreadyClosed);
+
+        // Every chunkserver died: the chunk is missing, the file closes at its
+        // committed length, the version is not raised.
+        let (ino, h, _) = open_file(&mut st);
+        let RecoveryBegin::Done { outcome, how } = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 20_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected done");
+        };
+        assert_eq!(
+            how,
+            Closing::Missing {
+                handle: h,
+                version: ChunkVersion(1)
+            }
+        );
+        assert_eq!(
+            (outcome.closed, outcome.old_version, outcome.new_version),
+            (true, Some(ChunkVersion(1)), None)
+        );
+        assert!(st.missing_chunks.contains(&h));
+        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(1));
+        // A replica at the version reported again takes it off the list.
+        let id = st.chunks.get(h).expect("chunk").replicas[0].server_id();
+        st.registry.heartbeat(id, 1 << 40, 0, 1, 0, 20_000);
+        st.apply_report(id, &[report(h, 1, 0, ReplicaState::Writing)]);
+        assert!(st.missing_chunks.is_empty());
+        let log = st.take_outbox();
+        replay(&st, &log);
+    }
+
+    #[test]
+    fn the_hard_limit_makes_the_worker_recover_open_files_once() {
+        let mut st = state_with_servers(3);
+        let (ino, _, _) = open_file(&mut st);
+        assert!(st.recoveries_due(599, 0).is_empty());
+        assert_eq!(
+            st.recoveries_due(600, 0),
+            vec![(ino, Trigger::HardLimit { holder: A })]
+        );
+        assert!(st.recoveries_due(700, 0).is_empty(), "once per expiry");
+    }
+}

@@ -1,0 +1,605 @@
+//! The FUSE mount end to end: a real cluster, `stampfs mount --foreground` as a child
+//! process, and ordinary tools (`cp`, `cmp`, `ls`, `mkdir`, `mv`, `rm`, `cat`, `dd`)
+//! working through it. Needs root and /dev/fuse: in CI (`CI=true`) their absence is a
+//! failure; elsewhere the tests print `SKIPPED: <why>` and return.
+
+mod common;
+
+use common::{pattern, Opts, TestCluster};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+/// Why FUSE mounts cannot work here, if they cannot.
+fn fuse_unavailable() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .unwrap_or("");
+    if euid != "0" {
+        return Some(format!(
+            "not running as root (euid {euid}); the pure-Rust mount needs root"
+        ));
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Some(format!("cannot open /dev/fuse: {e}"));
+    }
+    None
+}
+
+/// True when the test can run; panics in CI when it cannot.
+fn fuse_or_skip(test: &str) -> bool {
+    let Some(why) = fuse_unavailable() else {
+        return true;
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: FUSE is required in CI: {why}");
+    }
+    println!("SKIPPED: {test}: {why}");
+    // Straight to stderr, past the test harness's capture, so a skip is never silent.
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
+    false
+}
+
+/// Whether `path` is a FUSE mount point, from /proc/self/mountinfo.
+fn is_fuse_mount(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = path.to_string_lossy();
+    info.lines().any(|line| {
+        let mut halves = line.splitn(2, " - ");
+        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
+            return false;
+        };
+        let mount_point = left.split(' ').nth(4).unwrap_or("");
+        mount_point == want && right.starts_with("fuse")
+    })
+}
+
+fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `stampfs mount --foreground` on a fresh temp dir. Dropping it unmounts (SIGTERM,
+/// then SIGKILL and `umount -l` if needed) and reaps the process.
+struct MountGuard {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl MountGuard {
+    fn start(c: &TestCluster) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("stampfs-mnt-")
+            .tempdir()
+            .expect("tempdir");
+        let root = dir.path().join("mnt");
+        std::fs::create_dir(&root).expect("mount point");
+        let root = root.canonicalize().expect("canonical mount point");
+        let log = dir.path().join("mount.log");
+        let log_file = File::create(&log).expect("mount log");
+        let child = c
+            .cmd(&["mount", "--foreground", root.to_str().expect("utf8 path")])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn stampfs mount");
+        let mut m = MountGuard {
+            dir,
+            root,
+            log,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_fuse_mount(&m.root) {
+            if let Some(Ok(Some(status))) = m.child.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "stampfs mount exited with {status} before mounting:\n{}",
+                    m.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not mounted within 30 s:\n{}",
+                m.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.path(rel).display().to_string()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("mount running").id() as i32)
+    }
+
+    /// Sends `sig` and waits for the process to exit.
+    fn stop_with(&mut self, sig: Signal) -> ExitStatus {
+        let mut child = self.child.take().expect("mount running");
+        let _ = kill(Pid::from_raw(child.id() as i32), sig);
+        wait_exit(&mut child, Duration::from_secs(30))
+    }
+
+    /// Waits for the process to exit by itself (after an external `umount`).
+    fn wait(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("mount running");
+        wait_exit(&mut child, Duration::from_secs(30))
+    }
+
+    /// Detaches a mount whose server died.
+    fn lazy_umount(&self) {
+        if is_fuse_mount(&self.root) {
+            let out = Command::new("umount")
+                .arg("-l")
+                .arg(&self.root)
+                .output()
+                .expect("run umount");
+            assert!(out.status.success(), "umount -l: {out:?}");
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("stampfs mount did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("==== mount log\n{}", self.log_text());
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if is_fuse_mount(&self.root) {
+            let _ = Command::new("umount").arg("-l").arg(&self.root).output();
+        }
+        // Only now may the temp dir go: it must not be removed through the mount.
+        let _ = &self.dir;
+    }
+}
+
+/// Runs a tool and returns its output.
+fn tool(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {cmd}: {e}"))
+}
+
+/// Runs a tool that must succeed and returns its stdout.
+fn tool_ok(cmd: &str, args: &[&str]) -> Vec<u8> {
+    let out = tool(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn file_state(c: &TestCluster, remote: &str) -> String {
+    c.stat_json(remote)["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn ordinary_tools_work_through_the_mount() {
+    if !fuse_or_skip("ordinary_tools_work_through_the_mount") {
+        return;
+    }
+    let c = TestCluster::start();
+    let m = MountGuard::start(&c);
+
+    // `cat` of a file written through the CLI.
+    let cli = pattern(300_000, 1);
+    c.put_bytes("/from-cli.bin", &cli, &[]);
+    assert!(
+        tool_ok("cat", &[&m.p("from-cli.bin")]) == cli,
+        "cat through the mount differs from what the CLI wrote"
+    );
+
+    // `cp` 100 MiB in and `cmp` it back.
+    let local = c.dir.path().join("big.bin");
+    {
+        let mut f = File::create(&local).expect("local file");
+        for i in 0..100 {
+            f.write_all(&pattern(MIB, 100 + i))
+                .expect("write local file");
+        }
+    }
+    let local_s = local.display().to_string();
+    tool_ok("cp", &[&local_s, &m.p("big.bin")]);
+    tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
+    wait_for(
+        || file_state(&c, "/big.bin") == "closed",
+        "the copied file to be closed",
+    );
+    assert_eq!(c.stat_json("/big.bin")["length"], (100 * MIB) as u64);
+
+    // `ls -l` shows names and sizes.
+    let ls = String::from_utf8(tool_ok("ls", &["-l", &m.p("")])).expect("utf8");
+    let line = ls
+        .lines()
+        .find(|l| l.ends_with(" big.bin"))
+        .unwrap_or_else(|| panic!("big.bin missing from ls -l:\n{ls}"));
+    assert!(line.starts_with("-rw-r--r--"), "{line}");
+    assert!(line.contains(&(100 * MIB).to_string()), "{line}");
+    assert!(ls.contains(" from-cli.bin"), "{ls}");
+
+    // `mkdir -p`.
+    tool_ok("mkdir", &["-p", &m.p("a/b/c")]);
+    let listed = String::from_utf8(c.ok(&["ls", "/a/b"])).expect("utf8");
+    assert!(
+        listed.contains("c/"),
+        "the CLI sees the new directory: {listed}"
+    );
+    assert!(m.path("a/b/c").is_dir());
+
+    // `mv` into a subdirectory.
+    tool_ok("mv", &[&m.p("from-cli.bin"), &m.p("a/b/moved.bin")]);
+    assert!(c.cat("/a/b/moved.bin") == cli, "moved file differs");
+    assert!(!c.run(&["stat", "/from-cli.bin"]).status.success());
+    assert!(!m.path("from-cli.bin").exists());
+
+    // `mv` over an existing file replaces it, as rename(2) does.
+    c.put_bytes("/a/b/old.bin", b"old", &[]);
+    tool_ok("mv", &[&m.p("a/b/moved.bin"), &m.p("a/b/old.bin")]);
+    assert!(
+        c.cat("/a/b/old.bin") == cli,
+        "rename did not replace its target"
+    );
+
+    // `rm` of a file, and of an empty directory.
+    tool_ok("rm", &[&m.p("a/b/old.bin")]);
+    assert!(!c.run(&["stat", "/a/b/old.bin"]).status.success());
+    tool_ok("rmdir", &[&m.p("a/b/c")]);
+    let listed = String::from_utf8(c.ok(&["ls", "/a/b"])).expect("utf8");
+    assert!(listed.trim().is_empty(), "{listed}");
+    let out = tool("rmdir", &[&m.p("a")]);
+    assert!(!out.status.success(), "rmdir of a non-empty directory");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not empty"),
+        "{out:?}"
+    );
+
+    // `dd conv=notrunc seek=...` into the middle of a file: EOPNOTSUPP, nothing changed.
+    let out = tool(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={}", m.p("big.bin")),
+            "bs=4096",
+            "count=1",
+            "seek=10",
+            "conv=notrunc",
+        ],
+    );
+    assert!(!out.status.success(), "a write into the middle succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Operation not supported"), "{err}");
+    tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
+    assert!(
+        m.log_text().contains("append-only"),
+        "the refusal is explained in the log:\n{}",
+        m.log_text()
+    );
+
+    // ... while `dd` at the very end appends, and so does `>>`.
+    let head = pattern(4096, 7);
+    let tail = pattern(4096, 8);
+    std::fs::write(c.dir.path().join("head"), &head).expect("head");
+    std::fs::write(c.dir.path().join("tail"), &tail).expect("tail");
+    tool_ok(
+        "cp",
+        &[
+            &c.dir.path().join("head").display().to_string(),
+            &m.p("log"),
+        ],
+    );
+    tool_ok(
+        "dd",
+        &[
+            &format!("if={}", c.dir.path().join("tail").display()),
+            &format!("of={}", m.p("log")),
+            "bs=4096",
+            "seek=1",
+            "conv=notrunc",
+        ],
+    );
+    tool_ok("sh", &["-c", &format!("printf 'end' >> '{}'", m.p("log"))]);
+    let mut want = head.clone();
+    want.extend_from_slice(&tail);
+    want.extend_from_slice(b"end");
+    assert!(std::fs::read(m.path("log")).expect("read log") == want);
+    assert!(c.cat("/log") == want);
+
+    // Truncating a non-empty file is refused; an empty one may be "truncated".
+    let err = File::options()
+        .write(true)
+        .truncate(true)
+        .open(m.path("log"))
+        .expect_err("O_TRUNC of a non-empty file");
+    assert_eq!(err.raw_os_error(), Some(libc_eopnotsupp()), "{err}");
+    File::create(m.path("empty")).expect("create");
+    File::create(m.path("empty")).expect("O_TRUNC of an empty file");
+    assert_eq!(c.stat_json("/empty")["length"], 0);
+}
+
+/// EOPNOTSUPP on Linux.
+fn libc_eopnotsupp() -> i32 {
+    95
+}
+
+#[test]
+fn open_files_show_flushed_data_and_many_stay_open_at_once() {
+    if !fuse_or_skip("open_files_show_flushed_data_and_many_stay_open_at_once") {
+        return;
+    }
+    let c = TestCluster::start();
+    let m = MountGuard::start(&c);
+    tool_ok("mkdir", &[&m.p("many")]);
+    let mut files = Vec::new();
+    for i in 0..40 {
+        let f = File::create(m.path(&format!("many/f{i}"))).expect("create");
+        files.push(f);
+    }
+    for (i, f) in files.iter_mut().enumerate() {
+        f.write_all(&pattern(10_000 + i, i as u64)).expect("write");
+    }
+    // fsync is hsync: the bytes are on every replica and any client reads them while
+    // the file is still open.
+    files[3].sync_all().expect("fsync");
+    assert!(c.cat("/many/f3") == pattern(10_003, 3));
+    assert_eq!(file_state(&c, "/many/f3"), "open");
+    // Through the mount, the writer's size is what it wrote.
+    assert_eq!(
+        std::fs::metadata(m.path("many/f5")).expect("stat").len(),
+        10_005
+    );
+    // A file that another client is writing shows its hflushed length.
+    let mut put = c
+        .cmd(&["put", "-", "/growing"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn put");
+    let mut stdin = put.stdin.take().expect("stdin");
+    let first = pattern(70_000, 50);
+    stdin.write_all(&first).expect("feed put");
+    stdin.flush().expect("flush");
+    wait_for(
+        || c.run(&["cat", "/growing"]).stdout.len() == first.len(),
+        "the CLI writer's bytes to be acknowledged",
+    );
+    wait_for(
+        || std::fs::metadata(m.path("growing")).is_ok_and(|md| md.len() == first.len() as u64),
+        "the mount to show the open file's flushed length",
+    );
+    let mut got = Vec::new();
+    File::open(m.path("growing"))
+        .expect("open growing")
+        .read_to_end(&mut got)
+        .expect("read growing");
+    assert!(
+        got == first,
+        "a reader sees the flushed bytes of an open file"
+    );
+    drop(stdin);
+    assert!(put.wait().expect("wait put").success());
+
+    // Every file reads back through the mount while it is still open for writing (the
+    // mount hflushes its own writers before such a read), many readers at once.
+    let readers: Vec<File> = (0..40)
+        .map(|i| File::open(m.path(&format!("many/f{i}"))).expect("open reader"))
+        .collect();
+    for (i, mut r) in readers.into_iter().enumerate() {
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).expect("read an open file");
+        assert!(got == pattern(10_000 + i, i as u64), "many/f{i} read back");
+    }
+    drop(files);
+    for i in 0..40 {
+        let remote = format!("/many/f{i}");
+        wait_for(|| file_state(&c, &remote) == "closed", "files to be closed");
+        assert!(c.cat(&remote) == pattern(10_000 + i, i as u64), "{remote}");
+    }
+    let f = File::open(m.path("many/f39")).expect("open");
+    let mut buf = vec![0u8; 100];
+    f.read_exact_at(&mut buf, 9_000).expect("pread");
+    assert!(buf[..] == pattern(10_039, 39)[9_000..9_100]);
+
+    // A read stuck on frozen chunkservers does not hold up `ls -l` (the namespace
+    // comes from the master, and requests are served concurrently).
+    let slow = pattern(3 * MIB, 77);
+    c.put_bytes("/slow.bin", &slow, &[]);
+    for cs in &c.chunkservers {
+        cs.stop();
+    }
+    let p = m.path("slow.bin");
+    let reader = std::thread::spawn(move || std::fs::read(p));
+    std::thread::sleep(Duration::from_millis(300));
+    let ls = tool("timeout", &["20", "ls", "-l", &m.p("")]);
+    for cs in &c.chunkservers {
+        cs.cont();
+    }
+    assert!(ls.status.success(), "ls during a stuck read: {ls:?}");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains(" slow.bin"));
+    let got = reader
+        .join()
+        .expect("reader thread")
+        .expect("read slow.bin");
+    assert!(got == slow, "the slow read completes correctly");
+}
+
+#[test]
+fn sigterm_and_umount_unmount_cleanly_and_close_open_files() {
+    if !fuse_or_skip("sigterm_and_umount_unmount_cleanly_and_close_open_files") {
+        return;
+    }
+    let c = TestCluster::start();
+    let mut m = MountGuard::start(&c);
+    // A file left open across SIGTERM: the mount is busy, so it is detached lazily,
+    // and the writer is closed with every byte it accepted.
+    let data = pattern(2 * MIB + 99, 5);
+    let mut f = File::create(m.path("open.bin")).expect("create");
+    f.write_all(&data).expect("write");
+    let status = m.stop_with(Signal::SIGTERM);
+    assert!(status.success(), "SIGTERM exit: {status}\n{}", m.log_text());
+    assert!(!is_fuse_mount(&m.root), "still mounted after SIGTERM");
+    drop(f);
+    assert_eq!(file_state(&c, "/open.bin"), "closed");
+    assert!(
+        c.cat("/open.bin") == data,
+        "the open file was not closed whole"
+    );
+
+    // `umount` from outside ends the server, cleanly.
+    let mut m = MountGuard::start(&c);
+    assert!(std::fs::read_dir(m.path("")).expect("readdir").count() == 1);
+    let out = tool("umount", &[&m.p("")]);
+    assert!(out.status.success(), "umount: {out:?}");
+    let status = m.wait();
+    assert!(
+        status.success(),
+        "exit after umount: {status}\n{}",
+        m.log_text()
+    );
+
+    // SIGINT works the same way on an idle mount.
+    let mut m = MountGuard::start(&c);
+    let status = m.stop_with(Signal::SIGINT);
+    assert!(status.success(), "SIGINT exit: {status}\n{}", m.log_text());
+    assert!(!is_fuse_mount(&m.root));
+}
+
+#[test]
+fn a_killed_mount_leaves_a_file_that_recover_closes() {
+    if !fuse_or_skip("a_killed_mount_leaves_a_file_that_recover_closes") {
+        return;
+    }
+    let c = TestCluster::with(Opts {
+        master_args: vec![
+            "--lease-soft".into(),
+            "1s".into(),
+            "--lease-hard".into(),
+            "60s".into(),
+        ],
+        ..Opts::default()
+    });
+    let mut m = MountGuard::start(&c);
+    let data = pattern(3 * MIB + 12_345, 9);
+    let synced = 2 * MIB;
+    let mut f = File::create(m.path("crash.bin")).expect("create");
+    f.write_all(&data[..synced]).expect("write");
+    f.sync_all().expect("fsync: acknowledged by every replica");
+    f.write_all(&data[synced..]).expect("write more");
+    // The mount process dies in the middle of the writer's life.
+    let pid = m.pid();
+    kill(pid, Signal::SIGKILL).expect("SIGKILL the mount");
+    m.wait();
+    assert!(
+        f.write_all(b"more").is_err(),
+        "a write through a dead mount must fail"
+    );
+    drop(f);
+    m.lazy_umount();
+    assert_eq!(file_state(&c, "/crash.bin"), "open");
+
+    // Lease recovery closes it (after the soft limit, on request).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let closed_at = loop {
+        let out = c.run(&["recover", "/crash.bin"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() {
+            if let Some(n) = text
+                .split("closed at ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                break n;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "recover did not close the file within 30 s: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(file_state(&c, "/crash.bin"), "closed");
+    let got = c.cat("/crash.bin");
+    assert_eq!(got.len(), closed_at, "cat length vs recover's report");
+    assert!(
+        got.len() >= synced,
+        "recovery cut acknowledged (fsynced) bytes: {} < {synced}",
+        got.len()
+    );
+    assert!(
+        data.starts_with(&got),
+        "the recovered file is not a prefix of what was written"
+    );
+}
