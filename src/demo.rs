@@ -22,18 +22,133 @@ const PATH: &str = "/demo/story.log";
 const LEASE_SOFT: Duration = Duration::from_secs(2);
 const LEASE_HARD: Duration = Duration::from_secs(4);
 
+/// A log line from the embedded servers worth telling in the story.
+struct Told {
+    at: Instant,
+    who: &'static str,
+    text: String,
+}
+
+/// Forwards the master's lease-recovery steps and the chunkservers' rejections from
+/// the embedded cluster's tracing events to the narrator.
+struct Capture {
+    tx: std::sync::mpsc::Sender<Told>,
+}
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    rest: Vec<(String, String)>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        } else {
+            self.rest
+                .push((field.name().to_string(), format!("{value:?}")));
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.message = value.to_string();
+        } else {
+            self.rest
+                .push((field.name().to_string(), value.to_string()));
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let meta = event.metadata();
+        let mut f = Fields::default();
+        event.record(&mut f);
+        let pick = |names: &[&str]| -> String {
+            f.rest
+                .iter()
+                .filter(|(k, _)| names.contains(&k.as_str()))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let told = if meta
+            .target()
+            .starts_with("stampfs_master::service::recovery")
+            && *meta.level() <= tracing::Level::INFO
+        {
+            let detail = pick(&["old_version", "new_version", "length", "replicas"]);
+            let text = if detail.is_empty() {
+                f.message.clone()
+            } else {
+                format!("{} [{detail}]", f.message)
+            };
+            Some(Told {
+                at: Instant::now(),
+                who: "master",
+                text,
+            })
+        } else if meta.target().starts_with("stampfs_chunkserver")
+            && f.rest.iter().any(|(_, v)| v.contains("stale token"))
+        {
+            let err = pick(&["error"]);
+            Some(Told {
+                at: Instant::now(),
+                who: "chunkserver",
+                text: format!("{}: {}", f.message, err.trim_start_matches("error=")),
+            })
+        } else {
+            None
+        };
+        if let Some(t) = told {
+            let _ = self.tx.send(t);
+        }
+    }
+}
+
 struct Narrator {
     start: Instant,
     color: bool,
     failures: Vec<String>,
+    /// Server log lines waiting to be told, from [`Capture`].
+    heard: std::sync::mpsc::Receiver<Told>,
 }
 
 impl Narrator {
     fn new() -> Self {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let (tx, heard) = std::sync::mpsc::channel();
+        let errors = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(tracing_subscriber::filter::LevelFilter::ERROR);
+        let _ = tracing_subscriber::registry()
+            .with(Capture { tx })
+            .with(errors)
+            .try_init();
         Self {
             start: Instant::now(),
             color: std::io::stdout().is_terminal(),
             failures: Vec::new(),
+            heard,
+        }
+    }
+
+    /// Tells what the servers logged since the last call (each line once).
+    fn retell(&self) {
+        let mut seen = std::collections::HashSet::new();
+        while let Ok(t) = self.heard.try_recv() {
+            if seen.insert((t.who, t.text.clone())) {
+                self.say_at(t.at, t.who, &t.text);
+            }
         }
     }
 
@@ -46,7 +161,14 @@ impl Narrator {
     }
 
     fn say(&self, who: &str, text: &str) {
-        let t = format!("[{:>6.2}s]", self.start.elapsed().as_secs_f64());
+        self.say_at(Instant::now(), who, text);
+    }
+
+    fn say_at(&self, at: Instant, who: &str, text: &str) {
+        let t = format!(
+            "[{:>6.2}s]",
+            at.saturating_duration_since(self.start).as_secs_f64()
+        );
         println!(
             "{} {:<12} {text}",
             self.paint("2", &t),
@@ -70,6 +192,7 @@ impl Narrator {
 /// Runs the demo; the exit status is 0 only if every claim held.
 pub async fn run() -> u8 {
     let mut n = Narrator::new();
+    n.heard.try_iter().for_each(drop);
     match story(&mut n).await {
         Ok(()) if n.failures.is_empty() => {
             println!();
@@ -196,6 +319,7 @@ async fn story(n: &mut Narrator) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    n.retell();
     n.say(
         "master",
         &format!("lease expired; recovery bumped version {v_a} -> {v_rec} and closed the file at {len_rec} bytes"),
@@ -247,8 +371,12 @@ async fn story(n: &mut Narrator) -> Result<()> {
     let status = tokio::time::timeout(Duration::from_secs(30), a.wait())
         .await
         .context("writer A did not exit")??;
+    n.retell();
     let a_line = a_err.lines().last().unwrap_or("").trim().to_string();
-    n.say("chunkserver", &format!("REJECTED writer A: {a_line}"));
+    n.say(
+        "writer A",
+        &format!("REJECTED by the chunkservers: {a_line}"),
+    );
     n.check(
         "writer A exited with status 3 (fenced)",
         status.code() == Some(3),

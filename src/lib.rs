@@ -31,7 +31,10 @@ pub fn run(cli: Cli) -> ExitCode {
         cli.command,
         Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_)
     );
-    init_tracing(if server { "info" } else { "warn" });
+    // The demo tells the servers' log lines in its own story.
+    if !matches!(cli.command, Command::Demo(_)) {
+        init_tracing(if server { "info" } else { "warn" });
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -173,6 +173,27 @@ impl MountGuard {
     }
 }
 
+/// Cleans up after a background `stampfs mount` if its test fails half-way.
+struct BackgroundServer {
+    root: PathBuf,
+    pid: Option<i32>,
+}
+
+impl Drop for BackgroundServer {
+    fn drop(&mut self) {
+        if is_fuse_mount(&self.root) {
+            let _ = Command::new("umount").arg("-l").arg(&self.root).output();
+        }
+        if let Some(pid) = self.pid {
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("stampfs"));
+            if ours {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
 fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
@@ -211,8 +232,7 @@ impl Drop for MountGuard {
         if is_fuse_mount(&self.root) {
             let _ = Command::new("umount").arg("-l").arg(&self.root).output();
         }
-        // Only now may the temp dir go: it must not be removed through the mount.
-        let _ = &self.dir;
+        // `self.dir` is removed after this, when nothing is mounted on it any more.
     }
 }
 
@@ -381,15 +401,14 @@ fn ordinary_tools_work_through_the_mount() {
         .truncate(true)
         .open(m.path("log"))
         .expect_err("O_TRUNC of a non-empty file");
-    assert_eq!(err.raw_os_error(), Some(libc_eopnotsupp()), "{err}");
+    assert_eq!(
+        err.raw_os_error(),
+        Some(nix::errno::Errno::EOPNOTSUPP as i32),
+        "{err}"
+    );
     File::create(m.path("empty")).expect("create");
     File::create(m.path("empty")).expect("O_TRUNC of an empty file");
     assert_eq!(c.stat_json("/empty")["length"], 0);
-}
-
-/// EOPNOTSUPP on Linux.
-fn libc_eopnotsupp() -> i32 {
-    95
 }
 
 #[test]
@@ -526,6 +545,62 @@ fn sigterm_and_umount_unmount_cleanly_and_close_open_files() {
         status.success(),
         "exit after umount: {status}\n{}",
         m.log_text()
+    );
+
+    // Without --foreground the command returns once the mount is ready, leaving a
+    // server in the background; `umount` ends that server too.
+    let dir = tempfile::Builder::new()
+        .prefix("stampfs-mnt-")
+        .tempdir()
+        .expect("tempdir");
+    let root = dir.path().join("mnt");
+    std::fs::create_dir(&root).expect("mount point");
+    let root = root.canonicalize().expect("canonical");
+    // The server keeps this stderr: a file, not a pipe `output()` would wait on.
+    let bg_log = dir.path().join("background.log");
+    let out = c
+        .cmd(&["mount", root.to_str().expect("utf8")])
+        .stdin(Stdio::null())
+        .stderr(File::create(&bg_log).expect("log file"))
+        .output()
+        .expect("run stampfs mount");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        std::fs::read_to_string(&bg_log).unwrap_or_default()
+    );
+    let mut bg = BackgroundServer {
+        root: root.clone(),
+        pid: None,
+    };
+    assert!(out.status.success(), "background mount: {text}");
+    assert!(
+        is_fuse_mount(&root),
+        "mounted when the command returns: {text}"
+    );
+    let pid: i32 = text
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text:?}"));
+    bg.pid = Some(pid);
+    assert!(std::fs::read_dir(&root).expect("readdir").count() == 1);
+    assert!(tool("umount", &[root.to_str().expect("utf8")])
+        .status
+        .success());
+    wait_for(
+        || {
+            // Gone, or a zombie waiting for whoever adopted it.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+        },
+        "the background server to exit after umount",
     );
 
     // SIGINT works the same way on an idle mount.

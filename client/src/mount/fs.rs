@@ -15,6 +15,7 @@ use super::inodes::{base_name, AttrCache, Cached, Inodes, ROOT};
 use crate::client::{Client, CreateOptions};
 use crate::error::Error;
 use crate::reader::FileReader;
+use crate::writer::FileWriter;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -37,6 +38,8 @@ const BLKSIZE: u32 = 1 << 20;
 const MAX_READ: u32 = 32 << 20;
 /// Read-ahead the kernel may do per file.
 const READAHEAD: u32 = 1 << 20;
+/// How long an append waits for this mount's own earlier writer of the file to close.
+const OWN_WRITER_WAIT: Duration = Duration::from_secs(5);
 
 /// Locks a mutex that only guards plain bookkeeping: a panic elsewhere cannot leave it
 /// half-updated in a way worth refusing service for.
@@ -87,6 +90,9 @@ pub(crate) struct Shared {
     pub(crate) handles: Mutex<Handles>,
     /// Every request task, so unmount can wait for the ones in progress.
     pub(crate) tasks: TaskTracker,
+    /// Woken whenever a write handle is closed and dropped: an append that found this
+    /// mount's own earlier writer still holding the lease waits here for it.
+    released: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -101,6 +107,7 @@ impl Shared {
             attrs: Mutex::new(AttrCache::new(ttl)),
             handles: Mutex::new(Handles::default()),
             tasks: TaskTracker::new(),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -452,11 +459,7 @@ impl Shared {
         if closed && check_write(offset, status.length, h.append_mode) == WriteCheck::NotAtEnd {
             return Err(self.refuse_write(h, offset, status.length));
         }
-        let mut writer = self
-            .client
-            .append(&h.path)
-            .await
-            .map_err(|e| errno_for(&e, "write", &h.path))?;
+        let mut writer = self.append(h).await?;
         let base = writer.status().length;
         if check_write(offset, base, h.append_mode) == WriteCheck::NotAtEnd {
             if let Err(e) = writer.close().await {
@@ -523,6 +526,48 @@ impl Shared {
             return Err(errno);
         }
         Ok(())
+    }
+
+    /// Forgets a closed write handle and wakes appends waiting for it.
+    pub(crate) fn drop_writer(&self, fh: u64) {
+        lock(&self.handles).remove(fh);
+        self.released.notify_waiters();
+    }
+
+    /// Reopens `h.path` for appending. When the lease is held by this very mount (an
+    /// earlier handle of the file is closed by the program but its release has not
+    /// been served yet: the kernel sends it in the background), waits a little for
+    /// that writer to close, then tries once more.
+    async fn append(&self, h: &WriteHandle) -> Result<FileWriter, Errno> {
+        let first = self.client.append(&h.path).await;
+        let ours = matches!(
+            &first,
+            Err(Error::Remote(RemoteError::LeaseConflict { holder, .. })) if *holder == self.client.id()
+        );
+        if !ours {
+            return first.map_err(|e| errno_for(&e, "write", &h.path));
+        }
+        tracing::debug!("the lease is still held by this mount's previous writer; waiting");
+        let deadline = tokio::time::Instant::now() + OWN_WRITER_WAIT;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if lock(&self.handles).local_size(h.ino).is_none() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                tracing::warn!(
+                    "another handle of this mount is still writing the file; one writer \
+                     per file (returning EBUSY)"
+                );
+                return Err(Errno::EBUSY);
+            }
+        }
+        self.client
+            .append(&h.path)
+            .await
+            .map_err(|e| errno_for(&e, "write", &h.path))
     }
 
     /// Closes the handle's writer: commits the length and releases the lease.
@@ -932,7 +977,7 @@ impl fuser::Filesystem for StampFs {
         self.spawn(async move {
             let _turn = h.turn.enter(ticket).await;
             sh.close_writer(&h).await;
-            lock(&sh.handles).remove(fh.0);
+            sh.drop_writer(fh.0);
             sh.invalidate(&h.path);
             reply.ok();
         });

@@ -226,7 +226,7 @@ impl Mount {
         let close_all = async move {
             for (fh, h) in writers {
                 shared.close_writer(&h).await;
-                fs::lock(&shared.handles).remove(fh);
+                shared.drop_writer(fh);
             }
         };
         if tokio::time::timeout(drain, close_all).await.is_err() {
