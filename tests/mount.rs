@@ -82,7 +82,8 @@ fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
 /// `stampfs mount --foreground` on a fresh temp dir. Dropping it unmounts (SIGTERM,
 /// then SIGKILL and `umount -l` if needed) and reaps the process.
 struct MountGuard {
-    dir: tempfile::TempDir,
+    /// Holds the mount point; removed after `drop` has unmounted it.
+    _dir: tempfile::TempDir,
     root: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -108,7 +109,7 @@ impl MountGuard {
             .spawn()
             .expect("spawn stampfs mount");
         let mut m = MountGuard {
-            dir,
+            _dir: dir,
             root,
             log,
             child: Some(child),
@@ -232,7 +233,7 @@ impl Drop for MountGuard {
         if is_fuse_mount(&self.root) {
             let _ = Command::new("umount").arg("-l").arg(&self.root).output();
         }
-        // `self.dir` is removed after this, when nothing is mounted on it any more.
+        // `self._dir` is removed after this, when nothing is mounted on it any more.
     }
 }
 
