@@ -57,6 +57,8 @@ rpc! {
     MasterRequest::Register(Register) -> RegisterReply;
     MasterRequest::Heartbeat(Heartbeat) -> HeartbeatReply;
     MasterRequest::ChunkReport(ChunkReport) -> ();
+    MasterRequest::Fsck(Fsck) -> FsckReport;
+    MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;
