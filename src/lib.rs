@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cluster;
 pub mod commands;
 pub mod demo;
+pub mod health;
 pub mod mount;
 
 use cli::{AdminCommand, BenchCommand, Cli, Command};
@@ -33,7 +34,13 @@ pub fn run(cli: Cli) -> ExitCode {
     );
     // The demo tells the servers' log lines in its own story.
     if !matches!(cli.command, Command::Demo(_)) {
-        init_tracing(if server { "info" } else { "warn" });
+        // File commands say what they wait for (lease recovery) and when they recover
+        // a pipeline; everything else only when it goes wrong.
+        init_tracing(if server {
+            "info"
+        } else {
+            "warn,stampfs_client=info"
+        });
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -61,11 +68,6 @@ fn init_tracing(default: &str) {
         .try_init();
 }
 
-fn not_built(what: &str, issue: &str) -> u8 {
-    eprintln!("stampfs {what}: not built yet ({issue}). Nothing was done.");
-    EXIT_UNAVAILABLE
-}
-
 async fn dispatch(command: Command) -> u8 {
     match command {
         Command::Master(cfg) => commands::serve_master(cfg).await,
@@ -81,9 +83,9 @@ async fn dispatch(command: Command) -> u8 {
         Command::Mv(args) => commands::report(commands::mv(args).await),
         Command::Stat(args) => commands::report(commands::stat(args).await),
         Command::Recover(args) => commands::report(commands::recover(args).await),
-        Command::Fsck(_) => not_built("fsck", "the replica-health issue"),
-        Command::Admin(AdminCommand::Report { .. }) => {
-            not_built("admin report", "the replica-health issue")
+        Command::Fsck(args) => health::fsck(args).await,
+        Command::Admin(AdminCommand::Report { master, json }) => {
+            health::admin_report(&master, json).await
         }
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,

@@ -1,0 +1,94 @@
+//! The server commands as a person runs them: `stampfs dev`, and clean SIGTERM/SIGINT
+//! shutdowns of `stampfs master` and `stampfs chunkserver`.
+
+mod common;
+
+use common::{TestCluster, BIN};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn dev_runs_a_cluster_that_file_commands_can_use_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut dev = Command::new(BIN)
+        .args(["dev", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dev");
+    let stdout = dev.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut master = None;
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        if let Some(rest) = line.trim().strip_prefix("master") {
+            master = Some(rest.trim().to_string());
+        }
+        if line.contains("Ctrl-C") {
+            break;
+        }
+    }
+    let master = master.expect("dev prints the master address");
+    let put = Command::new(BIN)
+        .args(["put", "-", "/hello", "--master", &master])
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(b"hello dev")?;
+            c.wait()
+        })
+        .expect("put");
+    assert!(put.success());
+    let out = Command::new(BIN)
+        .args(["cat", "/hello", "--master", &master])
+        .output()
+        .expect("cat");
+    assert_eq!(out.stdout, b"hello dev");
+    kill(Pid::from_raw(dev.id() as i32), Signal::SIGINT).expect("SIGINT");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = dev.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dev did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "dev exits 0 on Ctrl-C: {status}");
+    assert!(dir.path().join("master").join("cluster.key").exists());
+}
+
+#[test]
+fn servers_stop_cleanly_on_sigterm_and_restart_with_their_data() {
+    let mut c = TestCluster::start();
+    c.put_bytes("/kept", b"still here", &[]);
+    for cs in &mut c.chunkservers {
+        assert!(cs.terminate(), "chunkserver exits 0 on SIGTERM");
+    }
+    assert!(c.master.terminate(), "master exits 0 on SIGTERM");
+    c.master.restart();
+    for cs in &mut c.chunkservers {
+        cs.restart();
+    }
+    c.wait_live(3);
+    assert_eq!(c.cat("/kept"), b"still here");
+}
+
+#[test]
+fn a_chunkserver_without_a_readable_key_refuses_to_start_and_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["chunkserver", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir.path())
+        .arg("--cluster-key-file")
+        .arg(dir.path().join("missing.key"))
+        .output()
+        .expect("run chunkserver");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing.key"), "{err}");
+}
