@@ -47,9 +47,9 @@ pub enum Command {
     Stat(StatArgs),
     /// Recover the write lease of a file whose writer died or hung, and close it.
     Recover(RecoverArgs),
-    /// Check replica health (not built yet).
+    /// Check replica health of the files under PATH (default /); exit 0 only when healthy.
     Fsck(FsckArgs),
-    /// Cluster administration (not built yet).
+    /// Cluster administration.
     #[command(subcommand)]
     Admin(AdminCommand),
     /// Mount stampfs with FUSE.
@@ -189,7 +189,7 @@ pub struct FsckArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {
-    /// Chunkservers and chunk health (not built yet).
+    /// Chunkservers (address, state, last heartbeat, space, replicas) and chunk health.
     Report {
         #[command(flatten)]
         master: MasterAddr,

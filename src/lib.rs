@@ -39,7 +39,7 @@ pub fn run(cli: Cli) -> ExitCode {
         init_tracing(if server {
             "info"
         } else {
-            "warn,stampfs_client=info"
+            "warn,stampfs_client=info,fuser=error"
         });
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

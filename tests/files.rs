@@ -127,8 +127,11 @@ fn bad_input_gets_one_clear_line() {
         assert!(err.starts_with("stampfs: error:"), "{err}");
         assert!(!err.contains("Remote("), "no debug dumps: {err}");
     }
-    let out = c.run(&["fsck"]);
-    assert_eq!(out.status.code(), Some(2), "unbuilt commands exit 2");
+    let out = c.run(&["fsck", "/nope"]);
+    assert_eq!(out.status.code(), Some(1), "fsck of a missing path");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("stampfs: error:"), "{err}");
 }
 
 #[test]

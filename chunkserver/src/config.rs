@@ -66,6 +66,13 @@ pub struct ChunkserverConfig {
     /// Replications to other chunkservers running at once.
     #[arg(long, default_value_t = 4)]
     pub max_replications: usize,
+    /// Background scrub rate: replicas are read back and their checksums verified at
+    /// this many bytes per second (e.g. 8MiB); 0 turns the scrub off.
+    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+    pub scrub_rate: u64,
+    /// Most replica deletions (ordered by the master) run per second.
+    #[arg(long, default_value_t = 50)]
+    pub delete_rate: u32,
 }
 
 impl ChunkserverConfig {
@@ -86,6 +93,8 @@ impl ChunkserverConfig {
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(30),
             max_replications: 4,
+            scrub_rate: 8 << 20,
+            delete_rate: 50,
         }
     }
 
@@ -123,6 +132,9 @@ impl ChunkserverConfig {
         }
         if self.max_replications == 0 {
             return bad("max-replications", "must be at least 1");
+        }
+        if self.delete_rate == 0 {
+            return bad("delete-rate", "must be at least 1");
         }
         if !(64 << 10..=1 << 30).contains(&self.stream_buffer) {
             return bad("stream-buffer", "must be between 64KiB and 1GiB");

@@ -8,7 +8,8 @@
 //! 2. reports replicas found corrupt since the last beat (`ReportCorrupt`);
 //! 3. sends a `Heartbeat` (capacity, used, replica count, open streams) and runs every
 //!    command of the reply (each verified with the cluster key; `Replicate` runs in the
-//!    background); `reregister` makes it register again with a full report;
+//!    background, `Delete` is paced by [`crate::deletion`]); `reregister` makes it
+//!    register again with a full report;
 //! 4. sends a full `ChunkReport` every `--report-every`, or after a change.
 //!
 //! Any failure drops the connection and retries with exponential backoff (100 ms up to
@@ -231,8 +232,11 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
         session.last_report = Instant::now();
     }
     for command in reply.commands {
-        // Failures are logged by run_command and show in the next report.
-        let _ = run_command(shared, command).await;
+        // Deletions are paced in the background; the rest run here. Failures are
+        // logged by run_command and show in the next report.
+        if let Some(command) = shared.deletions.offer(command) {
+            let _ = run_command(shared, command).await;
+        }
     }
     if changed || session.last_report.elapsed() >= shared.config.report_every {
         let replicas = shared.store.reports().await;

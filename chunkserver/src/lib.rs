@@ -15,12 +15,15 @@
 //!   start-up scan and recovery, corrupt replicas moved aside.
 //! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
 //! - [`replication`]: copying a finalized replica to another chunkserver.
+//! - [`scrub`]: background checksum verification of every replica at a bounded rate.
+//! - [`deletion`]: paced deletion of replicas the master orders removed.
 //! - [`heartbeat`]: registration, heartbeats, chunk reports, master commands.
 //! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.
 //! - [`config`] and [`error`].
 
 pub mod checksum;
 pub mod config;
+pub mod deletion;
 pub mod error;
 pub mod gate;
 pub mod header;
@@ -28,6 +31,7 @@ pub mod heartbeat;
 pub mod io;
 pub mod pipeline;
 pub mod replication;
+pub mod scrub;
 pub mod server;
 pub mod store;
 

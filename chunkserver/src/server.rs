@@ -14,7 +14,7 @@
 use crate::config::ChunkserverConfig;
 use crate::error::{Error, Result};
 use crate::store::{self, Store};
-use crate::{heartbeat, io, pipeline, replication};
+use crate::{deletion, heartbeat, io, pipeline, replication, scrub};
 use bytes::Bytes;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub active_streams: AtomicU32,
     /// Caps concurrent outgoing replications; each holds a permit while it runs.
     pub replications: Arc<Semaphore>,
+    /// Deletions from the master waiting for the paced deletion task.
+    pub deletions: deletion::Deletions,
     /// Byte permits for read replies (held from the read until the reply is written),
     /// so many concurrent large reads cannot exhaust memory.
     read_budget: Arc<Semaphore>,
@@ -168,6 +170,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         .local_addr()
         .map_err(|e| Error::io("bind", &config.listen, e))?;
     let advertised = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let (deletions, deletion_queue) = deletion::Deletions::new();
     let shared = Arc::new(Shared {
         key,
         store,
@@ -175,6 +178,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         id: Mutex::new(id),
         active_streams: AtomicU32::new(0),
         replications: Arc::new(Semaphore::new(config.max_replications)),
+        deletions,
         read_budget: Arc::new(Semaphore::new(READ_BUDGET)),
         cancel: CancellationToken::new(),
         tracker: TaskTracker::new(),
@@ -189,6 +193,10 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         .tracker
         .spawn(listen(shared.clone(), listener, limit));
     shared.tracker.spawn(heartbeat::run(shared.clone()));
+    shared
+        .tracker
+        .spawn(deletion::run(shared.clone(), deletion_queue));
+    shared.tracker.spawn(scrub::run(shared.clone()));
     tracing::info!(
         %addr,
         engine = engine_name,

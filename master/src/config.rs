@@ -56,6 +56,24 @@ pub struct MasterConfig {
     /// Timeout of each command the master sends to a chunkserver (connect and reply).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub command_timeout: Duration,
+    /// How often the replica-health worker runs (stale and orphan replica deletion,
+    /// re-replication, over-replication, trash expiry); 0 turns it off.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub health_interval: Duration,
+    /// Re-replications running at once per chunkserver (as source or as target).
+    #[arg(long, default_value_t = 2)]
+    pub max_replication_streams: usize,
+    /// How long a re-replication (or a deletion or finalize sent in a heartbeat reply)
+    /// may take before it is considered lost and ordered again.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub replication_timeout: Duration,
+    /// How long `rm` keeps a file in /.trash before its chunks are deleted; 0 deletes at once.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    pub trash_for: Duration,
+    /// How long a replica of a chunk the master does not know (or knows only as
+    /// deleted) may stay on a chunkserver before it is deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub orphan_grace: Duration,
 }
 
 impl MasterConfig {
@@ -75,6 +93,11 @@ impl MasterConfig {
             checkpoint_log_size: 64 << 20,
             max_connections: 1024,
             command_timeout: Duration::from_secs(5),
+            health_interval: Duration::from_secs(2),
+            max_replication_streams: 2,
+            replication_timeout: Duration::from_secs(60),
+            trash_for: Duration::from_secs(3600),
+            orphan_grace: Duration::from_secs(600),
         }
     }
 
@@ -135,6 +158,12 @@ impl MasterConfig {
         }
         if self.command_timeout.is_zero() {
             return bad("command-timeout", "must be above zero".into());
+        }
+        if self.max_replication_streams == 0 {
+            return bad("max-replication-streams", "must be at least 1".into());
+        }
+        if self.replication_timeout.is_zero() {
+            return bad("replication-timeout", "must be above zero".into());
         }
         Ok(())
     }
@@ -202,6 +231,42 @@ mod tests {
         .expect("parse");
         assert_eq!(cli.master.chunk_size, 1 << 20);
         assert_eq!(cli.master.lease_soft, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn replica_health_flags_parse_and_validate() {
+        let cli = Cli::try_parse_from([
+            "t",
+            "--dir",
+            "/d",
+            "--health-interval",
+            "0",
+            "--trash-for",
+            "0",
+            "--orphan-grace",
+            "1s",
+            "--max-replication-streams",
+            "5",
+        ])
+        .expect("parse");
+        assert!(
+            cli.master.health_interval.is_zero(),
+            "0 turns the worker off"
+        );
+        assert!(cli.master.trash_for.is_zero());
+        assert_eq!(cli.master.orphan_grace, Duration::from_secs(1));
+        assert_eq!(cli.master.max_replication_streams, 5);
+        cli.master.validate().expect("valid");
+        let d = Cli::try_parse_from(["t", "--dir", "/d"]).expect("defaults");
+        assert_eq!(d.master.trash_for, Duration::from_secs(3600));
+        assert_eq!(d.master.max_replication_streams, 2);
+        let mut c = MasterConfig::new("/d".into());
+        c.max_replication_streams = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max-replication-streams"));
     }
 
     #[test]

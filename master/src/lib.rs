@@ -14,6 +14,9 @@
 //! - [`state`]: the replayable state machine ([`state::MasterState`], [`state::Record`]).
 //! - [`oplog`]: the group-committed operation log and checkpoints ([`oplog::Oplog`]).
 //! - [`commands`]: version bumps and finalizes pushed to chunkservers.
+//! - [`health`]: replica health, pure: stale / corrupt / orphan / surplus replica
+//!   deletion, prioritised re-replication, trash expiry ([`health::plan`]); commands
+//!   travel in heartbeat replies. [`trash`]: where `rm` puts files for `--trash-for`.
 //! - [`recovery`]: lease recovery of files whose writer died or hung: triggers, the
 //!   bump / shortest length / truncate / finalize / commit procedure, restart.
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
@@ -48,6 +51,7 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "fail-points")]
 pub mod fail;
+pub mod health;
 pub mod lease;
 pub mod namespace;
 pub mod oplog;
@@ -57,6 +61,7 @@ pub mod registry;
 pub mod server;
 pub mod service;
 pub mod state;
+pub mod trash;
 
 pub use config::MasterConfig;
 pub use error::{Error, Result};

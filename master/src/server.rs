@@ -237,6 +237,20 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
             async {}
         },
     ));
+    if !core.config.health_interval.is_zero() {
+        let c = core.clone();
+        tasks.spawn(periodic(
+            "replica-health",
+            core.config.health_interval,
+            shutdown.clone(),
+            move || {
+                let c = c.clone();
+                async move { c.health_pass().await }
+            },
+        ));
+    } else {
+        tracing::warn!("the replica-health worker is off (--health-interval 0): no re-replication, no garbage collection");
+    }
     let c = core.clone();
     tasks.spawn(periodic(
         "checkpoint",
@@ -403,5 +417,7 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::Register(r) => reply(id, core.register(r).await),
         MasterRequest::Heartbeat(r) => reply(id, core.heartbeat(r).await),
         MasterRequest::ChunkReport(r) => reply(id, core.chunk_report(r).await),
+        MasterRequest::Fsck(r) => reply(id, core.fsck(r).await),
+        MasterRequest::ClusterReport(r) => reply(id, core.cluster_report(r).await),
     }
 }

@@ -21,7 +21,7 @@ use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
-    List, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease, ReportCorrupt, Stat,
+    List, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease, Signed, Stat,
     UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
@@ -31,6 +31,7 @@ use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod health;
 mod recovery;
 pub use recovery::Recoveries;
 
@@ -379,12 +380,6 @@ impl Core {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(chunk = %req.handle, chunkserver = %req.chunkserver))]
-    pub async fn report_corrupt(&self, req: ReportCorrupt) -> Result<()> {
-        tracing::warn!("replica reported corrupt (repair is not implemented yet)");
-        Ok(())
-    }
-
     // ------------------------------------------------------------ chunkservers
 
     #[tracing::instrument(skip_all, fields(addr = %req.addr))]
@@ -407,10 +402,37 @@ impl Core {
         );
         if !known {
             tracing::info!(chunkserver = %req.id, "heartbeat from an unregistered chunkserver; asking it to register");
+            return Ok(HeartbeatReply {
+                commands: Vec::new(),
+                reregister: true,
+            });
+        }
+        let (queued, lsn) = {
+            let mut st = self.state();
+            (
+                st.health
+                    .take_commands(req.id, crate::health::MAX_COMMANDS_PER_HEARTBEAT),
+                st.last_lsn,
+            )
+        };
+        // Commands were decided on state that must be durable before they act on it
+        // (a deleted chunk's replicas go only once the deletion is logged).
+        self.log.wait_durable(lsn).await?;
+        let mut commands = Vec::with_capacity(queued.len());
+        for cmd in queued {
+            match Signed::new(&self.key, cmd) {
+                Ok(c) => commands.push(c),
+                Err(e) => {
+                    tracing::error!(chunkserver = %req.id, error = %e, "cannot sign a command")
+                }
+            }
+        }
+        if !commands.is_empty() {
+            tracing::debug!(chunkserver = %req.id, commands = commands.len(), "commands sent in a heartbeat reply");
         }
         Ok(HeartbeatReply {
-            commands: Vec::new(),
-            reregister: !known,
+            commands,
+            reregister: false,
         })
     }
 

@@ -20,6 +20,7 @@
 use crate::chunk_table::{classify, server_index, ChunkInfo, ChunkTable, ReplicaClass};
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
+use crate::health::Tracker;
 use crate::lease::{LeaseLimits, LeaseTable};
 use crate::namespace::{self, join, FileMeta, Inode, InodeKind, Namespace, WriteState};
 use crate::registry::Registry;
@@ -31,8 +32,10 @@ use stampfs_proto::{
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+mod health;
 mod ops;
 mod recovery;
+pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 
@@ -133,6 +136,14 @@ pub struct Settings {
     pub min_replication: u8,
     pub dead_after_ms: u64,
     pub limits: LeaseLimits,
+    /// `--trash-for`: how long `rm` keeps entries in the trash (0: delete at once).
+    pub trash_ms: u64,
+    /// `--orphan-grace`.
+    pub orphan_grace_ms: u64,
+    /// `--replication-timeout`.
+    pub replication_timeout_ms: u64,
+    /// `--max-replication-streams`.
+    pub max_replication_streams: usize,
 }
 
 impl Settings {
@@ -141,8 +152,12 @@ impl Settings {
             replication: c.replication,
             chunk_size: c.chunk_size,
             min_replication: c.min_replication,
-            dead_after_ms: u64::try_from(c.dead_after.as_millis()).unwrap_or(u64::MAX),
+            dead_after_ms: ms(c.dead_after),
             limits: LeaseLimits::new(c.lease_soft, c.lease_hard),
+            trash_ms: ms(c.trash_for),
+            orphan_grace_ms: ms(c.orphan_grace),
+            replication_timeout_ms: ms(c.replication_timeout),
+            max_replication_streams: c.max_replication_streams,
         }
     }
 
@@ -150,6 +165,11 @@ impl Settings {
     pub fn needed(&self, replication: u8) -> usize {
         usize::from(self.min_replication.min(replication).max(1))
     }
+}
+
+/// A duration in whole milliseconds (saturating).
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What a replica report changed.
@@ -183,6 +203,9 @@ pub struct MasterState {
     /// version. fsck reports them as missing; an entry goes when a replica at the
     /// chunk's version is reported (or the chunk is deleted).
     pub missing_chunks: BTreeSet<ChunkHandle>,
+    /// Soft: the replica-health worker's state (corrupt replicas, commands in flight,
+    /// per-chunkserver command queues).
+    pub health: Tracker,
     /// Committed records not yet handed to the log: `(lsn, encoded record)`.
     outbox: Vec<(u64, Vec<u8>)>,
 }
@@ -227,6 +250,7 @@ impl MasterState {
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),
             missing_chunks: BTreeSet::new(),
+            health: Tracker::default(),
             outbox: Vec::new(),
         }
     }
@@ -591,14 +615,22 @@ impl MasterState {
         Ok(())
     }
 
+    /// Drops a deleted chunk, ordering the deletion of every replica the master knows
+    /// (the commands leave once the record is durable).
     fn forget_chunk(&mut self, h: ChunkHandle) {
         self.missing_chunks.remove(&h);
         if let Some(info) = self.chunks.remove(h) {
-            for r in info.replicas.iter() {
-                if let Some(cs) = self.registry.get_mut(r.server_id()) {
+            let mut servers: Vec<ChunkserverId> =
+                info.replicas.iter().map(|r| r.server_id()).collect();
+            servers.extend(self.health.corrupt_of(h).map(|(s, _)| s));
+            for s in &servers {
+                if let Some(cs) = self.registry.get_mut(*s) {
                     cs.replicas.remove(&h);
                 }
             }
+            // Ahead replicas stay (a bound of the master's version keeps them); they
+            // become orphans once reported again.
+            self.health.forget_chunk(h, info.version, &servers);
         }
     }
 
@@ -672,6 +704,8 @@ impl MasterState {
                 let base = join(&comps);
                 d.children
                     .iter()
+                    // The trash is hidden from listings of `/` (list it by name).
+                    .filter(|(name, _)| !(comps.is_empty() && name.as_str() == crate::trash::DIR))
                     .map(|(name, child)| {
                         let p = if base == "/" {
                             format!("/{name}")
@@ -809,6 +843,7 @@ impl MasterState {
                 info.remove_replica(idx);
             }
         }
+        self.health.retain_corrupt_reported(id, &new);
         let mut mine = HashSet::with_capacity(reports.len());
         let mut orphans = Vec::new();
         for r in reports {
@@ -816,6 +851,12 @@ impl MasterState {
                 orphans.push(*r);
                 continue;
             };
+            if self.health.is_corrupt(r.handle, id, r.version) {
+                // Still the replica reported corrupt: held, but never a replica again.
+                mine.insert(r.handle);
+                continue;
+            }
+            self.health.clear_corrupt(r.handle, id);
             match classify(info.version, r.version) {
                 ReplicaClass::Current => {
                     summary.current += 1;
@@ -905,6 +946,10 @@ mod tests {
             min_replication: 1,
             dead_after_ms: 10_000,
             limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
+            trash_ms: 0,
+            orphan_grace_ms: 60_000,
+            replication_timeout_ms: 30_000,
+            max_replication_streams: 2,
         }
     }
 

@@ -29,6 +29,8 @@ impl Cluster {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut master_cfg = MasterConfig::new(tmp.path().join("master"));
         master_cfg.dead_after = Duration::from_millis(800);
+        // These tests keep stale replicas around on purpose: no garbage collection.
+        master_cfg.health_interval = Duration::ZERO;
         let master = start(master_cfg.clone()).await.expect("master");
         // Restarts reuse the port the chunkservers know.
         master_cfg.listen = master.addr().to_string();

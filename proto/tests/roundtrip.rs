@@ -77,6 +77,16 @@ frame_round_trips! {
     heartbeat: arb_heartbeat();
     heartbeat_reply: arb_heartbeat_reply();
     chunk_report: arb_chunk_report();
+    // replica health
+    fsck: arb_fsck();
+    health_counts: arb_health_counts();
+    chunk_problem: arb_chunk_problem();
+    file_health: arb_file_health();
+    fsck_report: arb_fsck_report();
+    cluster_report_request: arb_cluster_report_request();
+    chunkserver_state: arb_chunkserver_state();
+    chunkserver_status: arb_chunkserver_status();
+    cluster_report: arb_cluster_report();
     master_request: arb_master_request();
     // → chunkserver
     write_setup: arb_write_setup();
@@ -182,6 +192,8 @@ mod rpc {
         register: arb_register() => arb_register_reply();
         heartbeat: arb_heartbeat() => arb_heartbeat_reply();
         chunk_report: arb_chunk_report() => Just(());
+        fsck: arb_fsck() => arb_fsck_report();
+        cluster_report: arb_cluster_report_request() => arb_cluster_report();
         write_setup: arb_write_setup() => arb_write_setup_reply();
         read: arb_read() => arb_read_reply();
         replica_info: arb_replica_info() => arb_replica_report();
@@ -206,7 +218,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 17, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 19, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 5, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::lease::Takeover;
 use crate::namespace::{self, join, FileMeta, Inode, InodeKind, WriteState, ROOT};
 use crate::placement;
+use crate::trash;
 use stampfs_proto::{
     Append, ChunkCommit, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
     Create, Delete, FileStatus, InodeId, Mkdir, Rename, ReplicaReport, UpdatePipeline,
@@ -230,6 +231,26 @@ impl MasterState {
             }
         }
         let (parent, name) = self.ns.resolve_parent(&comps)?;
+        let in_trash = comps.first() == Some(&trash::DIR);
+        if self.settings.trash_ms > 0 && !in_trash {
+            if let Some(bin) = self.trash_dir(now_ms, mtime_ms)? {
+                let dst_name = trash::entry_name(mtime_ms, ino, name);
+                if self.ns.child(bin, &dst_name).is_none() {
+                    self.commit(
+                        Record::Rename {
+                            src_parent: parent,
+                            src_name: name.to_string(),
+                            dst_parent: bin,
+                            dst_name: dst_name.clone(),
+                            mtime_ms,
+                        },
+                        now_ms,
+                    )?;
+                    tracing::info!(path = %join(&comps), trash = %format!("/{}/{dst_name}", trash::DIR), "moved to the trash");
+                    return Ok(());
+                }
+            }
+        }
         self.commit(
             Record::Delete {
                 parent,
@@ -239,6 +260,31 @@ impl MasterState {
             now_ms,
         )?;
         Ok(())
+    }
+
+    /// The trash directory, created when missing; `None` when `/.trash` is taken by a
+    /// file (then `rm` deletes at once).
+    fn trash_dir(&mut self, now_ms: u64, mtime_ms: u64) -> Result<Option<InodeId>> {
+        if let Some(t) = self.ns.child(ROOT, trash::DIR) {
+            if self.ns.get(t).and_then(Inode::as_dir).is_some() {
+                return Ok(Some(t));
+            }
+            tracing::warn!(
+                "/{} is not a directory; removing without the trash",
+                trash::DIR
+            );
+            return Ok(None);
+        }
+        let ino = self.ns.next_inode();
+        self.commit(
+            Record::Mkdir {
+                parent: ROOT,
+                dirs: vec![(trash::DIR.to_string(), ino)],
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(Some(ino))
     }
 
     // ------------------------------------------------------------ write path

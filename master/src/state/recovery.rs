@@ -376,6 +376,10 @@ mod tests {
             min_replication: 1,
             dead_after_ms: 10_000,
             limits: LeaseLimits::new(Duration::from_millis(300), Duration::from_millis(600)),
+            trash_ms: 0,
+            orphan_grace_ms: 60_000,
+            replication_timeout_ms: 30_000,
+            max_replication_streams: 2,
         }
     }
 

@@ -50,6 +50,8 @@ impl Cluster {
         let mut master_cfg = MasterConfig::new(tmp.path().join("master"));
         master_cfg.dead_after = Duration::from_millis(800);
         master_cfg.command_timeout = Duration::from_secs(2);
+        // These tests keep stale replicas around on purpose: no garbage collection.
+        master_cfg.health_interval = Duration::ZERO;
         tune(&mut master_cfg);
         let master = start(master_cfg.clone()).await.expect("master");
         // Restarts reuse the port the chunkservers know.

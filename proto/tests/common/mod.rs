@@ -488,6 +488,88 @@ prop_compose! {
     }
 }
 
+// ---------------------------------------------------------------- replica health
+
+prop_compose! {
+    pub fn arb_fsck()(path in prop::option::of(arb_string())) -> Fsck {
+        Fsck { path }
+    }
+}
+
+prop_compose! {
+    pub fn arb_health_counts()(files in arb_u64(), chunks in arb_u64(), healthy in arb_u64(),
+                               under_replicated in arb_u64(), missing in arb_u64(),
+                               stale_replicas in arb_u64(), corrupt_replicas in arb_u64(),
+                               ahead_replicas in arb_u64(),
+                               (open_files, recovering_files) in (arb_u64(), arb_u64()))
+        -> HealthCounts {
+        HealthCounts {
+            files, chunks, healthy, under_replicated, missing, stale_replicas,
+            corrupt_replicas, ahead_replicas, open_files, recovering_files,
+        }
+    }
+}
+
+prop_compose! {
+    pub fn arb_chunk_problem()(handle in arb_handle(), index in arb_u64(),
+                               version in arb_version(), replication in any::<u8>(),
+                               live in arb_u64(), stale in arb_u64(), corrupt in arb_u64(),
+                               ahead in arb_u64(), missing in any::<bool>()) -> ChunkProblem {
+        ChunkProblem { handle, index, version, replication, live, stale, corrupt, ahead, missing }
+    }
+}
+
+prop_compose! {
+    pub fn arb_file_health()(path in arb_string(), state in arb_file_state(),
+                             length in arb_u64(), replication in any::<u8>(),
+                             healthy in any::<bool>(), counts in arb_health_counts(),
+                             problems in small_vec(arb_chunk_problem())) -> FileHealth {
+        FileHealth { path, state, length, replication, healthy, counts, problems }
+    }
+}
+
+prop_compose! {
+    pub fn arb_fsck_report()(path in arb_string(), healthy in any::<bool>(),
+                             total in arb_health_counts(),
+                             files in small_vec(arb_file_health()),
+                             truncated in any::<bool>(), orphan_replicas in arb_u64(),
+                             replications_in_flight in arb_u64()) -> FsckReport {
+        FsckReport {
+            path, healthy, total, files, truncated, orphan_replicas, replications_in_flight,
+        }
+    }
+}
+
+pub fn arb_cluster_report_request() -> impl Strategy<Value = ClusterReportRequest> {
+    Just(ClusterReportRequest {})
+}
+
+pub fn arb_chunkserver_state() -> impl Strategy<Value = ChunkserverState> {
+    prop_oneof![Just(ChunkserverState::Live), Just(ChunkserverState::Dead)]
+}
+
+prop_compose! {
+    pub fn arb_chunkserver_status()(id in arb_cs(), addr in arb_string(),
+                                    state in arb_chunkserver_state(),
+                                    last_heartbeat_ms_ago in prop::option::of(arb_u64()),
+                                    capacity in arb_u64(), used in arb_u64(),
+                                    replicas in arb_u64(), active_streams in arb_u32(),
+                                    queued_commands in arb_u64()) -> ChunkserverStatus {
+        ChunkserverStatus {
+            id, addr, state, last_heartbeat_ms_ago, capacity, used, replicas,
+            active_streams, queued_commands,
+        }
+    }
+}
+
+prop_compose! {
+    pub fn arb_cluster_report()(chunkservers in small_vec(arb_chunkserver_status()),
+                                chunks in arb_health_counts(), orphan_replicas in arb_u64(),
+                                replications_in_flight in arb_u64()) -> ClusterReport {
+        ClusterReport { chunkservers, chunks, orphan_replicas, replications_in_flight }
+    }
+}
+
 // ---------------------------------------------------------------- chunkserver → master
 
 prop_compose! {
@@ -556,6 +638,10 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_chunk_report()
             .prop_map(MasterRequest::ChunkReport)
             .boxed(),
+        arb_fsck().prop_map(MasterRequest::Fsck).boxed(),
+        arb_cluster_report_request()
+            .prop_map(MasterRequest::ClusterReport)
+            .boxed(),
     ]
     .boxed()
 }
@@ -581,6 +667,8 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::Register(_) => "Register",
         MasterRequest::Heartbeat(_) => "Heartbeat",
         MasterRequest::ChunkReport(_) => "ChunkReport",
+        MasterRequest::Fsck(_) => "Fsck",
+        MasterRequest::ClusterReport(_) => "ClusterReport",
     }
 }
 

@@ -1,0 +1,683 @@
+//! The replica-health rules as pure functions of the state and the time: no sockets,
+//! no sleeps.
+
+use super::*;
+use crate::lease::LeaseLimits;
+use crate::state::{replay_records, CorruptReport};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use stampfs_proto::{
+    AddChunk, Append, ChunkCommit, ClientId, Close, ClusterKey, Create, Delete, InodeId, Register,
+    ReplicaReport,
+};
+use std::time::Duration;
+
+const A: ClientId = ClientId(0xa);
+const B: ClientId = ClientId(0xb);
+const GIB: u64 = 1 << 30;
+/// A time after registration at which every server is live.
+const NOW: u64 = 1_000;
+
+fn settings() -> Settings {
+    Settings {
+        replication: 3,
+        chunk_size: 1 << 20,
+        min_replication: 1,
+        dead_after_ms: 10_000,
+        limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
+        trash_ms: 0,
+        orphan_grace_ms: 5_000,
+        replication_timeout_ms: 30_000,
+        max_replication_streams: 2,
+    }
+}
+
+fn id(n: u64) -> ChunkserverId {
+    ChunkserverId(n)
+}
+
+/// A state with `n` chunkservers (ids 1..=n); server `i` has `used[i]` GiB used of 100.
+fn servers(settings: Settings, used: &[u64]) -> MasterState {
+    let mut st = MasterState::new(settings);
+    for (i, u) in used.iter().enumerate() {
+        st.register(
+            &Register {
+                id: None,
+                addr: format!("127.0.0.1:{}", 9001 + i),
+                capacity: 100 * GIB,
+                used: u * GIB,
+                replicas: vec![],
+            },
+            0,
+        )
+        .expect("register");
+    }
+    st
+}
+
+fn beat(st: &mut MasterState, ids: &[u64], now: u64) {
+    for i in ids {
+        let cs = st.registry.get(id(*i)).expect("registered").clone();
+        st.registry
+            .heartbeat(id(*i), cs.capacity, cs.used, 0, 0, now);
+    }
+}
+
+fn rep(h: ChunkHandle, v: u64, state: ReplicaState) -> ReplicaReport {
+    ReplicaReport {
+        handle: h,
+        version: ChunkVersion(v),
+        length: 100,
+        state,
+    }
+}
+
+/// Sets the replicas of `h`: `(server, version, state)`.
+fn set(st: &mut MasterState, h: ChunkHandle, replicas: &[(u64, u64, ReplicaState)]) {
+    let acks: Vec<_> = replicas
+        .iter()
+        .map(|(s, v, state)| (id(*s), rep(h, *v, *state)))
+        .collect();
+    st.record_replicas(h, &acks);
+}
+
+fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
+    st.create(
+        &Create {
+            path: path.into(),
+            client,
+            replication: None,
+            chunk_size: None,
+            overwrite: false,
+        },
+        0,
+        1,
+    )
+    .expect("create")
+    .inode
+}
+
+/// A file with `n` chunks of 100 bytes, left open (`close: false`) or closed; every
+/// chunk at version 1 with no replicas yet.
+fn file(st: &mut MasterState, path: &str, n: usize, close: bool) -> (InodeId, Vec<ChunkHandle>) {
+    let ino = create(st, path, A);
+    let mut hs: Vec<ChunkHandle> = Vec::new();
+    for _ in 0..n {
+        let p = st
+            .add_chunk(
+                &AddChunk {
+                    path: path.into(),
+                    client: A,
+                    previous: hs.last().map(|h| ChunkCommit {
+                        handle: *h,
+                        length: 100,
+                    }),
+                },
+                ino,
+                0,
+                1,
+            )
+            .expect("chunk");
+        hs.push(p.bump.handle);
+    }
+    if close {
+        st.close(
+            &Close {
+                path: path.into(),
+                client: A,
+                last: hs.last().map(|h| ChunkCommit {
+                    handle: *h,
+                    length: 100,
+                }),
+            },
+            ino,
+            0,
+            1,
+        )
+        .expect("close");
+    }
+    (ino, hs)
+}
+
+fn plan_now(st: &MasterState, now: u64) -> Vec<Action> {
+    plan(st, now, 0, &mut StdRng::seed_from_u64(7))
+}
+
+/// One worker pass (prune, plan, record), as the service runs it.
+fn pass(st: &mut MasterState, now: u64) -> Vec<Action> {
+    st.health_pass(now, 0, &mut StdRng::seed_from_u64(7)).1
+}
+
+fn deletes(actions: &[Action]) -> Vec<(ChunkserverId, ChunkHandle, ChunkVersion, DeleteReason)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete {
+                server,
+                handle,
+                max_version,
+                reason,
+            } => Some((*server, *handle, *max_version, *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn copies(actions: &[Action]) -> Vec<(ChunkHandle, ChunkserverId, ChunkserverId)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Replicate {
+                handle,
+                source,
+                target,
+                ..
+            } => Some((*handle, *source, target.id)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The chunkserver `s` reports exactly `replicas` (a full chunk report).
+fn report(st: &mut MasterState, s: u64, replicas: &[ReplicaReport]) {
+    st.apply_report(id(s), replicas);
+}
+
+use ReplicaState::{Finalized as F, Writing as W};
+
+#[test]
+fn a_stale_replica_is_deleted_within_its_version_then_replaced() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (ino, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    // Reopen and close: version 2 on servers 1 and 2; server 3 missed the bump.
+    st.append(
+        &Append {
+            path: "/f".into(),
+            client: B,
+        },
+        ino,
+        0,
+        1,
+    )
+    .expect("append");
+    st.close(
+        &Close {
+            path: "/f".into(),
+            client: B,
+            last: None,
+        },
+        ino,
+        0,
+        1,
+    )
+    .expect("close");
+    set(&mut st, h, &[(1, 2, F), (2, 2, F), (3, 1, F)]);
+    beat(&mut st, &[1, 2, 3], NOW);
+    let loc = st
+        .locations("/f", A, &ClusterKey::from_bytes([1; 32]), NOW)
+        .expect("locations");
+    assert_eq!(
+        loc.chunks[0].replicas.len(),
+        2,
+        "the stale one is never handed out"
+    );
+
+    let a = pass(&mut st, NOW);
+    assert_eq!(
+        deletes(&a),
+        vec![(id(3), h, ChunkVersion(1), DeleteReason::Stale)]
+    );
+    assert!(
+        copies(&a).is_empty(),
+        "server 3 still holds a replica: no target"
+    );
+    let fsck = st.fsck(None, NOW).expect("fsck");
+    assert!(!fsck.healthy);
+    assert_eq!(
+        (fsck.total.under_replicated, fsck.total.stale_replicas),
+        (1, 1)
+    );
+    // Ordered once, delivered in the heartbeat reply.
+    assert!(deletes(&pass(&mut st, NOW + 100)).is_empty());
+    assert_eq!(
+        st.health.take_commands(id(3), 10),
+        vec![ChunkCommand::Delete {
+            handle: h,
+            max_version: ChunkVersion(1)
+        }]
+    );
+    // Server 3 deleted it: now it is the target of a copy at the same version.
+    report(&mut st, 3, &[]);
+    let a = pass(&mut st, NOW + 200);
+    let c = copies(&a);
+    assert_eq!(c.len(), 1, "{a:?}");
+    assert_eq!((c[0].0, c[0].2), (h, id(3)));
+    assert!(matches!(a[0], Action::Replicate { version, .. } if version == ChunkVersion(2)));
+    assert_eq!(st.health.copies().len(), 1);
+    // The copy arrives; the chunk is healthy.
+    report(&mut st, 3, &[rep(h, 2, F)]);
+    let (pruned, a) = st.health_pass(NOW + 300, 0, &mut StdRng::seed_from_u64(1));
+    assert_eq!(pruned.copied.len(), 1);
+    assert!(a.is_empty(), "{a:?}");
+    assert!(st.fsck(None, NOW + 300).expect("fsck").healthy);
+}
+
+#[test]
+fn the_last_chunk_of_an_open_or_recovering_file_is_never_touched() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/open", 2, false);
+    // Both chunks have a replica below the master's version and are under-replicated.
+    for h in &hs {
+        st.chunks.get_mut(*h).expect("chunk").version = ChunkVersion(2);
+        set(&mut st, *h, &[(1, 2, F), (2, 1, W)]);
+    }
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    let a = plan_now(&st, NOW);
+    let touched: Vec<ChunkHandle> = a
+        .iter()
+        .filter_map(|a| a.command().map(|(_, c)| c))
+        .map(|c| match c {
+            ChunkCommand::Delete { handle, .. }
+            | ChunkCommand::Replicate { handle, .. }
+            | ChunkCommand::Finalize { handle, .. }
+            | ChunkCommand::Truncate { handle, .. }
+            | ChunkCommand::BumpVersion { handle, .. }
+            | ChunkCommand::Info { handle } => handle,
+        })
+        .collect();
+    assert!(
+        touched.contains(&hs[0]),
+        "the complete chunk is handled: {a:?}"
+    );
+    assert!(
+        !touched.contains(&hs[1]),
+        "the open last chunk is not: {a:?}"
+    );
+    assert!(settled(
+        st.ns.file(st.resolve_path("/open").expect("f")).expect("f"),
+        0
+    ));
+    let fsck = st.fsck(None, NOW).expect("fsck");
+    assert_eq!(fsck.total.open_files, 1);
+    assert_eq!(fsck.files[0].state, stampfs_proto::FileState::Open);
+}
+
+#[test]
+fn replicas_above_the_masters_version_are_kept_aside() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 7, F)]);
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    let a = plan_now(&st, NOW);
+    assert!(deletes(&a).is_empty(), "never deleted: {a:?}");
+    let c = copies(&a);
+    assert_eq!(c.len(), 1, "not counted as a replica: {a:?}");
+    assert_ne!(c[0].1, id(3), "never a source");
+    assert_eq!(c[0].2, id(4), "its server is a holder, never a target");
+    let fsck = st.fsck(None, NOW).expect("fsck");
+    assert_eq!(fsck.total.ahead_replicas, 1);
+    assert!(!fsck.healthy);
+    assert_eq!(fsck.files[0].problems[0].ahead, 1);
+}
+
+#[test]
+fn copies_go_most_urgent_first_within_the_stream_cap() {
+    let mut s = settings();
+    s.max_replication_streams = 1;
+    let mut st = servers(s, &[10, 10, 10, 10, 10, 10]);
+    let (_, two) = file(&mut st, "/two", 1, true);
+    let (_, one) = file(&mut st, "/one", 1, true);
+    let (_, writing) = file(&mut st, "/w", 1, true);
+    set(&mut st, two[0], &[(1, 1, F), (2, 1, F)]);
+    set(&mut st, one[0], &[(3, 1, F)]);
+    set(&mut st, writing[0], &[(4, 1, W)]);
+    beat(&mut st, &[1, 2, 3, 4, 5, 6], NOW);
+    let a = pass(&mut st, NOW);
+    let c = copies(&a);
+    // The single-replica chunk first; each server in at most one copy.
+    assert_eq!(c[0].0, one[0], "{a:?}");
+    assert_eq!(c[0].1, id(3));
+    let mut busy: Vec<ChunkserverId> = c.iter().flat_map(|(_, s, t)| [*s, *t]).collect();
+    let n = busy.len();
+    busy.sort();
+    busy.dedup();
+    assert_eq!(busy.len(), n, "one stream per server: {c:?}");
+    assert!(
+        !c.iter().any(|(h, _, _)| *h == writing[0]),
+        "a Writing replica is not copied from"
+    );
+    assert!(
+        a.iter().any(|a| matches!(a, Action::Finalize { server, handle, .. } if *server == id(4) && *handle == writing[0])),
+        "it is finalized at the committed length: {a:?}"
+    );
+    for (h, _, t) in &c {
+        let info = st.chunks.get(*h).expect("chunk");
+        assert!(info.replica(*t).is_none(), "targets hold no replica");
+    }
+}
+
+#[test]
+fn lost_copies_are_ordered_again() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F)]);
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    let first = copies(&pass(&mut st, NOW));
+    assert_eq!(first.len(), 1);
+    assert!(copies(&pass(&mut st, NOW + 1_000)).is_empty(), "in flight");
+    beat(&mut st, &[1, 2, 3, 4], NOW + 25_000);
+    // Past the timeout: dropped, its queued command too, and ordered again.
+    let (pruned, a) = st.health_pass(NOW + 31_000, 0, &mut StdRng::seed_from_u64(3));
+    assert_eq!(pruned.lost.len(), 1, "{pruned:?}");
+    assert_eq!(pruned.lost[0].1, "it timed out");
+    assert_eq!(copies(&a).len(), 1);
+    let queued = st.health.take_commands(first[0].1, 10);
+    assert_eq!(
+        queued
+            .iter()
+            .filter(|c| matches!(c, ChunkCommand::Replicate { .. }))
+            .count(),
+        usize::from(copies(&a)[0].1 == first[0].1),
+        "the lost copy's command is not sent: {queued:?}"
+    );
+    // A target that dies drops the copy at once.
+    let target = copies(&a)[0].2;
+    let others: Vec<u64> = [1, 2, 3, 4]
+        .into_iter()
+        .filter(|s| id(*s) != target)
+        .collect();
+    beat(&mut st, &others, NOW + 40_000);
+    let (pruned, _) = st.health_pass(NOW + 40_500, 0, &mut StdRng::seed_from_u64(3));
+    assert_eq!(pruned.lost.len(), 1);
+    assert_eq!(pruned.lost[0].1, "the target died");
+}
+
+#[test]
+fn over_replicated_chunks_drop_the_fullest_servers() {
+    let mut st = servers(settings(), &[10, 90, 50, 95, 20]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(
+        &mut st,
+        h,
+        &[(1, 1, F), (2, 1, F), (3, 1, F), (4, 1, F), (5, 1, F)],
+    );
+    beat(&mut st, &[1, 2, 3, 4, 5], NOW);
+    let d = deletes(&pass(&mut st, NOW));
+    assert_eq!(
+        d,
+        vec![
+            (id(4), h, ChunkVersion(1), DeleteReason::OverReplicated),
+            (id(2), h, ChunkVersion(1), DeleteReason::OverReplicated)
+        ]
+    );
+    assert!(deletes(&pass(&mut st, NOW + 100)).is_empty(), "pending");
+    assert!(st.fsck(None, NOW).expect("fsck").healthy);
+}
+
+#[test]
+fn a_corrupt_replica_is_excluded_replaced_then_deleted() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    assert_eq!(
+        st.report_corrupt(h, id(2)),
+        CorruptReport::Excluded {
+            version: ChunkVersion(1)
+        }
+    );
+    assert_eq!(st.report_corrupt(h, id(2)), CorruptReport::AlreadyMarked);
+    assert_eq!(
+        st.report_corrupt(ChunkHandle(999), id(2)),
+        CorruptReport::UnknownChunk
+    );
+    let loc = st
+        .locations("/f", A, &ClusterKey::from_bytes([1; 32]), NOW)
+        .expect("locations");
+    assert!(loc.chunks[0]
+        .replicas
+        .iter()
+        .all(|r| r.chunkserver != id(2)));
+    // A full report still listing it does not bring it back.
+    report(&mut st, 2, &[rep(h, 1, F)]);
+    assert!(st.chunks.get(h).expect("c").replica(id(2)).is_none());
+    let a = pass(&mut st, NOW);
+    assert!(deletes(&a).is_empty(), "not before it is replaced: {a:?}");
+    let c = copies(&a);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].2, id(4), "server 2 still holds it: not a target");
+    assert_eq!(st.fsck(None, NOW).expect("fsck").total.corrupt_replicas, 1);
+    // Replaced: now it goes.
+    report(&mut st, 4, &[rep(h, 1, F)]);
+    let d = deletes(&pass(&mut st, NOW + 100));
+    assert_eq!(d, vec![(id(2), h, ChunkVersion(1), DeleteReason::Corrupt)]);
+    report(&mut st, 2, &[]);
+    pass(&mut st, NOW + 200);
+    assert!(st.fsck(None, NOW + 200).expect("fsck").healthy);
+    assert_eq!(st.health.corrupt_count(), 0);
+
+    // With nowhere else to put a replica, it goes once one good replica exists.
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (_, hs) = file(&mut st, "/g", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    beat(&mut st, &[1, 2, 3], NOW);
+    st.report_corrupt(h, id(3));
+    let d = deletes(&pass(&mut st, NOW));
+    assert_eq!(d, vec![(id(3), h, ChunkVersion(1), DeleteReason::Corrupt)]);
+    // A chunkserver that moved it aside itself: its next report drops the mark and
+    // it can take the new copy.
+    report(&mut st, 3, &[]);
+    let c = copies(&pass(&mut st, NOW + 100));
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].2, id(3));
+    // A late report from a reader about a replica already gone changes nothing.
+    assert_eq!(st.report_corrupt(h, id(3)), CorruptReport::Gone);
+}
+
+#[test]
+fn orphans_are_deleted_after_the_grace_only() {
+    let mut st = servers(settings(), &[10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    set(&mut st, hs[0], &[(1, 1, F)]);
+    let orphan = ChunkHandle(777);
+    // Known chunks are never orphans, fresh ones included.
+    report(&mut st, 1, &[rep(hs[0], 1, F), rep(orphan, 4, F)]);
+    beat(&mut st, &[1, 2], NOW);
+    assert!(deletes(&pass(&mut st, NOW)).is_empty(), "within the grace");
+    assert!(deletes(&pass(&mut st, NOW + 4_999)).is_empty());
+    beat(&mut st, &[1, 2], NOW + 5_000);
+    let d = deletes(&pass(&mut st, NOW + 5_000));
+    assert_eq!(
+        d,
+        vec![(id(1), orphan, ChunkVersion(4), DeleteReason::Orphan)]
+    );
+    // Gone from the next report: forgotten.
+    report(&mut st, 1, &[rep(hs[0], 1, F)]);
+    pass(&mut st, NOW + 5_100);
+    assert_eq!(st.health.orphan_seen(id(1), orphan), None);
+    assert_eq!(st.fsck(None, NOW).expect("fsck").orphan_replicas, 0);
+}
+
+#[test]
+fn deleted_chunks_replicas_are_ordered_deleted_at_once() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 2, true);
+    for h in &hs {
+        set(&mut st, *h, &[(1, 1, F), (2, 1, F)]);
+    }
+    st.delete(
+        &Delete {
+            path: "/f".into(),
+            recursive: false,
+        },
+        0,
+        1,
+    )
+    .expect("rm");
+    assert!(st.chunks.is_empty());
+    for s in [1, 2] {
+        let mut got = st.health.take_commands(id(s), 10);
+        got.sort_by_key(|c| match c {
+            ChunkCommand::Delete { handle, .. } => *handle,
+            _ => ChunkHandle(0),
+        });
+        assert_eq!(
+            got,
+            hs.iter()
+                .map(|h| ChunkCommand::Delete {
+                    handle: *h,
+                    max_version: ChunkVersion(1)
+                })
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(st.health.take_commands(id(3), 10).is_empty());
+}
+
+#[test]
+fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
+    let mut s = settings();
+    s.trash_ms = 60_000;
+    let mut st = servers(s, &[10, 10, 10]);
+    let (ino, hs) = file(&mut st, "/f", 1, true);
+    set(&mut st, hs[0], &[(1, 1, F)]);
+    st.mkdir(
+        &stampfs_proto::Mkdir {
+            path: "/d".into(),
+            parents: false,
+        },
+        0,
+        1,
+    )
+    .expect("mkdir");
+    let deleted_at = 1_700_000_000_000;
+    st.delete(
+        &Delete {
+            path: "/f".into(),
+            recursive: false,
+        },
+        0,
+        deleted_at,
+    )
+    .expect("rm");
+    let entry = format!("{deleted_at}-{}-f", ino.0);
+    assert_eq!(
+        st.resolve_path(&format!("/{}/{entry}", trash::DIR))
+            .expect("in the trash"),
+        ino
+    );
+    let names: Vec<String> = st
+        .list("/")
+        .expect("ls")
+        .into_iter()
+        .map(|s| s.path)
+        .collect();
+    assert_eq!(names, vec!["/d"], "the trash is hidden from /");
+    assert_eq!(st.list("/.trash").expect("ls trash").len(), 1);
+    assert!(
+        st.chunks.get(hs[0]).is_some(),
+        "chunks live on in the trash"
+    );
+    assert!(st.health.take_commands(id(1), 10).is_empty());
+    beat(&mut st, &[1, 2, 3], NOW);
+    let early = plan(&st, NOW, deleted_at + 59_999, &mut StdRng::seed_from_u64(1));
+    assert!(!early.iter().any(|a| matches!(a, Action::PurgeTrash { .. })));
+    let due = plan(&st, NOW, deleted_at + 60_000, &mut StdRng::seed_from_u64(1));
+    assert!(due.contains(&Action::PurgeTrash {
+        name: entry.clone()
+    }));
+    assert!(st
+        .purge_trash(&entry, NOW, deleted_at + 60_000)
+        .expect("purge"));
+    assert!(!st
+        .purge_trash(&entry, NOW, deleted_at + 60_000)
+        .expect("again"));
+    assert!(st.chunks.get(hs[0]).is_none());
+    assert_eq!(
+        st.health.take_commands(id(1), 10),
+        vec![ChunkCommand::Delete {
+            handle: hs[0],
+            max_version: ChunkVersion(1)
+        }]
+    );
+    // Removing something already in the trash deletes it at once.
+    let (_, _) = file(&mut st, "/g", 0, true);
+    st.delete(
+        &Delete {
+            path: "/g".into(),
+            recursive: false,
+        },
+        0,
+        deleted_at + 1,
+    )
+    .expect("rm g");
+    let trashed = st.list("/.trash").expect("ls")[0].path.clone();
+    st.delete(
+        &Delete {
+            path: trashed.clone(),
+            recursive: false,
+        },
+        0,
+        deleted_at + 2,
+    )
+    .expect("rm from the trash");
+    assert!(st.list("/.trash").expect("ls").is_empty());
+    // All of it replays to the same state.
+    let log = st.take_outbox();
+    let mut back = MasterState::new(st.settings);
+    replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
+    assert!(back.same_persisted(&st));
+}
+
+#[test]
+fn dead_servers_are_neither_counted_nor_sources_nor_targets() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    // Server 3 and 4 stop beating.
+    beat(&mut st, &[1, 2], 20_000);
+    let a = plan_now(&st, 20_000);
+    assert!(copies(&a).is_empty(), "server 4 is dead too: {a:?}");
+    let f = st.fsck(None, 20_000).expect("fsck");
+    assert_eq!(f.total.under_replicated, 1);
+    assert_eq!(f.files[0].problems[0].live, 2);
+    beat(&mut st, &[1, 2, 4], 21_000);
+    let c = copies(&plan_now(&st, 21_000));
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].2, id(4));
+    // No live replica: missing, nothing to copy from.
+    let f = st.fsck(None, 40_000).expect("fsck");
+    assert_eq!(f.total.missing, 1);
+    assert!(copies(&plan_now(&st, 40_000)).is_empty());
+    let r = st.cluster_report(21_000);
+    assert_eq!(r.chunkservers.len(), 4);
+    assert_eq!(r.chunks.chunks, 1);
+}
+
+#[test]
+fn a_missing_chunk_keeps_its_stale_replicas() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    st.chunks.get_mut(h).expect("chunk").version = ChunkVersion(2);
+    set(&mut st, h, &[(1, 1, F), (2, 2, F)]);
+    // Server 2 (the only up-to-date replica) is dead.
+    beat(&mut st, &[1, 3], 20_000);
+    assert!(deletes(&plan_now(&st, 20_000)).is_empty());
+    let f = st.fsck(None, 20_000).expect("fsck");
+    assert_eq!((f.total.missing, f.total.stale_replicas), (1, 1));
+    // It is back: the stale replica goes.
+    beat(&mut st, &[1, 2, 3], 21_000);
+    assert_eq!(
+        deletes(&plan_now(&st, 21_000)),
+        vec![(id(1), h, ChunkVersion(1), DeleteReason::Stale)]
+    );
+}

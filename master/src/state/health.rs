@@ -1,0 +1,293 @@
+//! Replica health as methods of [`MasterState`]: corruption reports, the health
+//! worker's pass (prune, plan, queue; the rules are in [`crate::health`]), trash
+//! purging, and the fsck and cluster reports.
+
+use super::{MasterState, Record};
+use crate::chunk_table::server_index;
+use crate::error::Result;
+use crate::health::{self, Action, Pruned};
+use crate::namespace::{self, join, FileMeta, InodeKind, WriteState, ROOT};
+use crate::trash;
+use rand::Rng;
+use stampfs_proto::{
+    ChunkHandle, ChunkProblem, ChunkVersion, ChunkserverId, ChunkserverState, ChunkserverStatus,
+    ClusterReport, FileHealth, FileState, FsckReport, HealthCounts, InodeId,
+};
+
+/// Most files listed in one fsck reply (the totals always cover everything).
+pub const MAX_FSCK_FILES: usize = 10_000;
+
+/// What a corruption report did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CorruptReport {
+    /// The replica left the chunk's replica list; it is replaced, then deleted.
+    Excluded { version: ChunkVersion },
+    /// Already known corrupt.
+    AlreadyMarked,
+    /// The chunkserver no longer holds it (it moved it aside itself).
+    Gone,
+    /// No such chunk.
+    UnknownChunk,
+}
+
+impl MasterState {
+    /// A reader or chunkserver found `server`'s replica of `handle` corrupt: it is
+    /// never handed out again; re-replication replaces it and, if its chunkserver still
+    /// holds it, it is deleted afterwards.
+    pub fn report_corrupt(&mut self, handle: ChunkHandle, server: ChunkserverId) -> CorruptReport {
+        let Some(info) = self.chunks.get_mut(handle) else {
+            return CorruptReport::UnknownChunk;
+        };
+        let held = self
+            .registry
+            .get(server)
+            .is_some_and(|cs| cs.replicas.contains(&handle));
+        if !held {
+            return CorruptReport::Gone;
+        }
+        let Some(version) = info.replica(server).map(|r| r.version) else {
+            return CorruptReport::AlreadyMarked;
+        };
+        if let Some(idx) = server_index(server) {
+            info.remove_replica(idx);
+        }
+        if self.health.mark_corrupt(handle, server, version) {
+            CorruptReport::Excluded { version }
+        } else {
+            CorruptReport::AlreadyMarked
+        }
+    }
+
+    /// One pass of the health worker: forgets what finished or was lost, decides, and
+    /// queues the commands. Returns what it pruned and decided (for logging; trash
+    /// purges are left to the caller, which logs them as records).
+    pub fn health_pass<R: Rng + ?Sized>(
+        &mut self,
+        now_ms: u64,
+        wall_ms: u64,
+        rng: &mut R,
+    ) -> (Pruned, Vec<Action>) {
+        let pruned = health::prune(
+            &mut self.health,
+            &self.chunks,
+            &self.registry,
+            &self.settings,
+            now_ms,
+        );
+        let actions = health::plan(self, now_ms, wall_ms, rng);
+        self.health.record(&actions, now_ms);
+        (pruned, actions)
+    }
+
+    /// Deletes the trash entry `name` for good; false when it is gone already.
+    pub fn purge_trash(&mut self, name: &str, now_ms: u64, mtime_ms: u64) -> Result<bool> {
+        let Some(bin) = self.ns.child(ROOT, trash::DIR) else {
+            return Ok(false);
+        };
+        if self.ns.child(bin, name).is_none() {
+            return Ok(false);
+        }
+        self.commit(
+            Record::Delete {
+                parent: bin,
+                name: name.to_string(),
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(true)
+    }
+
+    /// Health of one file: its counts and its unhealthy chunks.
+    fn file_health(&self, f: &FileMeta, now_ms: u64) -> (HealthCounts, Vec<ChunkProblem>) {
+        let mut c = HealthCounts {
+            files: 1,
+            chunks: f.chunks.len() as u64,
+            ..HealthCounts::default()
+        };
+        match f.write {
+            WriteState::Open { .. } => c.open_files = 1,
+            WriteState::Recovering { .. } => c.recovering_files = 1,
+            WriteState::Closed => {}
+        }
+        let mut problems = Vec::new();
+        for (index, h) in f.chunks.iter().enumerate() {
+            let Some(info) = self.chunks.get(*h) else {
+                c.missing += 1;
+                problems.push(ChunkProblem {
+                    handle: *h,
+                    index: index as u64,
+                    version: ChunkVersion(0),
+                    replication: f.replication,
+                    live: 0,
+                    stale: 0,
+                    corrupt: 0,
+                    ahead: 0,
+                    missing: true,
+                });
+                continue;
+            };
+            let ex = health::examine(self, *h, info, now_ms);
+            let live = ex.live.len() as u64;
+            let missing = ex.missing() || self.missing_chunks.contains(h);
+            let (stale, corrupt, ahead) = (
+                ex.stale.len() as u64,
+                ex.corrupt.len() as u64,
+                ex.ahead.len() as u64,
+            );
+            let under = !missing && live < u64::from(info.replication);
+            c.missing += u64::from(missing);
+            c.under_replicated += u64::from(under);
+            c.stale_replicas += stale;
+            c.corrupt_replicas += corrupt;
+            c.ahead_replicas += ahead;
+            if !missing && !under && stale == 0 && corrupt == 0 && ahead == 0 {
+                c.healthy += 1;
+            } else {
+                problems.push(ChunkProblem {
+                    handle: *h,
+                    index: index as u64,
+                    version: info.version,
+                    replication: info.replication,
+                    live,
+                    stale,
+                    corrupt,
+                    ahead,
+                    missing,
+                });
+            }
+        }
+        (c, problems)
+    }
+
+    /// `fsck`: replica health of every file under `path` (`/` when absent).
+    pub fn fsck(&self, path: Option<&str>, now_ms: u64) -> Result<FsckReport> {
+        let comps = namespace::components(path.unwrap_or("/"))?;
+        let root_path = join(&comps);
+        let root = self.ns.resolve(&comps)?;
+        let mut total = HealthCounts::default();
+        let mut files = Vec::new();
+        let mut truncated = false;
+        let mut stack: Vec<(InodeId, String)> = vec![(root, root_path.clone())];
+        while let Some((ino, p)) = stack.pop() {
+            let Some(inode) = self.ns.get(ino) else {
+                continue;
+            };
+            match &inode.kind {
+                InodeKind::Dir(d) => {
+                    for (name, child) in d.children.iter().rev() {
+                        let cp = if p == "/" {
+                            format!("/{name}")
+                        } else {
+                            format!("{p}/{name}")
+                        };
+                        stack.push((*child, cp));
+                    }
+                }
+                InodeKind::File(f) => {
+                    let (c, problems) = self.file_health(f, now_ms);
+                    add(&mut total, &c);
+                    let healthy = problems.is_empty();
+                    if healthy && f.write == WriteState::Closed {
+                        continue;
+                    }
+                    if files.len() >= MAX_FSCK_FILES {
+                        truncated = true;
+                        continue;
+                    }
+                    files.push(FileHealth {
+                        path: p,
+                        state: match f.write {
+                            WriteState::Closed => FileState::Closed,
+                            WriteState::Open { .. } => FileState::Open,
+                            WriteState::Recovering { .. } => FileState::Recovering,
+                        },
+                        length: self.file_length(f),
+                        replication: f.replication,
+                        healthy,
+                        counts: c,
+                        problems,
+                    });
+                }
+            }
+        }
+        Ok(FsckReport {
+            path: root_path,
+            healthy: total.healthy == total.chunks,
+            total,
+            files,
+            truncated,
+            orphan_replicas: self.orphan_replicas(),
+            replications_in_flight: self.health.copies().len() as u64,
+        })
+    }
+
+    fn orphan_replicas(&self) -> u64 {
+        self.registry.iter().map(|c| c.orphans.len() as u64).sum()
+    }
+
+    /// `admin report`: every chunkserver ever registered, and chunk totals by health.
+    pub fn cluster_report(&self, now_ms: u64) -> ClusterReport {
+        let dead_after = self.settings.dead_after_ms;
+        let mut ids: Vec<ChunkserverId> = self.servers.keys().copied().collect();
+        ids.extend(self.registry.iter().map(|c| c.id));
+        ids.sort();
+        ids.dedup();
+        let chunkservers = ids
+            .into_iter()
+            .map(|id| match self.registry.get(id) {
+                Some(cs) => ChunkserverStatus {
+                    id,
+                    addr: cs.addr.clone(),
+                    state: if cs.is_live(now_ms, dead_after) {
+                        ChunkserverState::Live
+                    } else {
+                        ChunkserverState::Dead
+                    },
+                    last_heartbeat_ms_ago: Some(now_ms.saturating_sub(cs.last_heartbeat_ms)),
+                    capacity: cs.capacity,
+                    used: cs.used,
+                    replicas: (cs.replicas.len() + cs.orphans.len()) as u64,
+                    active_streams: cs.active_streams,
+                    queued_commands: self.health.queued(id) as u64,
+                },
+                None => ChunkserverStatus {
+                    id,
+                    addr: self.servers.get(&id).cloned().unwrap_or_default(),
+                    state: ChunkserverState::Dead,
+                    last_heartbeat_ms_ago: None,
+                    capacity: 0,
+                    used: 0,
+                    replicas: 0,
+                    active_streams: 0,
+                    queued_commands: self.health.queued(id) as u64,
+                },
+            })
+            .collect();
+        let mut chunks = HealthCounts::default();
+        for (_, inode) in self.ns.iter() {
+            if let Some(f) = inode.as_file() {
+                add(&mut chunks, &self.file_health(f, now_ms).0);
+            }
+        }
+        ClusterReport {
+            chunkservers,
+            chunks,
+            orphan_replicas: self.orphan_replicas(),
+            replications_in_flight: self.health.copies().len() as u64,
+        }
+    }
+}
+
+fn add(total: &mut HealthCounts, c: &HealthCounts) {
+    total.files += c.files;
+    total.chunks += c.chunks;
+    total.healthy += c.healthy;
+    total.under_replicated += c.under_replicated;
+    total.missing += c.missing;
+    total.stale_replicas += c.stale_replicas;
+    total.corrupt_replicas += c.corrupt_replicas;
+    total.ahead_replicas += c.ahead_replicas;
+    total.open_files += c.open_files;
+    total.recovering_files += c.recovering_files;
+}

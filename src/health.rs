@@ -1,0 +1,269 @@
+//! `stampfs fsck` and `stampfs admin report`: replica health as the master sees it,
+//! as aligned text for a person or JSON (`--json`) for scripts.
+//!
+//! `fsck` exits 0 only when every chunk under the path is healthy: enough live
+//! replicas at the master's version and nothing pending (no stale, corrupt or
+//! above-version replica). Open files are listed but are not a failure.
+
+use crate::cli::{FsckArgs, MasterAddr};
+use crate::{EXIT_ERROR, EXIT_OK};
+use stampfs_proto::units::format_size;
+use stampfs_proto::{
+    ChunkserverState, ClusterReport, ClusterReportRequest, FileState, Fsck, FsckReport,
+    HealthCounts, Rpc, RpcClient,
+};
+use std::time::Duration;
+
+/// How long connecting to the master and waiting for its answer may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
+    master: &str,
+    req: R,
+) -> Result<R::Response, String> {
+    let mut client = RpcClient::connect(master, TIMEOUT)
+        .await
+        .map_err(|e| format!("cannot reach the master at {master}: {e}"))?;
+    tokio::time::timeout(TIMEOUT, client.call(req))
+        .await
+        .map_err(|_| format!("the master at {master} did not answer within {TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> bool {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => {
+            println!("{s}");
+            true
+        }
+        Err(e) => {
+            eprintln!("stampfs: error: cannot encode JSON: {e}");
+            false
+        }
+    }
+}
+
+fn state_word(s: FileState) -> &'static str {
+    match s {
+        FileState::Open => "open",
+        FileState::Closed => "closed",
+        FileState::Recovering => "recovering",
+    }
+}
+
+/// `stampfs fsck [PATH] [--json]`.
+pub async fn fsck(args: FsckArgs) -> u8 {
+    let report = match ask(&args.master.master, Fsck { path: args.path }).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stampfs: error: fsck: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if args.json {
+        if !print_json(&report) {
+            return EXIT_ERROR;
+        }
+    } else {
+        print!("{}", fsck_text(&report));
+    }
+    if report.healthy {
+        EXIT_OK
+    } else {
+        EXIT_ERROR
+    }
+}
+
+/// The human form of an fsck report.
+pub fn fsck_text(r: &FsckReport) -> String {
+    let mut out = String::new();
+    if !r.files.is_empty() {
+        let w = r
+            .files
+            .iter()
+            .map(|f| f.path.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        out += &format!(
+            "{:<w$}  {:<10}  {:>6}  {:>7}  {:>5}  {:>7}  {:>5}  {:>7}  {:>5}\n",
+            "PATH", "STATE", "CHUNKS", "HEALTHY", "UNDER", "MISSING", "STALE", "CORRUPT", "AHEAD"
+        );
+        for f in &r.files {
+            let c = &f.counts;
+            out += &format!(
+                "{:<w$}  {:<10}  {:>6}  {:>7}  {:>5}  {:>7}  {:>5}  {:>7}  {:>5}\n",
+                f.path,
+                state_word(f.state),
+                c.chunks,
+                c.healthy,
+                c.under_replicated,
+                c.missing,
+                c.stale_replicas,
+                c.corrupt_replicas,
+                c.ahead_replicas
+            );
+            for p in &f.problems {
+                let mut what = vec![format!("{}/{} live", p.live, p.replication)];
+                if p.missing {
+                    what.push("MISSING".into());
+                }
+                if p.stale > 0 {
+                    what.push(format!("{} stale", p.stale));
+                }
+                if p.corrupt > 0 {
+                    what.push(format!("{} corrupt", p.corrupt));
+                }
+                if p.ahead > 0 {
+                    what.push(format!("{} above the master's version", p.ahead));
+                }
+                out += &format!(
+                    "  chunk {} {} v{}: {}\n",
+                    p.index,
+                    p.handle,
+                    p.version,
+                    what.join(", ")
+                );
+            }
+        }
+        if r.truncated {
+            out += "  (more files not listed)\n";
+        }
+        out += "\n";
+    }
+    let t = &r.total;
+    out += &format!(
+        "fsck {}: {}\n",
+        r.path,
+        if r.healthy { "HEALTHY" } else { "UNHEALTHY" }
+    );
+    out += &counts_text(t);
+    out += &format!(
+        "  {:<18}{:>8}   (pending deletion)\n",
+        "orphan replicas", r.orphan_replicas
+    );
+    out += &format!(
+        "  {:<18}{:>8}   (in flight)\n",
+        "re-replications", r.replications_in_flight
+    );
+    out
+}
+
+fn counts_text(t: &HealthCounts) -> String {
+    let row = |name: &str, n: u64, note: &str| {
+        if note.is_empty() {
+            format!("  {name:<18}{n:>8}\n")
+        } else {
+            format!("  {name:<18}{n:>8}   ({note})\n")
+        }
+    };
+    let mut out = String::new();
+    out += &row("files", t.files, "");
+    out += &row("open for write", t.open_files, "");
+    out += &row("in recovery", t.recovering_files, "");
+    out += &row("chunks", t.chunks, "");
+    out += &row("healthy", t.healthy, "");
+    out += &row("under-replicated", t.under_replicated, "");
+    out += &row(
+        "missing",
+        t.missing,
+        "no live replica at the master's version",
+    );
+    out += &row("stale replicas", t.stale_replicas, "pending deletion");
+    out += &row("corrupt replicas", t.corrupt_replicas, "being replaced");
+    out += &row(
+        "ahead replicas",
+        t.ahead_replicas,
+        "above the master's version: kept aside",
+    );
+    out
+}
+
+/// `stampfs admin report [--json]`.
+pub async fn admin_report(master: &MasterAddr, json: bool) -> u8 {
+    let report = match ask(&master.master, ClusterReportRequest {}).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stampfs: error: admin report: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if json {
+        return if print_json(&report) {
+            EXIT_OK
+        } else {
+            EXIT_ERROR
+        };
+    }
+    print!("{}", report_text(&report));
+    EXIT_OK
+}
+
+fn ago(ms: Option<u64>) -> String {
+    match ms {
+        None => "never".into(),
+        Some(ms) if ms < 60_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        Some(ms) => format!("{}m{}s ago", ms / 60_000, ms % 60_000 / 1000),
+    }
+}
+
+/// The human form of a cluster report.
+pub fn report_text(r: &ClusterReport) -> String {
+    let w = r
+        .chunkservers
+        .iter()
+        .map(|c| c.addr.len())
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    let mut out = format!(
+        "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}\n",
+        "ID",
+        "ADDRESS",
+        "STATE",
+        "LAST HEARTBEAT",
+        "CAPACITY",
+        "USED",
+        "REPLICAS",
+        "STREAMS",
+        "QUEUED"
+    );
+    for c in &r.chunkservers {
+        out += &format!(
+            "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}\n",
+            c.id.to_string(),
+            c.addr,
+            match c.state {
+                ChunkserverState::Live => "live",
+                ChunkserverState::Dead => "dead",
+            },
+            ago(c.last_heartbeat_ms_ago),
+            format_size(c.capacity),
+            format_size(c.used),
+            c.replicas,
+            c.active_streams,
+            c.queued_commands
+        );
+    }
+    let live = r
+        .chunkservers
+        .iter()
+        .filter(|c| c.state == ChunkserverState::Live)
+        .count();
+    out += &format!(
+        "\nchunkservers: {} ({live} live, {} dead)\n",
+        r.chunkservers.len(),
+        r.chunkservers.len() - live
+    );
+    out += "chunk health:\n";
+    out += &counts_text(&r.chunks);
+    out += &format!(
+        "  {:<18}{:>8}   (pending deletion)\n",
+        "orphan replicas", r.orphan_replicas
+    );
+    out += &format!(
+        "  {:<18}{:>8}   (in flight)\n",
+        "re-replications", r.replications_in_flight
+    );
+    out
+}
