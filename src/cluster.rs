@@ -54,6 +54,7 @@ impl LocalClusterBuilder {
         let master_addr = master.addr().to_string();
         let key_file = self.master.key_file();
         let mut chunkservers = Vec::new();
+        let mut configs = Vec::new();
         for i in 0..self.chunkservers {
             let mut cfg = ChunkserverConfig::new(
                 self.dir.join(format!("cs{i}")),
@@ -63,15 +64,17 @@ impl LocalClusterBuilder {
             if let Some(tweak) = &self.chunkserver_tweak {
                 tweak(&mut cfg);
             }
-            let cs = stampfs_chunkserver::start(cfg)
+            let cs = stampfs_chunkserver::start(cfg.clone())
                 .await
                 .with_context(|| format!("starting chunkserver {i}"))?;
-            chunkservers.push(cs);
+            chunkservers.push(Some(cs));
+            configs.push(cfg);
         }
         let cluster = LocalCluster {
             dir: self.dir,
             master,
             chunkservers,
+            configs,
         };
         cluster.wait_registered().await?;
         Ok(cluster)
@@ -82,7 +85,9 @@ impl LocalClusterBuilder {
 pub struct LocalCluster {
     dir: PathBuf,
     master: MasterHandle,
-    chunkservers: Vec<ChunkserverHandle>,
+    /// `None` while a chunkserver is stopped.
+    chunkservers: Vec<Option<ChunkserverHandle>>,
+    configs: Vec<ChunkserverConfig>,
 }
 
 impl LocalCluster {
@@ -107,8 +112,45 @@ impl LocalCluster {
     pub fn chunkserver_addrs(&self) -> Vec<String> {
         self.chunkservers
             .iter()
-            .map(|c| c.addr().to_string())
+            .map(|c| {
+                c.as_ref()
+                    .map_or_else(|| "(stopped)".into(), |c| c.addr().to_string())
+            })
             .collect()
+    }
+
+    /// The id chunkserver `i` registered under (while it runs).
+    pub fn chunkserver_id(&self, i: usize) -> Option<stampfs_proto::ChunkserverId> {
+        self.chunkservers.get(i)?.as_ref()?.id()
+    }
+
+    /// The data directory of chunkserver `i`.
+    pub fn chunkserver_dir(&self, i: usize) -> Option<&Path> {
+        self.configs.get(i).map(|c| c.dir.as_path())
+    }
+
+    /// Stops chunkserver `i` cleanly; its data stays.
+    pub async fn stop_chunkserver(&mut self, i: usize) -> Result<()> {
+        if let Some(cs) = self.chunkservers.get_mut(i).and_then(Option::take) {
+            cs.shutdown().await.context("stopping a chunkserver")?;
+        }
+        Ok(())
+    }
+
+    /// Starts chunkserver `i` again on its data directory and waits until it has
+    /// registered.
+    pub async fn restart_chunkserver(&mut self, i: usize) -> Result<()> {
+        let cfg = self
+            .configs
+            .get(i)
+            .cloned()
+            .context("no such chunkserver")?;
+        self.stop_chunkserver(i).await?;
+        let cs = stampfs_chunkserver::start(cfg)
+            .await
+            .with_context(|| format!("restarting chunkserver {i}"))?;
+        self.chunkservers[i] = Some(cs);
+        self.wait_registered().await
     }
 
     /// The data directory.
@@ -119,7 +161,7 @@ impl LocalCluster {
     async fn wait_registered(&self) -> Result<()> {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
-            if self.chunkservers.iter().all(|c| c.id().is_some()) {
+            if self.chunkservers.iter().flatten().all(|c| c.id().is_some()) {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
@@ -131,7 +173,7 @@ impl LocalCluster {
 
     /// Stops the chunkservers, then the master.
     pub async fn shutdown(self) -> Result<()> {
-        for cs in self.chunkservers {
+        for cs in self.chunkservers.into_iter().flatten() {
             cs.shutdown().await.context("stopping a chunkserver")?;
         }
         self.master

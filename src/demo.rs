@@ -5,7 +5,9 @@
 //! with SIGSTOP; its lease expires and the master recovers the file (version bump,
 //! close at the acknowledged length); writer B appends under a newer version; A is
 //! resumed and its next write is rejected by a chunkserver with `StaleToken`. The
-//! file ends up as A's acknowledged prefix followed by B's data.
+//! file ends up as A's acknowledged prefix followed by B's data. Then a chunkserver
+//! misses a bump, comes back with a stale replica, and the garbage collector deletes
+//! it while re-replication restores three copies at the current version.
 
 use crate::cluster::LocalCluster;
 use anyhow::{bail, Context, Result};
@@ -93,6 +95,22 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
                 at: Instant::now(),
                 who: "master",
                 text,
+            })
+        } else if meta.target().starts_with("stampfs_master::service::health")
+            && *meta.level() <= tracing::Level::INFO
+        {
+            let detail = pick(&[
+                "chunkserver",
+                "max_version",
+                "reason",
+                "version",
+                "source",
+                "target",
+            ]);
+            Some(Told {
+                at: Instant::now(),
+                who: "master",
+                text: format!("{} [{detail}]", f.message),
             })
         } else if meta.target().starts_with("stampfs_chunkserver")
             && f.rest.iter().any(|(_, v)| v.contains("stale token"))
@@ -242,12 +260,13 @@ async fn story(n: &mut Narrator) -> Result<()> {
     );
     println!("  data in {}", tmp.path().display());
     println!();
-    let cluster = LocalCluster::builder(tmp.path())
+    let mut cluster = LocalCluster::builder(tmp.path())
         .chunkservers(3)
         .master_config(|m| {
             m.lease_soft = LEASE_SOFT;
             m.lease_hard = LEASE_HARD;
             m.dead_after = Duration::from_secs(3);
+            m.health_interval = Duration::from_millis(300);
         })
         .chunkserver_config(|c| c.heartbeat = Duration::from_millis(200))
         .start()
@@ -400,11 +419,89 @@ async fn story(n: &mut Narrator) -> Result<()> {
         "none of A's late bytes landed",
         !got.windows(10).any(|w| w == b"A: this la"),
     );
-    n.say(
-        "gc",
-        "skipped: garbage collection of a stale replica lands with the replica-health work",
-    );
+    gc_story(n, &client, &mut cluster).await?;
     cluster.shutdown().await?;
+    Ok(())
+}
+
+/// The version in the replica header of `handle` in a chunkserver directory, if any.
+fn version_on_disk(dir: &std::path::Path, handle: stampfs_proto::ChunkHandle) -> Option<u64> {
+    let bytes = std::fs::read(dir.join(format!("{handle}.chunk"))).ok()?;
+    let slot = stampfs_chunkserver::header::SLOT_SIZE as usize;
+    if bytes.len() < 2 * slot {
+        return None;
+    }
+    stampfs_chunkserver::header::Header::newest(&bytes[..slot], &bytes[slot..2 * slot])
+        .ok()
+        .map(|h| h.version.0)
+}
+
+/// A chunkserver misses a version bump, comes back with a stale replica, and the
+/// garbage collector deletes it while re-replication restores three copies.
+async fn gc_story(n: &mut Narrator, client: &Client, cluster: &mut LocalCluster) -> Result<()> {
+    const DOWN: usize = 2;
+    println!();
+    let handle = client
+        .locations(PATH)
+        .await?
+        .chunks
+        .last()
+        .map(|c| c.handle)
+        .context("the file has no chunk")?;
+    let dir = cluster
+        .chunkserver_dir(DOWN)
+        .context("no third chunkserver")?
+        .to_path_buf();
+    let name = cluster
+        .chunkserver_id(DOWN)
+        .map_or_else(|| "chunkserver".to_string(), |id| id.to_string());
+    cluster.stop_chunkserver(DOWN).await?;
+    n.say(&name, "stopped: it will miss the next version bump");
+    let c_data = b"C: appended while a chunkserver was down\n".repeat(20);
+    let mut c = client.append(PATH).await?;
+    c.write_all(&c_data).await?;
+    c.close().await?;
+    let (v_c, _, _) = current_version(client).await?;
+    let old = version_on_disk(&dir, handle);
+    n.say(
+        "writer C",
+        &format!(
+            "appended {} bytes under version {v_c}; {name}'s replica still says version {}",
+            c_data.len(),
+            old.map_or("-".into(), |v| v.to_string())
+        ),
+    );
+    n.check(
+        &format!("{name} holds a stale replica (below the master's version)"),
+        old.is_some_and(|v| v < v_c.0),
+    );
+    cluster.restart_chunkserver(DOWN).await?;
+    n.say(&name, "back, reporting its replicas to the master");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let healed = loop {
+        let stale_gone = version_on_disk(&dir, handle).is_none_or(|v| v >= v_c.0);
+        let locs = client.locations(PATH).await?;
+        let three = locs
+            .chunks
+            .last()
+            .is_some_and(|ch| ch.version == v_c && ch.replicas.len() == 3);
+        if stale_gone && three {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    n.retell();
+    n.check(
+        &format!("the garbage collector removed the stale replica from {name}'s disk"),
+        version_on_disk(&dir, handle).is_none_or(|v| v >= v_c.0),
+    );
+    n.check(
+        &format!("re-replication restored three replicas at version {v_c}"),
+        healed,
+    );
     Ok(())
 }
 
