@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the hot pieces of the write path.
 //!
-//! `cargo bench --bench micro`
+//! `cargo bench --bench micro` (the disk side: `cargo bench --bench engines`)
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -64,5 +64,32 @@ fn tokens(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, crc, frames, tokens);
+/// The frame CRC of a forwarded packet: a full pass over header and data (what the
+/// codec's writer does) against combining the header's CRC with the packet CRC that
+/// was already verified (what the chunkserver's forwarder and the client do).
+fn frame_prefix(c: &mut Criterion) {
+    let frame = packet_frame();
+    let data_crc = crc32fast::hash(&frame.data);
+    let mut g = c.benchmark_group("frame prefix");
+    g.throughput(Throughput::Bytes(frame.data.len() as u64));
+    g.bench_function("full CRC pass", |b| {
+        b.iter(|| {
+            std::hint::black_box(&frame)
+                .encode_prefix()
+                .expect("prefix")
+        })
+    });
+    g.bench_function("combined from the packet CRC", |b| {
+        b.iter(|| {
+            stampfs_chunkserver::pipeline::frame_prefix(
+                std::hint::black_box(&frame.header),
+                frame.data.len(),
+                data_crc,
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, crc, frames, tokens, frame_prefix);
 criterion_main!(benches);

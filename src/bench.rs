@@ -7,26 +7,36 @@
 //!    `pwrite` (1 MiB buffers) into one file and `fdatasync`ed at the end: what the
 //!    disk can absorb when every byte is written `replication` times. It is measured
 //!    right before *and* right after the pipeline run and the two are averaged, so a
-//!    disk whose speed drifts does not flatter or punish either side.
+//!    disk whose speed drifts does not flatter or punish either side. The raw file is
+//!    removed and the file system synced (`syncfs`) outside the timed part, so the
+//!    journal commit and discards of a removal never land in the next measurement.
 //! 2. **Pipeline.** `size` bytes through a [`FileWriter`](stampfs_client::FileWriter)
 //!    with the given packet size and window, closed after an `hsync`; timed from
-//!    `create` to the end of `close`. Per-packet ack latency (first send to the ack of
-//!    the whole pipeline) comes from the writer's optional recorder.
-//! 3. **Small writes.** `N ×` (4 KiB append + `hsync`) next to `N ×` (4 KiB `pwrite`
-//!    append + `fdatasync`) on the same disk; one untimed warm-up each.
+//!    `create` to the end of `close`, in a task of the runtime as an application's
+//!    writer would run. Per-packet ack latency (first send to the ack of the whole
+//!    pipeline) comes from the writer's optional recorder. The process's CPU time and
+//!    the CPU used by everything else on the machine are read from `/proc` around it.
+//!    The file stays until the cluster is removed (deleting it would put its
+//!    discards into the next measurement).
+//! 3. **Small writes.** `N ×` (4 KiB append + `hsync`) interleaved one for one with
+//!    `N ×` (4 KiB `pwrite` append + `fdatasync`) of a raw file on the same disk, and
+//!    for replication `r > 1` with `N` rounds of `r` raw files appended and
+//!    fdatasynced side by side; one untimed warm-up each.
 //!
 //! Ratio = raw seconds / pipeline seconds: the fraction of the disk's limit for that
 //! replication the pipeline reaches. MB are 10^6 bytes.
 //!
 //! The embedded cluster (one per engine, `max(replication)` chunkservers) and the raw
 //! files live in a temporary directory under `--dir` (default: the current directory,
-//! so the disk measured is the one you are on); it is removed at the end.
+//! so the disk measured is the one you are on); it is removed at the end. Peak disk
+//! use is about `size × (sum of replications + max replication)`.
 
 use crate::cli::BenchPipelineArgs;
 use crate::cluster::LocalCluster;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use stampfs_chunkserver::store::DEFAULT_WRITE_BEHIND;
 use stampfs_chunkserver::IoEngineKind;
 use stampfs_client::{Client, ClientConfig, CreateOptions};
 use stampfs_proto::units::format_size;
@@ -34,6 +44,8 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -116,6 +128,18 @@ pub struct Throughput {
     pub ratio: f64,
     pub target: f64,
     pub met: bool,
+    /// CPU time this process (client and embedded cluster) spent during the
+    /// pipeline run, per GiB written; absent where `/proc` is not readable.
+    pub cpu_seconds_per_gib: Option<f64>,
+    /// Share of the machine's CPU time used by *other* processes during the pipeline
+    /// run (0..1): a benchmark on a shared machine is only as quiet as this says.
+    pub other_load: Option<f64>,
+    /// The stricter baseline: the same raw write, but starting writeback every
+    /// `write_behind` bytes as the chunkserver does (one run, after the others).
+    pub raw_wb_seconds: Option<f64>,
+    pub raw_wb_mb_per_s: Option<f64>,
+    /// `raw_wb_seconds / seconds`.
+    pub ratio_wb: Option<f64>,
 }
 
 /// Small appends with hsync next to raw small writes with fdatasync.
@@ -130,6 +154,15 @@ pub struct SmallWrites {
     pub ratio: f64,
     pub target: f64,
     pub met: bool,
+    /// For replication above 1: `replication` raw files appended and fdatasynced side
+    /// by side per round (what that many replicas on one disk must do per hsync).
+    pub raw_parallel_p50_us: Option<f64>,
+    pub raw_parallel_p99_us: Option<f64>,
+    /// `p50 / raw_parallel p50`.
+    pub ratio_parallel: Option<f64>,
+    /// Median ack latency of the packets as the writer's streamer saw it (the rest of
+    /// `p50` is the hop between the application's task and the streamer).
+    pub ack_p50_us: f64,
 }
 
 /// The `p`-quantile (0..=1) of `samples` by nearest rank; zero when empty.
@@ -193,16 +226,117 @@ impl Throughput {
             ratio,
             target,
             met: ratio >= target,
+            cpu_seconds_per_gib: None,
+            other_load: None,
+            raw_wb_seconds: None,
+            raw_wb_mb_per_s: None,
+            ratio_wb: None,
         }
+    }
+
+    /// Adds the stricter (write-behind) raw baseline.
+    pub fn with_write_behind_baseline(mut self, raw: Duration) -> Self {
+        let secs = raw.as_secs_f64();
+        self.raw_wb_seconds = Some(secs);
+        self.raw_wb_mb_per_s = Some(mb_per_s(self.raw_bytes, secs));
+        if self.seconds > 0.0 {
+            self.ratio_wb = Some(secs / self.seconds);
+        }
+        self
+    }
+
+    /// Adds the CPU accounting of the pipeline run.
+    pub fn with_cpu(mut self, cpu: Option<CpuUse>) -> Self {
+        if let Some(c) = cpu {
+            let gib = self.bytes as f64 / f64::from(1u32 << 30);
+            if gib > 0.0 {
+                self.cpu_seconds_per_gib = Some(c.own_seconds / gib);
+            }
+            self.other_load = Some(c.other_load);
+        }
+        self
     }
 }
 
+/// CPU time over an interval, from `/proc`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuUse {
+    /// This process's user + system time.
+    pub own_seconds: f64,
+    /// Busy time of everything else, as a share of all cores' time (0..1).
+    pub other_load: f64,
+}
+
+/// A reading of `/proc/self/stat` and `/proc/stat` (clock ticks).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSnapshot {
+    own: u64,
+    busy: u64,
+    total: u64,
+}
+
+/// Linux's `USER_HZ`, the unit of `/proc` CPU times (100 on every Linux ABI).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl CpuSnapshot {
+    /// Reads the counters; `None` when `/proc` is unavailable or unexpected.
+    pub fn now() -> Option<Self> {
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let (own, (busy, total)) = (parse_self_stat(&own)?, parse_proc_stat(&stat)?);
+        Some(Self { own, busy, total })
+    }
+
+    /// What was used between `self` and `later`.
+    pub fn until(&self, later: &Self) -> Option<CpuUse> {
+        let own = later.own.checked_sub(self.own)?;
+        let busy = later.busy.checked_sub(self.busy)?;
+        let total = later.total.checked_sub(self.total)?;
+        if total == 0 {
+            return None;
+        }
+        Some(CpuUse {
+            own_seconds: own as f64 / TICKS_PER_SECOND,
+            other_load: busy.saturating_sub(own) as f64 / total as f64,
+        })
+    }
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line.
+pub fn parse_self_stat(text: &str) -> Option<u64> {
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state): utime is field 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// (busy, total) ticks of all CPUs from the first line of `/proc/stat`; idle and
+/// iowait are not busy.
+pub fn parse_proc_stat(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().next()?;
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let values: Vec<u64> = fields.map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is
+    // already counted in user, so only the first eight are summed.
+    let total: u64 = values.iter().take(8).sum();
+    let idle = values.get(3)? + values.get(4).copied().unwrap_or(0);
+    Some((total - idle.min(total), total))
+}
+
 impl SmallWrites {
-    /// Percentiles and the verdict from the two latency series.
-    pub fn new(pipeline: &[Duration], raw: &[Duration]) -> Self {
+    /// Percentiles and the verdict from the latency series. The verdict compares with
+    /// one raw write + fdatasync, as the target is stated.
+    pub fn new(pipeline: &[Duration], raw: &[Duration], raw_parallel: Option<&[Duration]>) -> Self {
         let p50 = us(percentile(pipeline, 0.50));
         let raw_p50 = us(percentile(raw, 0.50));
         let ratio = if raw_p50 > 0.0 { p50 / raw_p50 } else { 0.0 };
+        let par_p50 = raw_parallel.map(|r| us(percentile(r, 0.50)));
         Self {
             count: pipeline.len(),
             p50_us: p50,
@@ -212,7 +346,17 @@ impl SmallWrites {
             ratio,
             target: SMALL_TARGET,
             met: raw_p50 > 0.0 && ratio <= SMALL_TARGET,
+            raw_parallel_p50_us: par_p50,
+            raw_parallel_p99_us: raw_parallel.map(|r| us(percentile(r, 0.99))),
+            ratio_parallel: par_p50.filter(|p| *p > 0.0).map(|p| p50 / p),
+            ack_p50_us: 0.0,
         }
+    }
+
+    /// Adds the writer's ack latencies.
+    pub fn with_acks(mut self, acks: &[Duration]) -> Self {
+        self.ack_p50_us = us(percentile(acks, 0.50));
+        self
     }
 }
 
@@ -305,12 +449,32 @@ pub fn render_text(report: &Report) -> String {
                 format!("{:.0}%", t.ratio * 100.0),
                 format!("≥{:.0}%", t.target * 100.0),
                 verdict(t.met).to_string(),
+                t.cpu_seconds_per_gib
+                    .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                t.other_load
+                    .map_or_else(|| "-".into(), |o| format!("{:.0}%", o * 100.0)),
+                t.raw_wb_mb_per_s
+                    .map_or_else(|| "-".into(), |v| format!("{v:.0}")),
+                t.ratio_wb
+                    .map_or_else(|| "-".into(), |v| format!("{:.0}%", v * 100.0)),
             ]
         })
         .collect();
     out.push_str(&table(
         &[
-            "config", "MB/s", "ack p50", "ack p99", "raw MB/s", "limit", "ratio", "target", "",
+            "config",
+            "MB/s",
+            "ack p50",
+            "ack p99",
+            "raw MB/s",
+            "limit",
+            "ratio",
+            "target",
+            "",
+            "cpu s/GiB",
+            "others",
+            "raw+wb",
+            "ratio wb",
         ],
         &rows,
     ));
@@ -324,11 +488,15 @@ pub fn render_text(report: &Report) -> String {
                     s.count.to_string(),
                     fmt_us(s.p50_us),
                     fmt_us(s.p99_us),
+                    fmt_us(s.ack_p50_us),
                     fmt_us(s.raw_p50_us),
                     fmt_us(s.raw_p99_us),
                     format!("{:.2}×", s.ratio),
                     format!("≤{:.1}×", s.target),
                     verdict(s.met).to_string(),
+                    s.raw_parallel_p50_us.map_or_else(|| "-".into(), fmt_us),
+                    s.ratio_parallel
+                        .map_or_else(|| "-".into(), |r| format!("{r:.2}×")),
                 ]
             })
         })
@@ -341,20 +509,38 @@ pub fn render_text(report: &Report) -> String {
                 "n",
                 "p50",
                 "p99",
+                "ack p50",
                 "raw p50",
                 "raw p99",
                 "p50/raw",
                 "target",
                 "",
+                "raw×r p50",
+                "p50/raw×r",
             ],
             &small,
         ));
     }
-    out.push_str(
+    let _ = write!(
+        out,
         "\nlimit = raw sequential pwrite+fdatasync bandwidth of size×replication bytes on the same disk, \
-         divided by the replication; ratio = pipeline / limit. raw p50/p99: 4 KiB pwrite + fdatasync.\n",
+         divided by the replication; ratio = pipeline / limit. raw p50/p99: 4 KiB pwrite + fdatasync.\n\
+         cpu s/GiB = CPU time of this process (client + embedded cluster) per GiB written; \
+         others = CPU used by other processes (and stolen by the hypervisor) during the pipeline run, as a share of the machine.\n\
+         raw+wb = the same raw write starting writeback every {} as the chunkserver does (a stricter \
+         baseline than the target's); ratio wb = pipeline / (raw+wb / replication).\n\
+         raw×r: r raw files each appended 4 KiB and fdatasynced side by side per round \
+         (what r replicas on one disk do per hsync); the target is judged against one raw write.\n",
+        format_size(DEFAULT_WRITE_BEHIND)
     );
     out
+}
+
+/// The stricter baseline's limit for a configuration, MB/s.
+fn wb_limit(r: &ConfigResult) -> Option<f64> {
+    r.throughput
+        .raw_wb_mb_per_s
+        .map(|v| v / f64::from(r.replication.max(1)))
 }
 
 fn xml_escape(s: &str) -> String {
@@ -394,7 +580,13 @@ pub fn render_svg(report: &Report) -> String {
     let max_mb = report
         .results
         .iter()
-        .flat_map(|r| [r.throughput.mb_per_s, r.throughput.limit_mb_per_s])
+        .flat_map(|r| {
+            [
+                r.throughput.mb_per_s,
+                r.throughput.limit_mb_per_s,
+                wb_limit(r).unwrap_or(0.0),
+            ]
+        })
         .fold(1.0f64, f64::max)
         * 1.15;
     let _ = writeln!(
@@ -414,18 +606,21 @@ pub fn render_svg(report: &Report) -> String {
         );
     }
     let group = lw / n;
-    let bar = (group * 0.35).min(60.0);
+    let bar = (group * 0.27).min(45.0);
     for (i, r) in report.results.iter().enumerate() {
         let gx = lx + group * i as f64 + group / 2.0;
-        for (k, (v, color)) in [
-            (r.throughput.mb_per_s, "#3b7dd8"),
-            (r.throughput.limit_mb_per_s, "#aaaaaa"),
-        ]
-        .into_iter()
-        .enumerate()
+        let bars = [
+            Some((r.throughput.mb_per_s, "#3b7dd8")),
+            Some((r.throughput.limit_mb_per_s, "#aaaaaa")),
+            wb_limit(r).map(|v| (v, "#dddddd")),
+        ];
+        for (k, (v, color)) in bars
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, b)| Some((k, b?)))
         {
             let h = plot_h * v / max_mb;
-            let x = gx - bar + bar * k as f64;
+            let x = gx - 1.5 * bar + bar * k as f64;
             let _ = writeln!(
                 s,
                 r#"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{h:.1}" fill="{color}"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{v:.0}</text>"#,
@@ -443,13 +638,17 @@ pub fn render_svg(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        r##"<rect x="{lx}" y="{}" width="10" height="10" fill="#3b7dd8"/><text x="{}" y="{}">pipeline</text><rect x="{}" y="{}" width="10" height="10" fill="#aaaaaa"/><text x="{}" y="{}">raw limit (raw / replication)</text>"##,
+        r##"<rect x="{lx}" y="{}" width="10" height="10" fill="#3b7dd8"/><text x="{}" y="{}">pipeline</text><rect x="{}" y="{}" width="10" height="10" fill="#aaaaaa"/><text x="{}" y="{}">raw limit (raw / replication)</text><rect x="{}" y="{}" width="10" height="10" fill="#dddddd"/><text x="{}" y="{}">raw with write-behind / replication</text>"##,
         BOTTOM + 32.0,
         lx + 14.0,
         BOTTOM + 41.0,
         lx + 90.0,
         BOTTOM + 32.0,
         lx + 104.0,
+        BOTTOM + 41.0,
+        lx + 290.0,
+        BOTTOM + 32.0,
+        lx + 304.0,
         BOTTOM + 41.0
     );
     // Right panel: ratio.
@@ -520,7 +719,17 @@ fn source(len: usize) -> Vec<u8> {
 /// Writes `bytes` sequentially with `pwrite` into a new file in `dir`, then
 /// `fdatasync`; returns the time from create to the end of the sync. The file is
 /// removed afterwards (not timed).
-fn raw_sequential(dir: &Path, bytes: u64, buf: &[u8], bar: &ProgressBar) -> Result<Duration> {
+///
+/// With `write_behind` above zero, writeback of every `write_behind` bytes written is
+/// started right away (`posix_fadvise(DONTNEED)`, as the chunkserver's threads engine
+/// does), so the disk works while the writer goes on: the stricter baseline.
+fn raw_sequential(
+    dir: &Path,
+    bytes: u64,
+    buf: &[u8],
+    bar: &ProgressBar,
+    write_behind: u64,
+) -> Result<Duration> {
     let path = dir.join("raw-sequential.bin");
     let started = Instant::now();
     let file = std::fs::OpenOptions::new()
@@ -530,45 +739,42 @@ fn raw_sequential(dir: &Path, bytes: u64, buf: &[u8], bar: &ProgressBar) -> Resu
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
     let mut at = 0u64;
+    let mut behind = 0u64;
     while at < bytes {
         let n = (bytes - at).min(buf.len() as u64) as usize;
         file.write_all_at(&buf[..n], at)
             .with_context(|| format!("writing {}", path.display()))?;
         at += n as u64;
         bar.inc(n as u64);
+        if write_behind > 0 && at - behind >= write_behind {
+            if let Some(len) = std::num::NonZeroU64::new(at - behind) {
+                rustix::fs::fadvise(&file, behind, Some(len), rustix::fs::Advice::DontNeed)
+                    .with_context(|| format!("write-behind on {}", path.display()))?;
+            }
+            behind = at;
+        }
     }
     file.sync_data()
         .with_context(|| format!("fdatasync {}", path.display()))?;
     let elapsed = started.elapsed();
     drop(file);
     std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    settle(dir);
     Ok(elapsed)
 }
 
-/// `count` × (4 KiB `pwrite` append + `fdatasync`) after one untimed warm-up.
-fn raw_small(dir: &Path, count: usize, bar: &ProgressBar) -> Result<Vec<Duration>> {
-    let path = dir.join("raw-small.bin");
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    let buf = source(SMALL_WRITE);
-    let mut out = Vec::with_capacity(count);
-    for i in 0..=count {
-        let started = Instant::now();
-        file.write_all_at(&buf, (i * SMALL_WRITE) as u64)
-            .and_then(|()| file.sync_data())
-            .with_context(|| format!("writing {}", path.display()))?;
-        if i > 0 {
-            out.push(started.elapsed());
+/// Waits until the file system holding `dir` has committed everything, so the work
+/// a removal leaves behind (journal commit, discards) does not land in the next
+/// measurement. Best effort: a failure only makes the next measurement noisier.
+fn settle(dir: &Path) {
+    match std::fs::File::open(dir) {
+        Ok(d) => {
+            if let Err(e) = rustix::fs::syncfs(&d) {
+                tracing::debug!(error = %e, "syncfs failed");
+            }
         }
-        bar.inc(SMALL_WRITE as u64);
+        Err(e) => tracing::debug!(error = %e, dir = %dir.display(), "cannot open for syncfs"),
     }
-    drop(file);
-    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-    Ok(out)
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -577,64 +783,237 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .context("benchmark thread failed")?
 }
 
-/// Writes `size` bytes to `path` with `replication` and closes after an hsync.
-/// Returns the time from create to the end of close and the ack latencies.
+/// Writes `size` bytes to `path` and closes after an hsync, as a task of the runtime
+/// (where applications run writers). Returns the time from create to the end of
+/// close and the ack latencies.
 async fn pipeline_write(
-    client: &Client,
-    path: &str,
+    client: Client,
+    path: String,
     opts: CreateOptions,
     size: u64,
-    src: &[u8],
-    bar: &ProgressBar,
+    src: Arc<Vec<u8>>,
+    bar: ProgressBar,
 ) -> Result<(Duration, Vec<Duration>)> {
-    let started = Instant::now();
-    let mut w = client
-        .create(path, opts)
-        .await
-        .with_context(|| format!("creating {path}"))?;
-    w.record_ack_latencies(true);
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(src.len() as u64) as usize;
-        w.write_all(&src[..n])
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut w = client
+            .create(&path, opts)
             .await
-            .with_context(|| format!("writing {path}"))?;
-        left -= n as u64;
-        bar.inc(n as u64);
-    }
-    w.hsync().await.with_context(|| format!("hsync {path}"))?;
-    let acks = w.take_ack_latencies();
-    w.close().await.with_context(|| format!("closing {path}"))?;
-    Ok((started.elapsed(), acks))
+            .with_context(|| format!("creating {path}"))?;
+        w.record_ack_latencies(true);
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(src.len() as u64) as usize;
+            w.write_all(&src[..n])
+                .await
+                .with_context(|| format!("writing {path}"))?;
+            left -= n as u64;
+            bar.inc(n as u64);
+        }
+        w.hsync().await.with_context(|| format!("hsync {path}"))?;
+        let acks = w.take_ack_latencies();
+        w.close().await.with_context(|| format!("closing {path}"))?;
+        Ok((started.elapsed(), acks))
+    });
+    task.await.context("benchmark task failed")?
 }
 
-/// `count` × (4 KiB append + hsync) after one untimed warm-up.
-async fn pipeline_small(
-    client: &Client,
-    path: &str,
-    opts: CreateOptions,
-    count: usize,
-    bar: &ProgressBar,
-) -> Result<Vec<Duration>> {
-    let buf = source(SMALL_WRITE);
-    let mut w = client
-        .create(path, opts)
-        .await
-        .with_context(|| format!("creating {path}"))?;
-    let mut out = Vec::with_capacity(count);
-    for i in 0..=count {
-        let started = Instant::now();
-        w.write_all(&buf)
-            .await
-            .with_context(|| format!("writing {path}"))?;
-        w.hsync().await.with_context(|| format!("hsync {path}"))?;
-        if i > 0 {
-            out.push(started.elapsed());
+/// `files.len()` raw files appended side by side: each round writes 4 KiB to every
+/// file and fdatasyncs them all at once, one thread per file, which is what that many
+/// replicas on this one disk must do for one hsync.
+struct ParallelRaw {
+    /// Releases the workers into a round (and, with `stop` set, out of their loop).
+    start: Arc<Barrier>,
+    /// Met by every worker once its write and sync are done.
+    end: Arc<Barrier>,
+    stop: Arc<AtomicBool>,
+    /// The first error a worker hit; checked after each round.
+    error: Arc<Mutex<Option<std::io::Error>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    paths: Vec<PathBuf>,
+}
+
+impl ParallelRaw {
+    fn new(dir: &Path, n: usize) -> Result<Self> {
+        let start = Arc::new(Barrier::new(n + 1));
+        let end = Arc::new(Barrier::new(n + 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let error = Arc::new(Mutex::new(None));
+        let mut threads = Vec::new();
+        let mut paths = Vec::new();
+        let data = source(SMALL_WRITE);
+        for k in 0..n {
+            let path = dir.join(format!("raw-small-{k}.bin"));
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            paths.push(path);
+            let (start, end, stop, error, data) = (
+                start.clone(),
+                end.clone(),
+                stop.clone(),
+                error.clone(),
+                data.clone(),
+            );
+            threads.push(std::thread::spawn(move || {
+                let mut at = 0u64;
+                loop {
+                    start.wait();
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Err(e) = file.write_all_at(&data, at).and_then(|()| file.sync_data()) {
+                        error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                    }
+                    at += data.len() as u64;
+                    end.wait();
+                }
+            }));
         }
-        bar.inc(SMALL_WRITE as u64);
+        Ok(Self {
+            start,
+            end,
+            stop,
+            error,
+            threads,
+            paths,
+        })
     }
-    w.close().await.with_context(|| format!("closing {path}"))?;
-    Ok(out)
+
+    /// One round (blocking): how long until every file's write and sync were done.
+    fn round(&self) -> Result<Duration> {
+        let started = Instant::now();
+        self.start.wait();
+        self.end.wait();
+        let took = started.elapsed();
+        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e).context("raw parallel small write");
+        }
+        Ok(took)
+    }
+}
+
+impl Drop for ParallelRaw {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.start.wait();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Latencies of one small-write series.
+struct SmallSeries {
+    pipeline: Vec<Duration>,
+    raw: Vec<Duration>,
+    /// `replication` raw files side by side (absent for replication 1).
+    raw_parallel: Option<Vec<Duration>>,
+    /// The writer's own view: each packet's send to its ack from the whole pipeline.
+    acks: Vec<Duration>,
+}
+
+/// `count` × (4 KiB append + hsync) through the pipeline, interleaved one for one
+/// with `count` × (4 KiB `pwrite` append + `fdatasync`) of a raw file in `dir` (and,
+/// for replication above 1, with rounds of [`ParallelRaw`]), so every series sees the
+/// same machine: on a VM, how busy the CPUs are changes how soon a sleeping thread
+/// learns that its flush is done. One untimed warm-up of each first. The pipeline
+/// side runs as a task of the runtime, as an application's writer would.
+async fn small_writes(
+    client: Client,
+    path: String,
+    opts: CreateOptions,
+    dir: PathBuf,
+    count: usize,
+    bar: ProgressBar,
+) -> Result<SmallSeries> {
+    let task = tokio::spawn(async move {
+        let buf = source(SMALL_WRITE);
+        let raw_path = dir.join("raw-small.bin");
+        let raw = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&raw_path)
+                .with_context(|| format!("creating {}", raw_path.display()))?,
+        );
+        let replicas = usize::from(opts.replication.unwrap_or(1).max(1));
+        let parallel = if replicas > 1 {
+            let dir = dir.clone();
+            Some(Arc::new(
+                blocking(move || ParallelRaw::new(&dir, replicas)).await?,
+            ))
+        } else {
+            None
+        };
+        let mut w = client
+            .create(&path, opts)
+            .await
+            .with_context(|| format!("creating {path}"))?;
+        let mut out = SmallSeries {
+            pipeline: Vec::with_capacity(count),
+            raw: Vec::with_capacity(count),
+            raw_parallel: parallel.as_ref().map(|_| Vec::with_capacity(count)),
+            acks: Vec::new(),
+        };
+        for i in 0..=count {
+            let (file, data, at) = (raw.clone(), buf.clone(), (i * SMALL_WRITE) as u64);
+            let took = blocking(move || {
+                let started = Instant::now();
+                file.write_all_at(&data, at)
+                    .and_then(|()| file.sync_data())
+                    .context("raw small write")?;
+                Ok(started.elapsed())
+            })
+            .await?;
+            let took_parallel = match &parallel {
+                Some(p) => {
+                    let p = p.clone();
+                    Some(blocking(move || p.round()).await?)
+                }
+                None => None,
+            };
+            w.record_ack_latencies(i > 0);
+            let started = Instant::now();
+            w.write_all(&buf)
+                .await
+                .with_context(|| format!("writing {path}"))?;
+            w.hsync().await.with_context(|| format!("hsync {path}"))?;
+            if i > 0 {
+                out.pipeline.push(started.elapsed());
+                out.raw.push(took);
+                if let (Some(v), Some(t)) = (out.raw_parallel.as_mut(), took_parallel) {
+                    v.push(t);
+                }
+            }
+            bar.inc(2 * SMALL_WRITE as u64);
+        }
+        out.acks = w.take_ack_latencies();
+        w.close().await.with_context(|| format!("closing {path}"))?;
+        drop(raw);
+        if let Some(p) = parallel {
+            // The last reference: joins the workers and removes their files.
+            blocking(move || {
+                drop(p);
+                Ok(())
+            })
+            .await?;
+        }
+        std::fs::remove_file(&raw_path)
+            .with_context(|| format!("removing {}", raw_path.display()))?;
+        Ok(out)
+    });
+    task.await.context("benchmark task failed")?
 }
 
 /// Where the benchmark's files go: an embedded cluster with one engine, or a running
@@ -708,7 +1087,7 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
     let per_config: u64 = replication
         .iter()
         .map(|&r| {
-            args.size + 2 * args.size * u64::from(r) + 2 * (args.small_writes as u64 + 1) * 4096
+            args.size + 3 * args.size * u64::from(r) + 2 * (args.small_writes as u64 + 1) * 4096
         })
         .sum();
     let bar = if std::io::stderr().is_terminal() {
@@ -728,7 +1107,7 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
         window: args.window as usize,
         ..ClientConfig::default()
     };
-    let src = std::sync::Arc::new(source(RAW_BUF));
+    let src = Arc::new(source(RAW_BUF));
     let mut results = Vec::new();
     for target in targets {
         let label = target.label();
@@ -770,6 +1149,7 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
             c.shutdown().await.context("stopping the cluster")?;
             let dir = work.path().join(format!("cluster-{label}"));
             let _ = std::fs::remove_dir_all(&dir);
+            settle(work.path());
         }
         results.extend(outcome?);
     }
@@ -806,7 +1186,7 @@ async fn measure_target(
     client: &Client,
     label: &str,
     work: &Path,
-    src: &std::sync::Arc<Vec<u8>>,
+    src: &Arc<Vec<u8>>,
     bar: &ProgressBar,
 ) -> Result<Vec<ConfigResult>> {
     let remote_dir = format!("/stampfs-bench-{}", std::process::id());
@@ -818,12 +1198,12 @@ async fn measure_target(
     for &r in replication {
         let raw_bytes = args.size * u64::from(r);
         let mut raw_runs = Vec::new();
-        let run_raw = |what: &'static str| {
+        let run_raw = |what: &'static str, write_behind: u64| {
             bar.set_message(format!("r{r} {label}: raw disk {what}"));
             let (dir, src, bar) = (work.to_path_buf(), src.clone(), bar.clone());
-            blocking(move || raw_sequential(&dir, raw_bytes, &src, &bar))
+            blocking(move || raw_sequential(&dir, raw_bytes, &src, &bar, write_behind))
         };
-        raw_runs.push(run_raw("(before)").await?);
+        raw_runs.push(run_raw("(before)", 0).await?);
         bar.set_message(format!("r{r} {label}: pipeline"));
         let opts = CreateOptions {
             replication: Some(r),
@@ -831,26 +1211,47 @@ async fn measure_target(
             overwrite: true,
         };
         let path = format!("{remote_dir}/r{r}-{label}");
-        let (elapsed, acks) =
-            pipeline_write(client, &path, opts.clone(), args.size, src, bar).await?;
-        client
-            .delete(&path, false)
-            .await
-            .with_context(|| format!("deleting {path}"))?;
-        raw_runs.push(run_raw("(after)").await?);
-        let throughput = Throughput::new(r, args.size, elapsed, &acks, &raw_runs);
+        let cpu_before = CpuSnapshot::now();
+        let (elapsed, acks) = pipeline_write(
+            client.clone(),
+            path.clone(),
+            opts.clone(),
+            args.size,
+            src.clone(),
+            bar.clone(),
+        )
+        .await?;
+        let cpu = match (cpu_before, CpuSnapshot::now()) {
+            (Some(a), Some(b)) => a.until(&b),
+            _ => None,
+        };
+        // The file stays until the end: deleting it now would put its discards into
+        // the next measurement.
+        raw_runs.push(run_raw("(after)", 0).await?);
+        let raw_wb = run_raw("with write-behind", DEFAULT_WRITE_BEHIND).await?;
+        let throughput = Throughput::new(r, args.size, elapsed, &acks, &raw_runs)
+            .with_cpu(cpu)
+            .with_write_behind_baseline(raw_wb);
         let small = if args.small_writes > 0 {
-            bar.set_message(format!("r{r} {label}: raw 4 KiB + fdatasync"));
-            let (dir, n, b) = (work.to_path_buf(), args.small_writes, bar.clone());
-            let raw = blocking(move || raw_small(&dir, n, &b)).await?;
-            bar.set_message(format!("r{r} {label}: 4 KiB + hsync"));
+            bar.set_message(format!("r{r} {label}: 4 KiB + hsync / + fdatasync"));
             let small_path = format!("{remote_dir}/small-r{r}-{label}");
-            let lat = pipeline_small(client, &small_path, opts, args.small_writes, bar).await?;
-            client
-                .delete(&small_path, false)
-                .await
-                .with_context(|| format!("deleting {small_path}"))?;
-            Some(SmallWrites::new(&lat, &raw))
+            let series = small_writes(
+                client.clone(),
+                small_path,
+                opts,
+                work.to_path_buf(),
+                args.small_writes,
+                bar.clone(),
+            )
+            .await?;
+            Some(
+                SmallWrites::new(
+                    &series.pipeline,
+                    &series.raw,
+                    series.raw_parallel.as_deref(),
+                )
+                .with_acks(&series.acks),
+            )
         } else {
             None
         };
@@ -861,6 +1262,8 @@ async fn measure_target(
             small,
         });
     }
+    // An embedded cluster is removed with its directory; a running one is asked to
+    // delete the files (its trash and garbage collection take it from there).
     let _ = client.delete(&remote_dir, true).await;
     Ok(out)
 }
@@ -900,6 +1303,9 @@ mod tests {
         assert!((t.mb_per_s - 80.0).abs() < 1e-6);
         assert!((t.ratio - 0.8).abs() < 1e-9);
         assert!(t.met);
+        let wb = t.clone().with_write_behind_baseline(ms(10_000));
+        assert!((wb.ratio_wb.expect("wb ratio") - 0.8).abs() < 1e-9);
+        assert!((wb.raw_wb_mb_per_s.expect("wb rate") - 300.0).abs() < 1e-6);
         let t1 = Throughput::new(1, 1_000_000_000, ms(2_000), &[], &[ms(1_600)]);
         assert!((t1.ratio - 0.8).abs() < 1e-9);
         assert!(!t1.met, "replication 1 needs 85%");
@@ -907,12 +1313,17 @@ mod tests {
 
     #[test]
     fn small_write_verdict() {
-        let s = SmallWrites::new(&[ms(3), ms(3), ms(4)], &[ms(2), ms(2), ms(9)]);
+        let s = SmallWrites::new(
+            &[ms(3), ms(3), ms(4)],
+            &[ms(2), ms(2), ms(9)],
+            Some(&[ms(6)]),
+        );
         assert!((s.ratio - 1.5).abs() < 1e-9);
         assert!(s.met);
-        let s = SmallWrites::new(&[ms(4)], &[ms(2)]);
+        assert!((s.ratio_parallel.expect("parallel") - 0.5).abs() < 1e-9);
+        let s = SmallWrites::new(&[ms(4)], &[ms(2)], None);
         assert!(!s.met);
-        assert!(!SmallWrites::new(&[ms(1)], &[]).met);
+        assert!(!SmallWrites::new(&[ms(1)], &[], None).met);
     }
 
     #[test]
@@ -945,7 +1356,7 @@ mod tests {
                 replication: 3,
                 engine: "uring".into(),
                 throughput: t,
-                small: Some(SmallWrites::new(&[ms(1)], &[ms(1)])),
+                small: Some(SmallWrites::new(&[ms(1)], &[ms(1)], Some(&[ms(2)]))),
             }],
         }
     }
@@ -972,6 +1383,30 @@ mod tests {
             ..sample_report()
         };
         assert!(!render_svg(&empty).contains("NaN"));
+    }
+
+    #[test]
+    fn proc_stat_parsing() {
+        let own = "1234 (tokio (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 7 0";
+        assert_eq!(parse_self_stat(own), Some(300));
+        assert_eq!(parse_self_stat("garbage"), None);
+        let stat = "cpu  100 5 50 800 40 1 4 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        assert_eq!(parse_proc_stat(stat), Some((160, 1000)));
+        assert_eq!(parse_proc_stat("intr 1 2 3"), None);
+        let a = CpuSnapshot {
+            own: 100,
+            busy: 1000,
+            total: 4000,
+        };
+        let b = CpuSnapshot {
+            own: 300,
+            busy: 2000,
+            total: 6000,
+        };
+        let used = a.until(&b).expect("forward");
+        assert!((used.own_seconds - 2.0).abs() < 1e-9);
+        assert!((used.other_load - 0.4).abs() < 1e-9);
+        assert!(b.until(&a).is_none());
     }
 
     #[test]

@@ -252,6 +252,11 @@ async fn copy_out(client: &Client, remote: &str, mut out: impl AsyncWrite + Unpi
     }
     out.flush().await.context("writing the output")?;
     bar.finish_and_clear();
+    anyhow::ensure!(
+        copied >= reader.len(),
+        "{remote}: read {copied} bytes but the file holds {}",
+        reader.len()
+    );
     Ok(())
 }
 

@@ -60,8 +60,9 @@ pub struct ChunkserverConfig {
     /// Timeout for connecting to a peer or the master.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub connect_timeout: Duration,
-    /// How long a pipeline waits for a downstream ack before declaring it lost.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    /// How long a pipeline waits for a downstream ack before declaring it lost (keep it
+    /// below the clients' ack timeout, 15 s, so the failed replica is named precisely).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub ack_timeout: Duration,
     /// Replications to other chunkservers running at once.
     #[arg(long, default_value_t = 4)]
@@ -73,6 +74,11 @@ pub struct ChunkserverConfig {
     /// Most replica deletions (ordered by the master) run per second.
     #[arg(long, default_value_t = 50)]
     pub delete_rate: u32,
+    /// Start writing a replica's appended data back to disk every this many bytes,
+    /// without waiting (write-behind), so syncs find little left to flush and the
+    /// disk works while packets stream in; 0 turns it off.
+    #[arg(long, value_parser = parse_size, default_value = "2MiB")]
+    pub write_behind: u64,
 }
 
 impl ChunkserverConfig {
@@ -91,10 +97,11 @@ impl ChunkserverConfig {
             max_connections: 1024,
             stream_buffer: 16 << 20,
             connect_timeout: Duration::from_secs(5),
-            ack_timeout: Duration::from_secs(30),
+            ack_timeout: Duration::from_secs(10),
             max_replications: 4,
             scrub_rate: 8 << 20,
             delete_rate: 50,
+            write_behind: crate::store::DEFAULT_WRITE_BEHIND,
         }
     }
 
@@ -190,6 +197,7 @@ mod tests {
         assert_eq!(cli.cs.stream_buffer, 4 << 20);
         assert_eq!(cli.cs.capacity, Some(1 << 30));
         assert_eq!(cli.cs.report_every, Duration::from_secs(60));
+        assert_eq!(cli.cs.write_behind, crate::store::DEFAULT_WRITE_BEHIND);
         cli.cs.validate().expect("valid");
     }
 

@@ -161,7 +161,11 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     std::fs::create_dir_all(&config.dir).map_err(|e| Error::io("create", &config.dir, e))?;
     let engine = io::open_engine(config.io_engine)?;
     let engine_name = engine.name();
-    let store = Arc::new(Store::open(&config.dir, engine).await?);
+    let store = Arc::new(
+        Store::open(&config.dir, engine)
+            .await?
+            .with_write_behind(config.write_behind),
+    );
     let id = load_id(&config.dir)?;
     let listener = TcpListener::bind(&config.listen)
         .await
@@ -325,8 +329,10 @@ async fn handle_read(
     shared: &Shared,
     read: stampfs_proto::Read,
 ) -> std::result::Result<(stampfs_proto::ReadReply, Bytes), RemoteError> {
+    // Reads take read tokens (from GetLocations) or write tokens; writes never take
+    // read tokens.
     read.token
-        .verify(&shared.key)
+        .verify_read(&shared.key)
         .map_err(|e| Error::from(e).to_remote())?;
     let (replica, data) = shared
         .store
@@ -350,7 +356,7 @@ async fn handle_replica_info(
     info: stampfs_proto::ReplicaInfo,
 ) -> std::result::Result<ReplicaReport, RemoteError> {
     info.token
-        .verify(&shared.key)
+        .verify_read(&shared.key)
         .map_err(|e| Error::from(e).to_remote())?;
     shared
         .store

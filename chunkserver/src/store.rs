@@ -7,10 +7,17 @@
 //! a write (reads share the lock; writes, bumps, truncates and deletes are exclusive).
 //!
 //! Durability rules (see [`crate::header`] for the layout):
-//! - a header write is always the last step of a linked chain ending in an fsync;
-//!   data that a header's length covers is fdatasynced *before* that header is written;
-//! - the header length is made durable at version bump, truncate, finalize and on
-//!   `sync` packets; other appends only write data and checksum entries;
+//! - data that a header's length covers is fdatasynced *before* that header is
+//!   written, so a header never claims bytes that are not on disk;
+//! - a header that changes the version or the state, or that a truncate or finalize
+//!   writes, is the last step of a linked chain ending in an fsync: durable before the
+//!   call returns (version bumps, contract 2);
+//! - a `sync` packet (hsync) runs `data writes → fdatasync → header(new length)` as
+//!   one chain: one device flush. Its data is durable when the ack goes out; its
+//!   header is written but becomes durable with the next flush of the file (a later
+//!   sync, bump, truncate or finalize). Until then the previous header, whose length
+//!   is lower and also covered, is the one on disk: both are correct lower bounds;
+//! - other appends only write data and checksum entries;
 //! - at start-up a `Writing` replica's length is recovered from the file size and
 //!   validated block by block against the checksum table (cut at the first bad block,
 //!   never beyond the file); a recovered length below the header's durable length, or a
@@ -54,12 +61,17 @@ enum SlotState {
 struct Replica {
     file: Arc<File>,
     path: PathBuf,
-    /// The last header written (durable: every header write ends in an fsync).
+    /// The last header written.
     header: Header,
+    /// Whether `header` is known durable (false after an hsync header, which rides on
+    /// the next flush).
+    header_durable: bool,
     /// Bytes of data; at least `header.length`, more after appends not yet synced.
     length: u64,
     /// CRC of the partial last block (`length % BLOCK` bytes); 0 when block aligned.
     tail_crc: u32,
+    /// Data below this offset was synced or handed to write-behind already.
+    behind: u64,
 }
 
 impl Replica {
@@ -96,6 +108,34 @@ impl Replica {
             .await
             .map_err(self.io("write header"))?;
         self.header = next;
+        self.header_durable = true;
+        Ok(())
+    }
+
+    /// hsync: runs `pre` (data and checksum writes), fdatasync, then writes a header
+    /// holding `length` without flushing it again (see the module's durability rules):
+    /// one device flush per hsync instead of two.
+    async fn sync_data_then_header(
+        &mut self,
+        engine: &dyn IoEngine,
+        length: u64,
+        mut pre: Vec<IoOp>,
+    ) -> Result<()> {
+        let next = self
+            .header
+            .next(self.header.version, ReplicaState::Writing, length);
+        pre.push(IoOp::SyncData);
+        pre.push(IoOp::Write {
+            offset: next.slot_offset(),
+            data: Bytes::from(next.encode()),
+        });
+        engine
+            .run(self.file.clone(), pre)
+            .await
+            .map_err(self.io("sync"))?;
+        self.header = next;
+        self.header_durable = false;
+        self.behind = self.behind.max(length);
         Ok(())
     }
 
@@ -186,6 +226,7 @@ impl Replica {
             .map_err(self.io("fsync"))?;
         self.length = length;
         self.tail_crc = new_tail;
+        self.behind = self.behind.min(length);
         Ok(())
     }
 
@@ -289,6 +330,143 @@ impl Replica {
         Ok(self.report())
     }
 
+    /// The checks every packet passes under the lock before it is written: the version
+    /// gate, the replica still open for writing, the chunk limit, no gap after
+    /// `length` (the replica's length including packets planned before this one).
+    fn check_write(&self, version: ChunkVersion, offset: u64, len: u64, length: u64) -> Result<()> {
+        let handle = self.header.handle;
+        gate::check(handle, version, self.header.version)?;
+        if self.header.state != ReplicaState::Writing {
+            return Err(Error::bad_request(format!("chunk {handle} is finalized")));
+        }
+        let end = offset.saturating_add(len);
+        if end > MAX_CHUNK_SIZE {
+            return Err(Error::bad_request(format!(
+                "write ending at {end} exceeds the chunk limit of {MAX_CHUNK_SIZE} bytes"
+            )));
+        }
+        if offset > length {
+            return Err(Error::bad_request(format!(
+                "write at {offset} is not contiguous: chunk {handle} holds {length} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Packets in order under one hold of the lock (see [`Store::write_batch`]). Each
+    /// packet is checked (gate included) in turn; contiguous appends are planned into
+    /// one vectored data write plus one checksum-table write, issued as one chain, and
+    /// when any packet asks for `sync` the chain ends with fdatasync, then the header
+    /// (holding the new length) and fsync.
+    ///
+    /// Also returns a write-behind hint once `write_behind` bytes (if not zero) have
+    /// been appended since the last hint or sync, for the caller to run unawaited.
+    async fn write_batch(
+        &mut self,
+        engine: &dyn IoEngine,
+        packets: Vec<PacketWrite>,
+        write_behind: u64,
+    ) -> (BatchOutcome, Option<IoOp>) {
+        let outcome = self.write_packets(engine, packets).await;
+        let hint = if write_behind > 0 && self.length >= self.behind.saturating_add(write_behind) {
+            let op = IoOp::WriteBehind {
+                offset: DATA_OFFSET + self.behind,
+                len: self.length - self.behind,
+            };
+            self.behind = self.length;
+            Some(op)
+        } else {
+            None
+        };
+        (outcome, hint)
+    }
+
+    async fn write_packets(
+        &mut self,
+        engine: &dyn IoEngine,
+        packets: Vec<PacketWrite>,
+    ) -> BatchOutcome {
+        let mut lengths = Vec::with_capacity(packets.len());
+        // Lengths of the packets planned in `run` (applied once it is issued).
+        let mut planned = Vec::with_capacity(packets.len());
+        let mut run = AppendRun::new(self.length, self.tail_crc);
+        let mut sync = false;
+        let mut failure = None;
+        for p in packets {
+            let len = p.data.len() as u64;
+            if let Err(e) = self.check_write(p.version, p.offset, len, run.length) {
+                failure = Some(e);
+                break;
+            }
+            let end = p.offset + len;
+            if end <= run.length {
+                // Bytes already present (or planned): an idempotent retry.
+                sync |= p.sync;
+                planned.push(run.length);
+                continue;
+            }
+            if p.offset == run.length {
+                run.push(p.data, p.crc);
+                sync |= p.sync;
+                planned.push(run.length);
+                continue;
+            }
+            // Overlaps the end (a resend after recovery): issue what is planned, then
+            // take the general path for this packet.
+            if let Err(e) = self.issue(engine, &mut run, sync).await {
+                return BatchOutcome {
+                    lengths,
+                    error: Some(e),
+                };
+            }
+            lengths.append(&mut planned);
+            sync = false;
+            match self
+                .write(engine, p.version, p.offset, p.data, p.sync)
+                .await
+            {
+                Ok(l) => lengths.push(l),
+                Err(e) => {
+                    return BatchOutcome {
+                        lengths,
+                        error: Some(e),
+                    }
+                }
+            }
+            run = AppendRun::new(self.length, self.tail_crc);
+        }
+        match self.issue(engine, &mut run, sync).await {
+            Ok(()) => lengths.append(&mut planned),
+            Err(e) => failure = Some(e),
+        }
+        BatchOutcome {
+            lengths,
+            error: failure,
+        }
+    }
+
+    /// Issues the planned appends as one chain (with the durable-length tail when
+    /// `sync`), then makes them the replica's state.
+    async fn issue(
+        &mut self,
+        engine: &dyn IoEngine,
+        run: &mut AppendRun,
+        sync: bool,
+    ) -> Result<()> {
+        let ops = run.take_ops();
+        if sync {
+            self.sync_data_then_header(engine, run.length, ops).await?;
+        } else if !ops.is_empty() {
+            engine
+                .run(self.file.clone(), ops)
+                .await
+                .map_err(|e| Error::io("write", &self.path, e))?;
+        }
+        self.length = run.length;
+        self.tail_crc = run.tail_crc;
+        Ok(())
+    }
+
     /// A packet write under the lock (see [`Store::write`]).
     async fn write(
         &mut self,
@@ -298,24 +476,9 @@ impl Replica {
         data: Bytes,
         sync: bool,
     ) -> Result<u64> {
-        let handle = self.header.handle;
-        gate::check(handle, version, self.header.version)?;
-        if self.header.state != ReplicaState::Writing {
-            return Err(Error::bad_request(format!("chunk {handle} is finalized")));
-        }
         let len = data.len() as u64;
-        let end = offset.saturating_add(len);
-        if end > MAX_CHUNK_SIZE {
-            return Err(Error::bad_request(format!(
-                "write ending at {end} exceeds the chunk limit of {MAX_CHUNK_SIZE} bytes"
-            )));
-        }
-        if offset > self.length {
-            return Err(Error::bad_request(format!(
-                "write at {offset} is not contiguous: chunk {handle} holds {} bytes",
-                self.length
-            )));
-        }
+        self.check_write(version, offset, len, self.length)?;
+        let end = offset + len;
         let mut ops = Vec::with_capacity(5);
         let (new_length, new_tail) = if end <= self.length {
             (self.length, self.tail_crc)
@@ -349,15 +512,7 @@ impl Replica {
             (end, tail)
         };
         if sync {
-            ops.push(IoOp::SyncData);
-            self.write_header(
-                engine,
-                self.header.version,
-                ReplicaState::Writing,
-                new_length,
-                ops,
-            )
-            .await?;
+            self.sync_data_then_header(engine, new_length, ops).await?;
         } else if !ops.is_empty() {
             engine
                 .run(self.file.clone(), ops)
@@ -372,11 +527,106 @@ impl Replica {
     /// Makes the current length durable in the header (data synced first).
     async fn persist_length(&mut self, engine: &dyn IoEngine, state: ReplicaState) -> Result<()> {
         let (version, length) = (self.header.version, self.length);
-        if self.header.length == length && self.header.state == state {
+        if self.header_durable && self.header.length == length && self.header.state == state {
             return Ok(());
         }
         self.write_header(engine, version, state, length, vec![IoOp::SyncData])
             .await
+    }
+}
+
+/// One packet of a [`Store::write_batch`].
+#[derive(Clone, Debug)]
+pub struct PacketWrite {
+    /// The version of the packet's token, checked against the header.
+    pub version: ChunkVersion,
+    /// Chunk offset of the first byte.
+    pub offset: u64,
+    pub data: Bytes,
+    /// `crc32(data)` when the caller has already verified it: a packet that fills at
+    /// most one block from its start then needs no second pass for its table entry.
+    pub crc: Option<u32>,
+    /// Make everything up to this packet durable (data, then the header) before
+    /// returning.
+    pub sync: bool,
+}
+
+/// What became of a batch: the first `lengths.len()` packets were applied, each with
+/// the replica's length after it; when `error` is set, the packet after them failed
+/// with it and later ones were not attempted.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    pub lengths: Vec<u64>,
+    pub error: Option<Error>,
+}
+
+/// Contiguous appends planned under the lock and not yet issued.
+struct AppendRun {
+    /// Chunk offset of the first planned byte.
+    start: u64,
+    bufs: Vec<Bytes>,
+    /// Block of `crcs[0]`.
+    first_block: u64,
+    /// New checksum entries of every block the planned bytes touch.
+    crcs: Vec<u32>,
+    /// The replica's length once the run is issued.
+    length: u64,
+    /// CRC of the partial last block after the run (0 when block aligned).
+    tail_crc: u32,
+}
+
+impl AppendRun {
+    fn new(length: u64, tail_crc: u32) -> Self {
+        Self {
+            start: length,
+            bufs: Vec::new(),
+            first_block: checksum::block_of(length),
+            crcs: Vec::new(),
+            length,
+            tail_crc,
+        }
+    }
+
+    /// Plans `data` (non-empty) at the current end.
+    fn push(&mut self, data: Bytes, crc: Option<u32>) {
+        let offset = self.length;
+        let end = offset + data.len() as u64;
+        let (first, crcs) = match crc {
+            Some(c) if offset % BLOCK == 0 && data.len() as u64 <= BLOCK => {
+                (checksum::block_of(offset), vec![c])
+            }
+            _ => checksum::append_crcs(offset, self.tail_crc, &data),
+        };
+        if self.crcs.is_empty() {
+            self.first_block = first;
+        }
+        self.crcs
+            .truncate(first.saturating_sub(self.first_block) as usize);
+        self.crcs.extend_from_slice(&crcs);
+        self.tail_crc = if end % BLOCK == 0 {
+            0
+        } else {
+            crcs.last().copied().unwrap_or(0)
+        };
+        self.length = end;
+        self.bufs.push(data);
+    }
+
+    /// The data write and the table write of everything planned (none if nothing is).
+    fn take_ops(&mut self) -> Vec<IoOp> {
+        if self.bufs.is_empty() {
+            return Vec::with_capacity(3);
+        }
+        let mut ops = Vec::with_capacity(5);
+        ops.push(IoOp::Writev {
+            offset: DATA_OFFSET + self.start,
+            bufs: std::mem::take(&mut self.bufs),
+        });
+        ops.push(IoOp::Write {
+            offset: header::table_entry_offset(self.first_block),
+            data: Bytes::from(checksum::encode_table(&self.crcs)),
+        });
+        ops
     }
 }
 
@@ -480,8 +730,10 @@ impl Incoming {
             file: self.file.clone(),
             path: store.replica_path(self.handle),
             header,
+            header_durable: true,
             length: self.received,
             tail_crc: self.tail_crc,
+            behind: self.received,
         };
         let report = replica.report();
         loop {
@@ -532,7 +784,12 @@ pub struct Store {
     /// Wakes the heartbeat task when the master should hear about a change soon
     /// (corrupt replica, replica received or deleted).
     changed: Notify,
+    /// Bytes appended to a replica between write-behind hints (0: none).
+    write_behind: u64,
 }
+
+/// Default of [`Store::with_write_behind`].
+pub const DEFAULT_WRITE_BEHIND: u64 = 2 << 20;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -670,8 +927,10 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
         file: Arc::new(file),
         path: path.to_path_buf(),
         header,
+        header_durable: true,
         length,
         tail_crc,
+        behind: length,
     })
 }
 
@@ -772,7 +1031,17 @@ impl Store {
             slots: Mutex::new(slots),
             corrupt: Mutex::new(corrupt),
             changed: Notify::new(),
+            write_behind: DEFAULT_WRITE_BEHIND,
         })
+    }
+
+    /// Starts writing appended data back to disk every `bytes` per replica, without
+    /// waiting for it, so the flush at hsync, finalize or a version bump finds little
+    /// left to do and the disk works while the stream goes on. 0 turns it off.
+    #[must_use]
+    pub fn with_write_behind(mut self, bytes: u64) -> Self {
+        self.write_behind = bytes;
+        self
     }
 
     /// The data directory.
@@ -988,8 +1257,10 @@ impl Store {
             file,
             path,
             header,
+            header_durable: true,
             length: 0,
             tail_crc: 0,
+            behind: 0,
         })
     }
 
@@ -1192,6 +1463,51 @@ impl Store {
         self.settle(handle, &slot, &mut guard, result).await
     }
 
+    /// Writes consecutive packets of one stream under a single hold of the per-chunk
+    /// lock: each packet passes the version gate and the write checks in turn (as
+    /// [`Store::write`] would), contiguous appends go to disk as one chain, and a
+    /// `sync` anywhere in the batch makes the whole batch durable before returning.
+    pub async fn write_batch(
+        &self,
+        handle: ChunkHandle,
+        packets: Vec<PacketWrite>,
+    ) -> BatchOutcome {
+        let (slot, mut guard) = match self.lock_live(handle).await {
+            Ok(x) => x,
+            Err(e) => {
+                return BatchOutcome {
+                    lengths: Vec::new(),
+                    error: Some(e),
+                }
+            }
+        };
+        let outcome = match &mut *guard {
+            SlotState::Live(r) => {
+                let (outcome, hint) = r
+                    .write_batch(self.engine.as_ref(), packets, self.write_behind)
+                    .await;
+                if let Some(op) = hint {
+                    // Unawaited and outside the lock: a hint that only moves work earlier.
+                    let (engine, file) = (self.engine.clone(), r.file.clone());
+                    tokio::spawn(async move {
+                        if let Err(e) = engine.run(file, vec![op]).await {
+                            tracing::debug!(chunk = %handle, error = %e, "write-behind failed");
+                        }
+                    });
+                }
+                outcome
+            }
+            _ => BatchOutcome {
+                lengths: Vec::new(),
+                error: Some(Error::NotFound { handle }),
+            },
+        };
+        if let Some(e @ Error::ChecksumMismatch { .. }) = &outcome.error {
+            self.quarantine(handle, &slot, &mut guard, e).await;
+        }
+        outcome
+    }
+
     /// Starts receiving a replica of `handle` at `version` (`length` bytes) from
     /// another chunkserver. Refused if this chunkserver already holds that version or a
     /// newer one.
@@ -1278,5 +1594,216 @@ mod tests {
         assert_eq!(parse_replica_name("2a.chunk"), None);
         assert_eq!(parse_replica_name("000000000000002a.chunk.corrupt"), None);
         assert_eq!(parse_replica_name("zzzzzzzzzzzzzzzz.chunk"), None);
+    }
+
+    const H: ChunkHandle = ChunkHandle(0xb47c);
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    fn packet(version: u64, offset: u64, data: &[u8], sync: bool) -> PacketWrite {
+        PacketWrite {
+            version: ChunkVersion(version),
+            offset,
+            data: Bytes::copy_from_slice(data),
+            crc: Some(crc32fast::hash(data)),
+            sync,
+        }
+    }
+
+    fn engines() -> Vec<Arc<dyn IoEngine>> {
+        let mut out: Vec<Arc<dyn IoEngine>> = vec![Arc::new(crate::io::ThreadsEngine::new())];
+        match crate::io::UringEngine::new() {
+            Ok(e) => out.push(Arc::new(e)),
+            Err(e) => {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "io_uring must be available in CI: {e}"
+                );
+                println!("SKIPPED: io_uring unavailable: {e}");
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
+        for engine in engines() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let s = Store::open(dir.path(), engine).await.expect("open");
+            s.bump_version(H, ChunkVersion(2), true)
+                .await
+                .expect("create");
+            let data = pattern(150_010, 1);
+            let out = s
+                .write_batch(
+                    H,
+                    vec![
+                        packet(2, 0, &data[..65_536], false),
+                        packet(2, 65_536, &data[65_536..150_000], false),
+                        packet(1, 150_000, &data[150_000..], false),
+                        packet(2, 150_000, &data[150_000..], false),
+                    ],
+                )
+                .await;
+            assert_eq!(out.lengths, vec![65_536, 150_000]);
+            assert!(
+                matches!(out.error, Some(Error::StaleToken { .. })),
+                "{:?}",
+                out.error
+            );
+            let (report, got) = s.read(H, ChunkVersion(2), 0, 1 << 20).await.expect("read");
+            assert_eq!(report.length, 150_000);
+            assert_eq!(&got[..], &data[..150_000]);
+            // A newer token than the replica's is refused the same way, and a gap too.
+            let out = s
+                .write_batch(H, vec![packet(3, 150_000, b"x", false)])
+                .await;
+            assert!(matches!(out.error, Some(Error::ReplicaStale { .. })));
+            let out = s
+                .write_batch(
+                    H,
+                    vec![
+                        packet(2, 150_000, b"ok", false),
+                        packet(2, 150_010, b"gap", false),
+                    ],
+                )
+                .await;
+            assert_eq!(out.lengths, vec![150_002]);
+            assert!(matches!(out.error, Some(Error::BadRequest { .. })));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_handles_retries_overlaps_and_unaligned_packets() {
+        for engine in engines() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let s = Store::open(dir.path(), engine).await.expect("open");
+            s.bump_version(H, ChunkVersion(1), true)
+                .await
+                .expect("create");
+            let data = pattern(300_000, 2);
+            let out = s
+                .write_batch(
+                    H,
+                    vec![
+                        packet(1, 0, &data[..1000], false),
+                        // An exact retry of bytes already planned.
+                        packet(1, 0, &data[..1000], false),
+                        // Overlapping the end: takes the general path.
+                        packet(1, 500, &data[500..70_000], false),
+                        // Unaligned, crossing block boundaries, with a CRC hint.
+                        packet(1, 70_000, &data[70_000..200_000], false),
+                        // Block aligned, one block, the CRC reused for the table.
+                        packet(1, 200_000, &data[200_000..262_144], false),
+                        packet(1, 262_144, &data[262_144..], true),
+                    ],
+                )
+                .await;
+            assert!(out.error.is_none(), "{:?}", out.error);
+            assert_eq!(
+                out.lengths,
+                vec![1000, 1000, 70_000, 200_000, 262_144, 300_000]
+            );
+            // Reads verify every block against the checksum table.
+            let (_, got) = s.read(H, ChunkVersion(1), 0, 1 << 20).await.expect("read");
+            assert_eq!(&got[..], &data[..]);
+            drop(s);
+            // And so does recovery at start-up.
+            let s = Store::open(dir.path(), Arc::new(crate::io::ThreadsEngine::new()))
+                .await
+                .expect("reopen");
+            assert_eq!(s.info(H).await.expect("info").length, 300_000);
+            assert!(s.take_corrupt().is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn hsync_header_rides_on_the_next_flush_and_truncate_makes_it_durable() {
+        for engine in engines() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let s = Store::open(dir.path(), engine).await.expect("open");
+            s.bump_version(H, ChunkVersion(1), true)
+                .await
+                .expect("create");
+            let data = pattern(10_000, 3);
+            let out = s.write_batch(H, vec![packet(1, 0, &data, true)]).await;
+            assert_eq!(out.lengths, vec![10_000]);
+            let slot = s.slot(H).expect("slot");
+            {
+                let guard = slot.read().await;
+                let SlotState::Live(r) = &*guard else {
+                    panic!("live replica expected")
+                };
+                assert_eq!(r.header.length, 10_000, "the hsync header holds the length");
+                assert!(!r.header_durable, "written without a second flush");
+            }
+            // A truncate to the same length must still make that header durable.
+            s.truncate(H, ChunkVersion(1), 10_000)
+                .await
+                .expect("truncate");
+            let guard = slot.read().await;
+            let SlotState::Live(r) = &*guard else {
+                panic!("live replica expected")
+            };
+            assert!(r.header_durable);
+            assert_eq!(r.header.length, 10_000);
+        }
+    }
+
+    #[tokio::test]
+    async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine: Arc<dyn IoEngine> = Arc::new(crate::io::ThreadsEngine::new());
+        let s = Store::open(dir.path(), engine.clone()).await.expect("open");
+        s.bump_version(H, ChunkVersion(1), true)
+            .await
+            .expect("create");
+        let slot = s.slot(H).expect("slot");
+        let mut guard = slot.write().await;
+        let SlotState::Live(r) = &mut *guard else {
+            panic!("live replica expected")
+        };
+        let data = pattern(100_000, 4);
+        let (out, hint) = r
+            .write_batch(
+                engine.as_ref(),
+                vec![packet(1, 0, &data[..60_000], false)],
+                64 << 10,
+            )
+            .await;
+        assert!(out.error.is_none());
+        assert!(hint.is_none(), "below the threshold");
+        let (_, hint) = r
+            .write_batch(
+                engine.as_ref(),
+                vec![packet(1, 60_000, &data[60_000..], false)],
+                64 << 10,
+            )
+            .await;
+        match hint {
+            Some(op @ IoOp::WriteBehind { offset, len }) => {
+                assert_eq!((offset, len), (DATA_OFFSET, 100_000));
+                // The hint runs on the engine like any op.
+                engine
+                    .run(r.file.clone(), vec![op])
+                    .await
+                    .expect("hint runs");
+            }
+            other => panic!("expected a write-behind hint, got {other:?}"),
+        }
+        // Off when the threshold is zero; a sync counts as written back.
+        let (_, hint) = r
+            .write_batch(
+                engine.as_ref(),
+                vec![packet(1, 100_000, &data[..10], true)],
+                0,
+            )
+            .await;
+        assert!(hint.is_none());
+        assert_eq!(r.behind, 100_010);
     }
 }

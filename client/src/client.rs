@@ -28,6 +28,11 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// How long `append` waits for a lease recovery in progress before giving up.
     pub recovery_wait: Duration,
+    /// How long a sent packet may wait for its ack before the pipeline's head counts
+    /// as failed and the pipeline is recovered without it. Keep it above the
+    /// chunkservers' `--ack-timeout` (10 s), so a frozen replica further down is named
+    /// by its upstream first.
+    pub ack_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -39,6 +44,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             recovery_wait: Duration::from_secs(60),
+            ack_timeout: Duration::from_secs(15),
         }
     }
 }

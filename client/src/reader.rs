@@ -127,8 +127,15 @@ impl Shared {
                 return Ok(Bytes::new());
             };
             let in_chunk = offset - chunk.file_offset;
-            let want = max.min(READ_SIZE).min(view.length - offset) as u32;
-            match self.read_chunk(chunk, in_chunk, want).await {
+            let mut want = max.min(READ_SIZE).min(view.length - offset);
+            if chunk.complete {
+                // Never past the committed end of a chunk, whatever a replica holds.
+                want = want.min(chunk.length.saturating_sub(in_chunk));
+            }
+            if want == 0 {
+                return Ok(Bytes::new());
+            }
+            match self.read_chunk(chunk, in_chunk, want as u32).await {
                 Ok(b) => return Ok(b),
                 Err(e) if !refreshed => {
                     tracing::debug!(error = %e, "read failed; refreshing locations");
@@ -149,7 +156,25 @@ impl Shared {
                 len,
             };
             match self.client.call_chunkserver(&replica.addr, req).await {
-                Ok((_reply, data)) => return Ok(data),
+                // A committed chunk must come back whole: a short replica is as bad as
+                // a failed one. The open last chunk may legitimately end earlier on one
+                // replica than another (beyond what was hflushed).
+                Ok((_reply, data)) if data.len() == len as usize => return Ok(data),
+                Ok((_reply, data)) if !chunk.complete && !data.is_empty() => return Ok(data),
+                Ok((reply, data)) => {
+                    tracing::warn!(
+                        chunkserver = %replica.chunkserver,
+                        got = data.len(),
+                        want = len,
+                        replica_length = reply.replica.length,
+                        "replica returned a short read; trying the next one"
+                    );
+                    last = format!(
+                        "{} returned {} of {len} bytes",
+                        replica.chunkserver,
+                        data.len()
+                    );
+                }
                 Err(e) => {
                     if let Error::Remote(RemoteError::ChecksumMismatch { .. }) = &e {
                         let report = ReportCorrupt {

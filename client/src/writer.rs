@@ -8,6 +8,12 @@
 //! again. A fenced writer (a chunkserver answered `StaleToken`, or the master says the
 //! lease is gone) fails for good: every later call returns [`Error::Fenced`] and
 //! nothing is retried with the old token.
+//!
+//! Packets queued while more data is already waiting are pushed onto the socket
+//! together; acknowledged packet buffers go back to the front for reuse; `hflush` and
+//! `hsync` send the buffered tail as their last packet (carrying the sync flag itself).
+//! [`FileWriter::record_ack_latencies`] turns on a per-packet ack-latency recorder
+//! (off by default: one relaxed atomic load per packet).
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -36,6 +42,45 @@ const CMD_QUEUE: usize = 4;
 const MAX_RECOVERIES: usize = 6;
 /// Most ack-latency samples kept (16 MiB); later packets are not sampled.
 const MAX_LATENCY_SAMPLES: usize = 1 << 20;
+
+/// Packet buffers handed back by the streamer once acknowledged and reused by the
+/// front, so a long write neither allocates nor page-faults in a fresh buffer per
+/// packet. Bounded: at most a window's worth is kept.
+#[derive(Debug)]
+struct BufferPool {
+    /// Empty buffers of at least one packet's capacity; held only to push or pop.
+    free: Mutex<Vec<BytesMut>>,
+    packet_size: usize,
+    max: usize,
+}
+
+impl BufferPool {
+    fn new(packet_size: usize, window: usize) -> Self {
+        Self {
+            free: Mutex::new(Vec::new()),
+            packet_size,
+            max: (window / packet_size.max(1)).clamp(2, 1024) + 2,
+        }
+    }
+
+    fn take(&self) -> BytesMut {
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        reused.unwrap_or_else(|| BytesMut::with_capacity(self.packet_size))
+    }
+
+    /// Takes `data` back if nothing else refers to its buffer any more.
+    fn give(&self, data: Bytes) {
+        if let Ok(mut b) = data.try_into_mut() {
+            b.clear();
+            if b.capacity() >= self.packet_size {
+                let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                if free.len() < self.max {
+                    free.push(b);
+                }
+            }
+        }
+    }
+}
 
 /// Per-packet ack latencies (first send to full-pipeline ack), shared by the front and
 /// the streamer. Off by default: then the only cost is one relaxed load per packet.
@@ -66,6 +111,9 @@ enum Cmd {
     Data(Bytes),
     Flush {
         sync: bool,
+        /// The front's buffered tail: sent as the flush's last packet, which carries the
+        /// `sync` flag itself, instead of a data packet plus an empty sync packet.
+        data: Bytes,
         done: oneshot::Sender<Result<()>>,
     },
     Close {
@@ -93,6 +141,8 @@ pub struct FileWriter {
     status: FileStatus,
     /// Ack-latency recording, shared with the streamer task.
     clock: Arc<AckClock>,
+    /// Where the next packet buffer comes from (the streamer refills it).
+    pool: Arc<BufferPool>,
 }
 
 impl std::fmt::Debug for FileWriter {
@@ -110,6 +160,7 @@ impl FileWriter {
         let packet_size = client.config().packet_size;
         let chunk = last.map(|grant| ChunkState::new(grant.clone(), grant.chunk_offset));
         let clock = Arc::new(AckClock::default());
+        let pool = Arc::new(BufferPool::new(packet_size, client.config().window));
         let streamer = Streamer {
             client: client.clone(),
             path: status.path.clone(),
@@ -117,6 +168,7 @@ impl FileWriter {
             failed: None,
             next_seq: 0,
             clock: clock.clone(),
+            pool: pool.clone(),
         };
         let span = tracing::info_span!("writer", path = %status.path, client = %client.id());
         tokio::spawn(streamer.run(rx).instrument(span));
@@ -131,6 +183,7 @@ impl FileWriter {
             written: 0,
             status,
             clock,
+            pool,
         }
     }
 
@@ -177,19 +230,19 @@ impl FileWriter {
         if ready!(self.tx.poll_reserve(cx)).is_err() {
             return Poll::Ready(Err(self.closed_error()));
         }
-        let data = self.buf.split().freeze();
+        let data = std::mem::replace(&mut self.buf, self.pool.take()).freeze();
         if self.tx.send_item(Cmd::Data(data)).is_err() {
             return Poll::Ready(Err(self.closed_error()));
         }
         Poll::Ready(Ok(()))
     }
 
-    fn flush_future(&self, sync: bool) -> BoxFuture<'static, Result<()>> {
+    fn flush_future(&self, sync: bool, data: Bytes) -> BoxFuture<'static, Result<()>> {
         let tx = self.raw_tx.clone();
         let path = self.path.clone();
         Box::pin(async move {
             let (done, rx) = oneshot::channel();
-            tx.send(Cmd::Flush { sync, done })
+            tx.send(Cmd::Flush { sync, data, done })
                 .await
                 .map_err(|_| Error::WriterClosed { path: path.clone() })?;
             rx.await.map_err(|_| Error::WriterClosed { path })?
@@ -201,8 +254,12 @@ impl FileWriter {
             return Poll::Ready(Err(self.closed_error()));
         }
         if self.pending.is_none() {
-            ready!(self.poll_send_buf(cx))?;
-            self.pending = Some(self.flush_future(sync));
+            let data = if self.buf.is_empty() {
+                Bytes::new()
+            } else {
+                std::mem::replace(&mut self.buf, self.pool.take()).freeze()
+            };
+            self.pending = Some(self.flush_future(sync, data));
         }
         let res = match self.pending.as_mut() {
             Some(fut) => ready!(fut.as_mut().poll(cx)),
@@ -381,12 +438,22 @@ struct Streamer {
     failed: Option<Error>,
     next_seq: u64,
     clock: Arc<AckClock>,
+    /// Acknowledged packet buffers go back here for the front to reuse.
+    pool: Arc<BufferPool>,
 }
 
 impl Streamer {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         loop {
             let window = self.client.config().window as u64;
+            // Packets are queued on the stream and pushed onto the socket together
+            // when no more data is waiting right now (or the window is full).
+            let in_flight = self.chunk.as_ref().map_or(0, ChunkState::in_flight);
+            if self.failed.is_none() && (rx.is_empty() || in_flight >= window) {
+                if let Err(e) = self.flush_stream().await {
+                    self.fail(e);
+                }
+            }
             let in_flight = self.chunk.as_ref().map_or(0, ChunkState::in_flight);
             let waiting_acks = self.failed.is_none()
                 && self
@@ -403,13 +470,13 @@ impl Streamer {
                         None => break,
                         Some(Cmd::Data(data)) => {
                             if self.failed.is_none() {
-                                if let Err(e) = self.send_data(data).await {
+                                if let Err(e) = self.send_data(data, false).await {
                                     self.fail(e);
                                 }
                             }
                         }
-                        Some(Cmd::Flush { sync, done }) => {
-                            let res = self.flush(sync).await;
+                        Some(Cmd::Flush { sync, data, done }) => {
+                            let res = self.flush(sync, data).await;
                             let _ = done.send(res);
                         }
                         Some(Cmd::Close { done }) => {
@@ -462,7 +529,9 @@ impl Streamer {
         }
     }
 
-    async fn send_data(&mut self, mut data: Bytes) -> Result<()> {
+    /// Cuts `data` into packets on the current chunk (and the next ones); with
+    /// `sync_last`, the last packet asks every replica to sync.
+    async fn send_data(&mut self, mut data: Bytes, sync_last: bool) -> Result<()> {
         while !data.is_empty() {
             if self.chunk.as_ref().is_none_or(|c| c.room() == 0) {
                 self.next_chunk().await?;
@@ -477,7 +546,7 @@ impl Streamer {
                 seq: self.next_seq,
                 offset: chunk.sent,
                 crc: crc32fast::hash(&piece),
-                sync: false,
+                sync: sync_last && data.is_empty(),
                 data: piece,
                 sent_at: self.clock.start(),
             };
@@ -487,7 +556,26 @@ impl Streamer {
         Ok(())
     }
 
-    /// Sends a new packet on the current chunk's stream, opening it if needed.
+    /// Pushes packets queued on the stream onto the socket; a failure recovers the
+    /// pipeline as a failed send does.
+    async fn flush_stream(&mut self) -> Result<()> {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Ok(());
+        };
+        let Some(stream) = chunk.stream.as_mut() else {
+            return Ok(());
+        };
+        if let Err(e) = stream.flush().await {
+            let head = stream.head;
+            tracing::warn!(error = %e, "sending to the pipeline failed");
+            chunk.stream = None;
+            return self.reopen(vec![head]).await;
+        }
+        Ok(())
+    }
+
+    /// Queues a new packet on the current chunk's stream (opening it if needed); the
+    /// run loop or `drain` flushes it.
     async fn push(&mut self, p: Pending) -> Result<()> {
         let Some(chunk) = self.chunk.as_mut() else {
             return Ok(());
@@ -501,10 +589,7 @@ impl Streamer {
         }
         let token = chunk.grant.token;
         let sent = match chunk.stream.as_mut() {
-            Some(stream) => match stream.send(token, seq, offset, crc, sync, data).await {
-                Ok(()) => stream.flush().await,
-                Err(e) => Err(e),
-            },
+            Some(stream) => stream.send(token, seq, offset, crc, sync, data).await,
             None => Ok(()),
         };
         if let Err(e) = sent {
@@ -590,6 +675,7 @@ impl Streamer {
         if let Some(done) = chunk.unacked.pop_front() {
             chunk.acked = done.offset + done.data.len() as u64;
             self.clock.record(done.sent_at);
+            self.pool.give(done.data);
         }
         Ok(())
     }
@@ -639,8 +725,9 @@ impl Streamer {
                 return Ok(());
             };
             let timeout = self.client.config().request_timeout;
+            let ack_timeout = self.client.config().ack_timeout;
             let (mut stream, reply) =
-                match PipelineStream::open(&chunk.grant, chunk.acked, timeout).await {
+                match PipelineStream::open(&chunk.grant, chunk.acked, timeout, ack_timeout).await {
                     Ok(s) => s,
                     Err(SetupError::Head(id, e)) => {
                         tracing::warn!(chunkserver = %id, error = %e, "pipeline head unreachable");
@@ -710,6 +797,7 @@ impl Streamer {
                 self.reopen(Vec::new()).await?;
                 continue;
             }
+            self.flush_stream().await?;
             let ack = next_ack(&mut self.chunk).await;
             self.on_ack(ack).await;
         }
@@ -742,9 +830,15 @@ impl Streamer {
         Ok(())
     }
 
-    async fn flush(&mut self, sync: bool) -> Result<()> {
+    async fn flush(&mut self, sync: bool, data: Bytes) -> Result<()> {
         self.check()?;
-        if sync {
+        let carried = !data.is_empty();
+        if carried {
+            if let Err(e) = self.send_data(data, sync).await {
+                self.fail(e);
+            }
+        }
+        if sync && !carried {
             if let Some(chunk) = self.chunk.as_ref() {
                 // An empty packet with `sync` makes every replica fdatasync what it has.
                 let p = Pending {
@@ -769,7 +863,7 @@ impl Streamer {
     }
 
     async fn close(&mut self) -> Result<FileStatus> {
-        self.flush(false).await?;
+        self.flush(false, Bytes::new()).await?;
         let last = self.chunk.as_ref().map(|c| ChunkCommit {
             handle: c.grant.token.handle,
             length: c.acked,
@@ -799,5 +893,37 @@ async fn next_ack(chunk: &mut Option<ChunkState>) -> Option<Result<stampfs_proto
     match chunk.as_mut().and_then(|c| c.stream.as_mut()) {
         Some(stream) => stream.next_ack().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acknowledged_buffers_are_reused_when_nothing_else_holds_them() {
+        let pool = BufferPool::new(1024, 4096);
+        let mut b = pool.take();
+        b.extend_from_slice(&[1u8; 1024]);
+        let data = b.freeze();
+        let extra = data.clone();
+        pool.give(data);
+        assert!(pool.free.lock().expect("lock").is_empty(), "still shared");
+        pool.give(extra);
+        let back = pool.take();
+        assert!(back.is_empty() && back.capacity() >= 1024);
+        // A piece of a buffer (a packet cut at a chunk boundary) is not kept.
+        let mut b = BytesMut::with_capacity(1024);
+        b.extend_from_slice(&[2u8; 1024]);
+        let mut whole = b.freeze();
+        let head = whole.split_to(100);
+        drop(head);
+        pool.give(whole);
+        assert!(pool.free.lock().expect("lock").is_empty());
+        // The pool is bounded.
+        for _ in 0..100 {
+            pool.give(Bytes::from(vec![0u8; 1024]));
+        }
+        assert!(pool.free.lock().expect("lock").len() <= pool.max);
     }
 }

@@ -3,7 +3,10 @@
 //! The version and length are persisted (log and checkpoint); the replica list is soft
 //! state rebuilt from chunkserver registrations, reports and command replies. Each
 //! replica carries the version its chunkserver last reported, so a replica that missed
-//! a bump is recognisable as stale ([`classify`]) and never handed out.
+//! a bump is recognisable as stale ([`classify`]) and never handed out; and whether
+//! its reported length was below the chunk's committed length ([`Replica::short`]):
+//! such a replica took a bump late (after the master gave up on it) and misses bytes
+//! written under that version, so it is not served either.
 //!
 //! The record is kept small (the design budget is under 150 bytes per chunk in the
 //! master): no strings, chunkservers as `u32`, replicas in a boxed slice.
@@ -12,7 +15,7 @@ use bincode::de::Decoder;
 use bincode::enc::Encoder;
 use bincode::error::{DecodeError, EncodeError};
 use bincode::{Decode, Encode};
-use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, ReplicaState};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, ReplicaReport, ReplicaState};
 use std::collections::HashMap;
 
 /// One replica as the master knows it.
@@ -24,6 +27,11 @@ pub struct Replica {
     /// from a counter and always fit).
     pub server: u32,
     pub state: ReplicaState,
+    /// The length last reported with `version` was below the chunk's committed length
+    /// at the time. Every replica that took part in writing the committed bytes holds
+    /// at least that many, so this one missed some: it is never handed out, copied
+    /// from or used by lease recovery, and is replaced (see [`crate::health`]).
+    pub short: bool,
 }
 
 impl Replica {
@@ -46,6 +54,9 @@ pub enum ReplicaClass {
     Stale,
     /// Above: a version the master does not know, which means invariant 1 was broken.
     Ahead,
+    /// At the master's version but shorter than the committed length
+    /// ([`Replica::short`]): never served, replaced.
+    Short,
 }
 
 /// Compares a replica's version with the master's.
@@ -86,11 +97,20 @@ impl ChunkInfo {
         self.replicas.iter().find(|r| r.server_id() == server)
     }
 
-    /// Replicas at the current version.
+    /// How `r` compares with this chunk: its version, then its length.
+    pub fn class_of(&self, r: &Replica) -> ReplicaClass {
+        match classify(self.version, r.version) {
+            ReplicaClass::Current if r.short => ReplicaClass::Short,
+            c => c,
+        }
+    }
+
+    /// Replicas at the current version that hold the committed length: the ones that
+    /// may serve.
     pub fn current(&self) -> impl Iterator<Item = &Replica> {
         self.replicas
             .iter()
-            .filter(move |r| classify(self.version, r.version) == ReplicaClass::Current)
+            .filter(move |r| self.class_of(r) == ReplicaClass::Current)
     }
 
     /// Replicas below the current version (to be deleted by the garbage collector).
@@ -100,13 +120,30 @@ impl ChunkInfo {
             .filter(move |r| classify(self.version, r.version) == ReplicaClass::Stale)
     }
 
-    /// Records `server`'s replica at `version`, replacing what was known.
+    /// Records `server`'s replica at `version` (holding the committed length),
+    /// replacing what was known.
     pub fn set_replica(&mut self, server: u32, version: ChunkVersion, state: ReplicaState) {
-        let r = Replica {
+        self.put_replica(Replica {
             version,
             server,
             state,
-        };
+            short: false,
+        });
+    }
+
+    /// Records `server`'s replica as a report describes it, replacing what was known:
+    /// short when its length is below the committed length.
+    pub fn record_report(&mut self, server: u32, report: &ReplicaReport) {
+        self.put_replica(Replica {
+            version: report.version,
+            server,
+            state: report.state,
+            short: report.length < self.length,
+        });
+    }
+
+    fn put_replica(&mut self, r: Replica) {
+        let server = r.server;
         if let Some(slot) = self.replicas.iter_mut().find(|x| x.server == server) {
             *slot = r;
         } else {

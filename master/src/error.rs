@@ -60,6 +60,8 @@ pub enum Error {
     LogFailed { reason: String },
     #[error("the master is shutting down")]
     ShuttingDown,
+    #[error("the master stopped serving: its state holds changes its operation log does not ({reason}); restart it to replay the log")]
+    Halted { reason: String },
     #[error("cannot encode or decode metadata: {reason}")]
     Codec { reason: String },
     #[error(transparent)]
@@ -104,6 +106,7 @@ impl Error {
             Error::Replay { .. } => ErrorCode::Internal,
             Error::LogFailed { .. } => ErrorCode::Unavailable,
             Error::ShuttingDown => ErrorCode::Unavailable,
+            Error::Halted { .. } => ErrorCode::Internal,
             Error::Codec { .. } => ErrorCode::Internal,
             Error::Proto(e) => e.code(),
         }
@@ -156,6 +159,7 @@ impl Error {
             | Error::CorruptLog { .. }
             | Error::CorruptCheckpoint { .. }
             | Error::Replay { .. }
+            | Error::Halted { .. }
             | Error::Codec { .. } => RemoteError::Internal {
                 reason: self.to_string(),
             },

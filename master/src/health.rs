@@ -15,6 +15,12 @@
 //!   (a replica raised meanwhile is kept), and leave their chunk under-replicated. A
 //!   chunk with no live up-to-date replica (missing) keeps its stale ones: they may be
 //!   all that is left of it.
+//! - **Short replicas** (at the master's version but reported shorter than the
+//!   committed length: a bump that reached a chunkserver after the master gave up on
+//!   it, so it missed the bytes written under that version) are never handed out,
+//!   copied from or counted as up to date, and are deleted like corrupt ones (once the
+//!   chunk has enough good replicas, or when their chunkserver is the only place left
+//!   for a new copy).
 //! - **Replicas above the master's version** mean invariant 1 was broken: they are
 //!   logged as errors at every report, never handed out, copied, counted or deleted;
 //!   fsck shows them.
@@ -45,7 +51,7 @@
 //! chunk of a file that is open or in lease recovery belongs to its writer (or to the
 //! recovery), and its replicas legitimately sit below a version just minted.
 
-use crate::chunk_table::{classify, ChunkInfo, ChunkTable, ReplicaClass};
+use crate::chunk_table::{ChunkInfo, ChunkTable, ReplicaClass};
 use crate::namespace::{FileMeta, WriteState, ROOT};
 use crate::placement::{self, Candidate};
 use crate::registry::Registry;
@@ -79,6 +85,8 @@ pub enum DeleteReason {
     Orphan,
     /// Its chunk was deleted (file removed).
     Deleted,
+    /// At the master's version but shorter than the committed length.
+    Short,
 }
 
 impl fmt::Display for DeleteReason {
@@ -89,6 +97,7 @@ impl fmt::Display for DeleteReason {
             DeleteReason::OverReplicated => "over-replicated",
             DeleteReason::Orphan => "orphan",
             DeleteReason::Deleted => "deleted",
+            DeleteReason::Short => "short",
         })
     }
 }
@@ -471,11 +480,18 @@ pub fn prune(
     let mut expired = Vec::new();
     for ((server, handle), p) in &tracker.pending {
         let still = match p.command {
-            ChunkCommand::Delete { .. } => {
-                registry
-                    .get(*server)
-                    .is_some_and(|cs| cs.replicas.contains(handle))
-                    || orphans.contains(&(*server, *handle))
+            // A replica raised above the bound is kept by its chunkserver: nothing more
+            // will happen (a new decision may order another deletion).
+            ChunkCommand::Delete { max_version, .. } => {
+                let raised = chunks
+                    .get(*handle)
+                    .and_then(|i| i.replica(*server))
+                    .is_some_and(|r| r.version > max_version);
+                !raised
+                    && (registry
+                        .get(*server)
+                        .is_some_and(|cs| cs.replicas.contains(handle))
+                        || orphans.contains(&(*server, *handle)))
             }
             _ => chunks
                 .get(*handle)
@@ -511,6 +527,9 @@ pub struct Examined {
     pub ahead: Vec<ChunkserverId>,
     /// Replicas marked corrupt: `(chunkserver, version, still held by it)`.
     pub corrupt: Vec<(ChunkserverId, ChunkVersion, bool)>,
+    /// Replicas at the master's version but shorter than the committed length, on
+    /// live chunkservers.
+    pub short: Vec<(ChunkserverId, ChunkVersion)>,
 }
 
 impl Examined {
@@ -527,12 +546,14 @@ pub fn examine(st: &MasterState, handle: ChunkHandle, info: &ChunkInfo, now_ms: 
     for r in info.replicas.iter() {
         let id = r.server_id();
         let live = is_live(&st.registry, id, now_ms, dead_after);
-        match classify(info.version, r.version) {
+        match info.class_of(r) {
             ReplicaClass::Current if live => ex.live.push((id, r.state)),
             ReplicaClass::Current => {}
             ReplicaClass::Stale if live => ex.stale.push((id, r.version)),
             ReplicaClass::Stale => {}
             ReplicaClass::Ahead => ex.ahead.push(id),
+            ReplicaClass::Short if live => ex.short.push((id, r.version)),
+            ReplicaClass::Short => {}
         }
     }
     for (s, v) in st.health.corrupt_of(handle) {
@@ -683,6 +704,15 @@ pub fn plan<R: Rng + ?Sized>(
                 let nowhere_else = target_candidates(st, &holders, info.length, now_ms).is_empty();
                 if good.len() >= replication || (!good.is_empty() && nowhere_else) {
                     delete(&mut actions, *s, *handle, *v, DeleteReason::Corrupt);
+                }
+            }
+            // Short replicas go like corrupt ones: once the chunk has enough good
+            // replicas again, or when their chunkserver is the only place left for a
+            // new copy. The bound is their version: a raised replica is kept.
+            for (s, v) in &ex.short {
+                let nowhere_else = target_candidates(st, &holders, info.length, now_ms).is_empty();
+                if good.len() >= replication || (!good.is_empty() && nowhere_else) {
+                    delete(&mut actions, *s, *handle, *v, DeleteReason::Short);
                 }
             }
             let flying = in_flight.get(handle).copied().unwrap_or(0);

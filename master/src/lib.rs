@@ -28,6 +28,15 @@
 //! write grant is returned only after the bump reached the replicas in its pipeline.
 //! Lease recovery ([`recovery`]) reads replica lengths only from the bump's replies,
 //! so every length that counts comes from a replica that already fences the old writer.
+//! Invariant 5: recovery starts from the version the writer was last *granted*
+//! (`Record::Granted`, logged after a bump succeeded), never from one minted for a bump
+//! that failed, so the replicas holding the acknowledged bytes always count; and a
+//! replica reported shorter than the committed length (a bump applied late) is never
+//! served, copied or allowed to vote on a length.
+//!
+//! Fail-stop: if a committed record cannot be handed to the log, the state is ahead of
+//! the log for good; the master then refuses every request with an `Internal` error
+//! until it is restarted (see `service::Core::check_running`).
 
 /// Returns `Err` from the enclosing function when the named fail point is enabled
 /// (cargo feature `fail-points`, see `fail`); expands to nothing without the feature.

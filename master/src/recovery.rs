@@ -9,12 +9,17 @@
 //! `AddChunk` / `UpdatePipeline` / `Close`.
 //!
 //! **Procedure** for a file whose last chunk is open ([`decide`]):
-//! 1. mint `V+1` for the last chunk and log `RecoveryStarted` durably: the file is
-//!    `Recovering`, the holder's lease is gone (its later requests get `LeaseExpired`);
-//! 2. push `BumpVersion(V+1)` to every live replica at a recoverable version
-//!    ([`recoverable_targets`]); from then on each of them rejects the old writer with
-//!    `StaleToken`. Replicas that miss the bump stay below the master's version:
-//!    stale, never handed out (invariant 4);
+//! 1. mint a fresh version `N` for the last chunk and log `RecoveryStarted` durably:
+//!    the file is `Recovering`, the holder's lease is gone (its later requests get
+//!    `LeaseExpired`);
+//! 2. push `BumpVersion(N)` to every live replica at a recoverable version
+//!    ([`recoverable_targets`]): from the version the writer was last *granted* (the
+//!    floor kept in `WriteState::Open`, logged by `Record::Granted`) up to the
+//!    master's current one. A version minted for a pipeline update or reopen whose
+//!    bump failed was never granted, so the replicas below it still count: they hold
+//!    every byte the writer had acknowledged. From then on each bumped replica
+//!    rejects the old writer with `StaleToken`. Replicas that miss the bump stay
+//!    below the master's version: stale, never handed out (invariant 4);
 //! 3. the bump replies carry each replica's length; the file keeps the shortest
 //!    ([`recovered_length`]): every acknowledged byte is on every pipeline replica
 //!    (invariant 5), so the minimum never cuts one;
@@ -24,9 +29,18 @@
 //!
 //! A file that is open without an open last chunk (no chunk yet, or its last chunk is
 //! full: the writer died between chunks) is closed at its committed length. A last
-//! chunk with no live replica at a recoverable version does not hang the file: it is
-//! closed at the chunk's committed length and the chunk is listed as missing
-//! ([`crate::state::MasterState::missing_chunks`]).
+//! chunk with no live replica at a recoverable version, still at the version its
+//! replicas hold, does not hang the file: it is closed at the chunk's committed length
+//! and the chunk is listed as missing
+//! ([`crate::state::MasterState::missing_chunks`]). Once a version was minted past
+//! the granted one, closing would leave the chunk at a version no replica holds (all
+//! of them stale for good), so the file stays in recovery and the worker retries,
+//! backing off, until a replica holding the granted version is reachable again.
+//!
+//! **A failed reopen.** An `append` whose bump reaches too few replicas has already
+//! logged the new version; the file goes to recovery from the version the closed file
+//! had (`Record::RecoveryQueued`) instead of closing at a version nobody holds, and
+//! the appending client gets `NotEnoughReplicas`.
 //!
 //! **Restart.** `RecoveryStarted` is durable, so replay brings the file back in
 //! `Recovering`. Once the chunkservers had a chance to register ([`resume_ready`]) the
@@ -129,9 +143,18 @@ pub enum Start {
     HolderChanged { holder: ClientId },
     /// Open without an open last chunk: close at the committed length.
     CloseAtCommitted,
-    /// No live replica holds the last chunk at a recoverable version: close at the
-    /// chunk's committed length and report the chunk missing.
+    /// No live replica holds the last chunk at a recoverable version, and the chunk is
+    /// still at the version its replicas hold: close at the chunk's committed length
+    /// and report the chunk missing.
     Missing { old_version: ChunkVersion },
+    /// No live replica holds the last chunk at a recoverable version, and a version
+    /// was minted past `old_version` (an earlier attempt, a failed reopen or pipeline
+    /// update): closing would leave the chunk at a version no replica holds, so the
+    /// file stays in (or goes to) recovery until one is reachable.
+    Unreachable {
+        holder: ClientId,
+        old_version: ChunkVersion,
+    },
     /// Mint `version` (log it), push it to `targets`, then seal.
     Bump {
         holder: ClientId,
@@ -153,14 +176,14 @@ pub fn decide(
 ) -> Start {
     let (holder, old_version, info) = match (write, last) {
         (WriteState::Closed, _) => return Start::Closed,
-        (WriteState::Open { client }, _) if expired.is_some_and(|e| e != client) => {
+        (WriteState::Open { client, .. }, _) if expired.is_some_and(|e| e != client) => {
             return Start::HolderChanged { holder: client }
         }
         (WriteState::Open { .. }, None) => return Start::CloseAtCommitted,
         (WriteState::Open { .. }, Some(info)) if info.length >= chunk_size => {
             return Start::CloseAtCommitted
         }
-        (WriteState::Open { client }, Some(info)) => (client, info.version, info),
+        (WriteState::Open { client, granted }, Some(info)) => (client, granted, info),
         (WriteState::Recovering { .. }, None) => return Start::CloseAtCommitted,
         (
             WriteState::Recovering {
@@ -172,6 +195,12 @@ pub fn decide(
     };
     let targets = recoverable_targets(info, old_version, live);
     if targets.is_empty() {
+        if info.version > old_version {
+            return Start::Unreachable {
+                holder,
+                old_version,
+            };
+        }
         return Start::Missing { old_version };
     }
     Start::Bump {
@@ -183,8 +212,11 @@ pub fn decide(
 }
 
 /// The live replicas of `info` that hold the writer's data: at a version between
-/// `from` (the version the writer held) and the master's current one. Replicas below
-/// `from` missed an earlier bump and are stale. Ordered by chunkserver id.
+/// `from` (the version the writer was granted) and the master's current one. Replicas
+/// below `from` missed an earlier bump and are stale; replicas known to be shorter
+/// than the committed length (a bump applied late, see
+/// [`crate::chunk_table::Replica::short`]) lack committed bytes. Ordered by
+/// chunkserver id.
 pub fn recoverable_targets(
     info: &ChunkInfo,
     from: ChunkVersion,
@@ -193,7 +225,7 @@ pub fn recoverable_targets(
     let mut out: Vec<ChunkserverAddr> = info
         .replicas
         .iter()
-        .filter(|r| r.version >= from && r.version <= info.version)
+        .filter(|r| r.version >= from && r.version <= info.version && !r.short)
         .filter_map(|r| {
             live(r.server_id()).map(|addr| ChunkserverAddr {
                 id: r.server_id(),
@@ -361,7 +393,10 @@ mod tests {
         // Replica 3 is stale (missed an earlier pipeline bump), 4 is on a dead server.
         let c = chunk(5, 0, &[(1, 5), (2, 5), (3, 4), (4, 5)]);
         let start = decide(
-            WriteState::Open { client: A },
+            WriteState::Open {
+                client: A,
+                granted: ChunkVersion(5),
+            },
             Some(A),
             CHUNK,
             Some(&c),
@@ -407,7 +442,10 @@ mod tests {
 
     #[test]
     fn without_an_open_last_chunk_the_file_just_closes() {
-        let write = WriteState::Open { client: A };
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(2),
+        };
         assert_eq!(
             decide(write, None, CHUNK, None, live_except(&[])),
             Start::CloseAtCommitted
@@ -431,7 +469,10 @@ mod tests {
         // The expired holder closed and another client reopened the file meanwhile.
         assert_eq!(
             decide(
-                WriteState::Open { client: B },
+                WriteState::Open {
+                    client: B,
+                    granted: ChunkVersion(2),
+                },
                 Some(A),
                 CHUNK,
                 Some(&full),
@@ -443,7 +484,10 @@ mod tests {
 
     #[test]
     fn a_last_chunk_without_live_replicas_is_missing_not_hung() {
-        let write = WriteState::Open { client: A };
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(3),
+        };
         let c = chunk(3, 100, &[(1, 3), (2, 2)]);
         assert_eq!(
             decide(write, Some(A), CHUNK, Some(&c), live_except(&[1])),
@@ -457,6 +501,104 @@ mod tests {
             decide(write, None, CHUNK, Some(&none), live_except(&[])),
             Start::Missing { .. }
         ));
+    }
+
+    #[test]
+    fn a_version_minted_but_never_granted_does_not_make_the_writers_replicas_stale() {
+        // The writer holds 5; its pipeline update minted 6, but the bump reached nobody.
+        let c = chunk(6, 0, &[(1, 5), (2, 5), (3, 5)]);
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(5),
+        };
+        let Start::Bump {
+            old_version,
+            version,
+            targets,
+            ..
+        } = decide(write, Some(A), CHUNK, Some(&c), live_except(&[]))
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!((old_version, version), (ChunkVersion(5), ChunkVersion(7)));
+        assert_eq!(
+            ids(&targets),
+            vec![1, 2, 3],
+            "all hold the acknowledged bytes"
+        );
+        // The bump reached one replica before the master gave up: it counts too.
+        let c = chunk(6, 0, &[(1, 6), (2, 5), (3, 4)]);
+        let Start::Bump { targets, .. } = decide(write, Some(A), CHUNK, Some(&c), live_except(&[]))
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(
+            ids(&targets),
+            vec![1, 2],
+            "3 was dropped before 5 was granted"
+        );
+        // Once 6 is granted, replicas at 5 are stale.
+        let granted = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(6),
+        };
+        let Start::Bump { targets, .. } =
+            decide(granted, Some(A), CHUNK, Some(&c), live_except(&[]))
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(ids(&targets), vec![1]);
+    }
+
+    #[test]
+    fn a_chunk_past_the_granted_version_waits_for_a_replica_instead_of_closing() {
+        // No live replica, and the chunk is at a version nobody may hold: closing
+        // would leave every replica stale for good.
+        let c = chunk(6, 100, &[(1, 5), (2, 5)]);
+        let open = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(5),
+        };
+        assert_eq!(
+            decide(open, Some(A), CHUNK, Some(&c), live_except(&[1, 2])),
+            Start::Unreachable {
+                holder: A,
+                old_version: ChunkVersion(5)
+            }
+        );
+        let recovering = WriteState::Recovering {
+            holder: A,
+            old_version: ChunkVersion(5),
+        };
+        assert_eq!(
+            decide(recovering, None, CHUNK, Some(&c), live_except(&[1, 2])),
+            Start::Unreachable {
+                holder: A,
+                old_version: ChunkVersion(5)
+            }
+        );
+        // When they are back, they are recovered.
+        assert!(matches!(
+            decide(recovering, None, CHUNK, Some(&c), live_except(&[2])),
+            Start::Bump { .. }
+        ));
+    }
+
+    #[test]
+    fn a_short_replica_never_takes_part_in_recovery() {
+        let mut c = chunk(5, 1000, &[(1, 5), (2, 5)]);
+        c.record_report(
+            3,
+            &stampfs_proto::ReplicaReport {
+                handle: stampfs_proto::ChunkHandle(1),
+                version: ChunkVersion(5),
+                length: 10,
+                state: ReplicaState::Writing,
+            },
+        );
+        assert!(c.replica(ChunkserverId(3)).expect("recorded").short);
+        let targets = recoverable_targets(&c, ChunkVersion(5), live_except(&[]));
+        assert_eq!(ids(&targets), vec![1, 2]);
     }
 
     #[test]

@@ -399,6 +399,10 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
 }
 
 async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
+    // A halted master (its state ahead of its log) refuses everything, reads included.
+    if let Err(e) = core.check_running() {
+        return reply::<()>(id, Err(e));
+    }
     match req {
         MasterRequest::Mkdir(r) => reply(id, core.mkdir(r).await),
         MasterRequest::Create(r) => reply(id, core.create(r).await),

@@ -5,8 +5,11 @@
 //! applies it), move the record to the log queue, unlock; wait until the log is
 //! durable; only then send version bumps or reply. Multi-step writes (log, bump,
 //! grant) hold the file's async lock so that two of them never interleave on one
-//! file. Reads wait for the log too, so a reply never shows state that a crash could
-//! still take back.
+//! file. A re-leased chunk (append, pipeline update) logs `Granted` between its bump
+//! and its grant; when the bump reaches too few replicas nothing is granted, and a
+//! failed append hands the file to lease recovery instead of closing it at a version
+//! no replica may hold. Reads wait for the log too, so a reply never shows state that
+//! a crash could still take back.
 //!
 //! Lease recovery (`service/recovery.rs`) has the same shape under the same file lock:
 //! it runs as background tasks (at most one per file) started by the recovery
@@ -81,6 +84,12 @@ pub struct Core {
     tasks: TaskTracker,
     /// Cancelled at shutdown (or crash): background recoveries stop.
     shutdown: CancellationToken,
+    /// Why the master stopped serving, once a committed record could not be handed to
+    /// the log (fail-stop: the state then holds changes the log never will).
+    halted: std::sync::OnceLock<String>,
+    /// Cancelled with `halted`: wakes requests waiting for a durability that will
+    /// never come.
+    halt: CancellationToken,
 }
 
 impl std::fmt::Debug for Core {
@@ -121,6 +130,49 @@ impl Core {
             recoveries: Recoveries::default(),
             tasks,
             shutdown,
+            halted: std::sync::OnceLock::new(),
+            halt: CancellationToken::new(),
+        }
+    }
+
+    /// `Err(Halted)` once the master stopped serving (see [`Core::mutate`]).
+    pub fn check_running(&self) -> Result<()> {
+        match self.halted.get() {
+            Some(reason) => Err(Error::Halted {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fail-stop: record `lsn` was applied to the state but could not be queued in the
+    /// log. From now on every request is refused with `Halted` (an `Internal` error)
+    /// and the background workers do nothing; a restart replays the log, which holds
+    /// exactly what was acknowledged.
+    fn halt_serving(&self, lsn: u64, e: &Error) -> Error {
+        let reason = format!("log record {lsn} could not be queued: {e}");
+        if self.halted.set(reason.clone()).is_ok() {
+            if matches!(e, Error::ShuttingDown) {
+                tracing::warn!(lsn, "a mutation raced the shutdown and was not logged; refusing every request until the restart");
+            } else {
+                tracing::error!(lsn, error = %e, "the operation log refused a committed record: the master STOPS SERVING (every request is refused) until it is restarted");
+            }
+            self.halt.cancel();
+        }
+        Error::Halted { reason }
+    }
+
+    /// Queues a committed record in the log.
+    fn append_record(&self, lsn: u64, bytes: &[u8]) -> Result<()> {
+        fail_point!("log-append");
+        self.log.append(lsn, bytes)
+    }
+
+    /// Waits until record `lsn` is durable (or the master stopped serving).
+    async fn durable(&self, lsn: u64) -> Result<()> {
+        tokio::select! {
+            r = self.log.wait_durable(lsn) => r,
+            _ = self.halt.cancelled() => self.check_running(),
         }
     }
 
@@ -131,15 +183,21 @@ impl Core {
 
     /// Runs a mutation under the state lock and queues its records in the log. Returns
     /// its result and the LSN to wait for before anything depending on it leaves.
+    ///
+    /// A record that cannot be queued (the log failed or stopped) leaves the state
+    /// ahead of the log for good: the master halts ([`Core::check_running`]).
     fn mutate<T>(
         &self,
         f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
     ) -> Result<(T, u64)> {
         let mut st = self.state();
+        self.check_running()?;
         let result = f(&mut st, self.clock.now_ms(), wall_ms());
         // Records committed before a failure must reach the log all the same.
         for (lsn, bytes) in st.take_outbox() {
-            self.log.append(lsn, &bytes)?;
+            if let Err(e) = self.append_record(lsn, &bytes) {
+                return Err(self.halt_serving(lsn, &e));
+            }
         }
         let lsn = st.last_lsn;
         drop(st);
@@ -152,7 +210,7 @@ impl Core {
         f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
     ) -> Result<T> {
         let (v, lsn) = self.mutate(f)?;
-        self.log.wait_durable(lsn).await?;
+        self.durable(lsn).await?;
         Ok(v)
     }
 
@@ -160,9 +218,10 @@ impl Core {
     async fn read<T>(&self, f: impl FnOnce(&MasterState, u64) -> Result<T>) -> Result<T> {
         let (v, lsn) = {
             let st = self.state();
+            self.check_running()?;
             (f(&st, self.clock.now_ms())?, st.last_lsn)
         };
-        self.log.wait_durable(lsn).await?;
+        self.durable(lsn).await?;
         Ok(v)
     }
 
@@ -307,13 +366,29 @@ impl Core {
         };
         let pipeline = self.push_bump(&bump).await;
         if pipeline.len() < bump.needed {
-            self.mutate_durable(|st, now, mt| st.revert_reopen(ino, req.client, now, mt))
+            // The new version is logged and may have reached some replicas: closing the
+            // file at it would leave the others stale for good. Lease recovery re-bumps
+            // whichever replicas are reachable (now or when they come back) and seals.
+            let queued = self
+                .mutate_durable(|st, now, _| st.abandon_reopen(ino, req.client, now))
                 .await?;
+            if queued {
+                tracing::warn!(
+                    path = %bump.path,
+                    chunk = %bump.handle,
+                    version = %bump.version,
+                    acked = pipeline.len(),
+                    needed = bump.needed,
+                    "append: the version bump reached too few replicas; the file goes to lease recovery"
+                );
+            }
             return Err(Error::NotEnoughReplicas {
                 live: pipeline.len() as u32,
                 needed: bump.needed as u32,
             });
         }
+        self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, now))
+            .await?;
         Ok(AppendReply {
             status: plan.status,
             last_chunk: Some(self.grant(&bump, req.client, pipeline)),
@@ -353,11 +428,15 @@ impl Core {
             .await?;
         let pipeline = self.push_bump(&plan).await;
         if pipeline.len() < plan.needed {
+            // The version stays minted but is not granted: lease recovery still starts
+            // from the version the writer holds (its replicas hold its bytes).
             return Err(Error::NotEnoughReplicas {
                 live: pipeline.len() as u32,
                 needed: plan.needed as u32,
             });
         }
+        self.mutate_durable(|st, now, _| st.grant_made(&plan, req.client, now))
+            .await?;
         Ok(self.grant(&plan, req.client, pipeline))
     }
 
@@ -387,7 +466,21 @@ impl Core {
         let id = self
             .mutate_durable(|st, now, _| st.register(&req, now))
             .await?;
+        self.replicas_back(&[id]);
         Ok(RegisterReply { id })
+    }
+
+    /// Files waiting in lease recovery for a replica on one of `servers`, which just
+    /// registered or came back to life, are retried at the recovery worker's next pass
+    /// rather than after their back-off.
+    fn replicas_back(&self, servers: &[stampfs_proto::ChunkserverId]) {
+        let waiting = self.state().recovering_with_replica_on(servers);
+        if !waiting.is_empty() {
+            let mut retries = lock(&self.recoveries.retries);
+            for ino in waiting {
+                retries.done(ino);
+            }
+        }
     }
 
     pub async fn heartbeat(&self, req: Heartbeat) -> Result<HeartbeatReply> {
@@ -417,7 +510,7 @@ impl Core {
         };
         // Commands were decided on state that must be durable before they act on it
         // (a deleted chunk's replicas go only once the deletion is logged).
-        self.log.wait_durable(lsn).await?;
+        self.durable(lsn).await?;
         let mut commands = Vec::with_capacity(queued.len());
         for cmd in queued {
             match Signed::new(&self.key, cmd) {
@@ -449,6 +542,7 @@ impl Core {
             current = s.current,
             stale = s.stale,
             ahead = s.ahead,
+            short = s.short,
             orphans = s.orphans,
             "chunk report"
         );
@@ -463,6 +557,8 @@ impl Core {
         let _one = self.checkpointing.lock().await;
         let (lsn, bytes) = {
             let st = self.state();
+            // A halted master's state is ahead of its log: never checkpoint it.
+            self.check_running()?;
             let lsn = st.last_lsn;
             if lsn <= self.checkpoint_lsn.load(Ordering::Acquire) {
                 return Ok(false);
@@ -473,7 +569,7 @@ impl Core {
             self.log.rotate(lsn + 1)?;
             (lsn, bytes)
         };
-        self.log.wait_durable(lsn).await?;
+        self.durable(lsn).await?;
         let dir = self.config.dir.clone();
         let size = bytes.len();
         let removed = tokio::task::spawn_blocking(move || -> Result<usize> {
@@ -498,6 +594,9 @@ impl Core {
 
     /// Checkpoints when the log grew past the threshold or the interval passed.
     pub async fn maybe_checkpoint(&self) -> Result<bool> {
+        if self.check_running().is_err() {
+            return Ok(false);
+        }
         let grown = self.log.stats().bytes_since_rotate >= self.config.checkpoint_log_size;
         let interval =
             u64::try_from(self.config.checkpoint_interval.as_millis()).unwrap_or(u64::MAX);
@@ -517,14 +616,19 @@ impl Core {
     /// recovery worker's: [`Core::recovery_pass`].)
     pub fn monitor(&self) {
         let now = self.clock.now_ms();
-        let mut st = self.state();
-        let dead_after = st.settings.dead_after_ms;
-        for (id, live) in st.registry.liveness_changes(now, dead_after) {
-            if live {
-                tracing::info!(chunkserver = %id, "chunkserver is live again");
-            } else {
-                tracing::warn!(chunkserver = %id, "chunkserver missed its heartbeats: dead; its replicas are no longer handed out");
+        let mut back = Vec::new();
+        {
+            let mut st = self.state();
+            let dead_after = st.settings.dead_after_ms;
+            for (id, live) in st.registry.liveness_changes(now, dead_after) {
+                if live {
+                    tracing::info!(chunkserver = %id, "chunkserver is live again");
+                    back.push(id);
+                } else {
+                    tracing::warn!(chunkserver = %id, "chunkserver missed its heartbeats: dead; its replicas are no longer handed out");
+                }
             }
         }
+        self.replicas_back(&back);
     }
 }

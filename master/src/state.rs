@@ -17,7 +17,7 @@
 //! This file holds the records, `apply`, checkpoints, reads and chunkserver reports; the
 //! requests that mutate the namespace or start a write are in `state/ops.rs`.
 
-use crate::chunk_table::{classify, server_index, ChunkInfo, ChunkTable, ReplicaClass};
+use crate::chunk_table::{server_index, ChunkInfo, ChunkTable, ReplicaClass};
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::health::Tracker;
@@ -28,7 +28,7 @@ use bincode::{Decode, Encode};
 use stampfs_proto::{
     ChunkCommit, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
     ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, Register,
-    ReplicaLocation, ReplicaReport,
+    ReplicaLocation, ReplicaReport, ReplicaState,
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -39,8 +39,9 @@ pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 
-/// Version of the checkpoint payload layout.
-const SNAPSHOT_FORMAT: u32 = 1;
+/// Version of the checkpoint payload layout. Format 1 (no granted version in open
+/// files) is still read and upgraded.
+const SNAPSHOT_FORMAT: u32 = 2;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -126,6 +127,23 @@ pub enum Record {
         length: u64,
         mtime_ms: u64,
     },
+    /// The bump of `version` on the last chunk `handle` of the open file `inode`
+    /// reached enough replicas and the write grant carrying it goes out: from now on
+    /// lease recovery considers only replicas at `version` or above (the writer may
+    /// have bytes acknowledged by exactly those). Logged after the bump, before the
+    /// grant; a version whose bump failed is never granted.
+    Granted {
+        inode: InodeId,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    },
+    /// The open file `inode` goes to lease recovery from its granted version: its
+    /// writer's grant could not be completed (a reopen for append whose bump reached
+    /// too few replicas) or no replica is reachable to recover it now. The recovery
+    /// worker re-bumps and seals the replicas that hold the granted version once they
+    /// are reachable; until then the file stays in recovery (nobody may write it, and
+    /// replica health leaves its last chunk alone).
+    RecoveryQueued { inode: InodeId },
 }
 
 /// The configuration the state machine's decisions use.
@@ -178,6 +196,8 @@ pub struct ReportSummary {
     pub current: usize,
     pub stale: usize,
     pub ahead: usize,
+    /// At the master's version but shorter than the committed length.
+    pub short: usize,
     pub orphans: usize,
 }
 
@@ -283,15 +303,37 @@ impl MasterState {
             BTreeMap<ChunkserverId, String>,
             u64,
         );
-        let ((format, last_lsn, ns, chunks, servers, next_server), _): (Snap, usize) =
-            bincode::decode_from_slice(bytes, codec_config()).map_err(|e| Error::Codec {
-                reason: format!("checkpoint: {e}"),
-            })?;
-        if format != SNAPSHOT_FORMAT {
-            return Err(Error::Codec {
-                reason: format!("checkpoint format {format} is not {SNAPSHOT_FORMAT}"),
-            });
-        }
+        type SnapV1 = (
+            u32,
+            u64,
+            namespace::v1::Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+        );
+        let codec = |e: bincode::error::DecodeError| Error::Codec {
+            reason: format!("checkpoint: {e}"),
+        };
+        let (format, _): (u32, usize) =
+            bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+        let (last_lsn, ns, chunks, servers, next_server) = match format {
+            SNAPSHOT_FORMAT => {
+                let ((_, last_lsn, ns, chunks, servers, next_server), _): (Snap, usize) =
+                    bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                (last_lsn, ns, chunks, servers, next_server)
+            }
+            1 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV1, usize) =
+                    bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                let ns = ns.upgrade(|h| chunks.get(h).map_or(ChunkVersion(0), |c| c.version));
+                (last_lsn, ns, chunks, servers, next_server)
+            }
+            other => {
+                return Err(Error::Codec {
+                    reason: format!("checkpoint format {other} is not {SNAPSHOT_FORMAT}"),
+                })
+            }
+        };
         let mut st = Self::new(settings);
         st.last_lsn = last_lsn;
         st.ns = ns;
@@ -390,7 +432,10 @@ impl MasterState {
                         replication: *replication,
                         chunk_size: *chunk_size,
                         chunks: Vec::new(),
-                        write: WriteState::Open { client: *client },
+                        write: WriteState::Open {
+                            client: *client,
+                            granted: ChunkVersion(0),
+                        },
                     }),
                 };
                 self.ns.insert(*parent, name, *inode, file)?;
@@ -409,6 +454,9 @@ impl MasterState {
                 if f.write != WriteState::Closed {
                     return Err(format!("{inode} is already open"));
                 }
+                // Until the reopen's grant goes out, the floor is the version the closed
+                // file's replicas hold.
+                let granted = self.last_version(f);
                 if let Some((h, v)) = last {
                     if f.chunks.last() != Some(h) {
                         return Err(format!("{h} is not the last chunk of {inode}"));
@@ -416,7 +464,10 @@ impl MasterState {
                     self.set_version(*h, *v)?;
                 }
                 self.touch_file(*inode, *mtime_ms, |f| {
-                    f.write = WriteState::Open { client: *client }
+                    f.write = WriteState::Open {
+                        client: *client,
+                        granted,
+                    }
                 });
                 self.leases.acquire(*inode, *client, now_ms);
             }
@@ -450,7 +501,12 @@ impl MasterState {
                         info.length = c.length;
                     }
                 }
-                self.touch_file(*inode, *mtime_ms, |f| f.chunks.push(*handle));
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    f.chunks.push(*handle);
+                    if let WriteState::Open { granted, .. } = &mut f.write {
+                        *granted = *version;
+                    }
+                });
             }
             Record::AbandonChunk { inode, handle } => {
                 let f = self
@@ -464,6 +520,16 @@ impl MasterState {
                     f.chunks.pop();
                 }
                 self.forget_chunk(*handle);
+                // The previous chunk is the last again, at the version its writer held.
+                let granted = self
+                    .ns
+                    .file(*inode)
+                    .map_or(ChunkVersion(0), |f| self.last_version(f));
+                self.touch_file(*inode, 0, |f| {
+                    if let WriteState::Open { granted: g, .. } = &mut f.write {
+                        *g = granted;
+                    }
+                });
             }
             Record::SetVersion { handle, version } => self.set_version(*handle, *version)?,
             Record::Close {
@@ -519,7 +585,7 @@ impl MasterState {
                     .file(*inode)
                     .ok_or(format!("{inode} is not a file"))?;
                 let holder = match f.write {
-                    WriteState::Open { client } => client,
+                    WriteState::Open { client, .. } => client,
                     WriteState::Recovering { holder, .. } => holder,
                     WriteState::Closed => return Err(format!("{inode} is closed")),
                 };
@@ -571,6 +637,50 @@ impl MasterState {
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
             }
+            Record::Granted {
+                inode,
+                handle,
+                version,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let WriteState::Open { granted, .. } = f.write else {
+                    return Err(format!("{inode} is not open"));
+                };
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                let current = self.last_version(f);
+                if *version < granted || *version > current {
+                    return Err(format!(
+                        "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
+                    ));
+                }
+                self.touch_file(*inode, 0, |f| {
+                    if let WriteState::Open { granted, .. } = &mut f.write {
+                        *granted = *version;
+                    }
+                });
+            }
+            Record::RecoveryQueued { inode } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let WriteState::Open { client, granted } = f.write else {
+                    return Err(format!("{inode} is not open"));
+                };
+                self.touch_file(*inode, 0, |f| {
+                    f.write = WriteState::Recovering {
+                        holder: client,
+                        old_version: granted,
+                    }
+                });
+                self.leases.release(*inode);
+                self.recovering.insert(*inode);
+            }
         }
         self.last_lsn = lsn;
         Ok(())
@@ -583,6 +693,14 @@ impl MasterState {
                 f(meta);
             }
         }
+    }
+
+    /// The current version of `f`'s last chunk (zero without one).
+    fn last_version(&self, f: &FileMeta) -> ChunkVersion {
+        f.chunks
+            .last()
+            .and_then(|h| self.chunks.get(*h))
+            .map_or(ChunkVersion(0), |c| c.version)
     }
 
     fn set_version(&mut self, h: ChunkHandle, v: ChunkVersion) -> std::result::Result<(), String> {
@@ -775,7 +893,7 @@ impl MasterState {
                 file_offset: offset,
                 length: info.length,
                 complete: !(open && i + 1 == f.chunks.len()),
-                token: ChunkToken::sign(key, *h, info.version, client),
+                token: ChunkToken::sign_read(key, *h, info.version, client),
                 replicas: self.current_locations(info, now_ms),
             });
             offset += info.length;
@@ -822,7 +940,7 @@ impl MasterState {
         self.registry
             .register(id, &req.addr, req.capacity, req.used, now_ms);
         let s = self.apply_report(id, &req.replicas);
-        tracing::info!(chunkserver = %id, addr = %req.addr, replicas = req.replicas.len(), current = s.current, stale = s.stale, ahead = s.ahead, orphans = s.orphans, "chunkserver registered");
+        tracing::info!(chunkserver = %id, addr = %req.addr, replicas = req.replicas.len(), current = s.current, stale = s.stale, ahead = s.ahead, short = s.short, orphans = s.orphans, "chunkserver registered");
         Ok(id)
     }
 
@@ -857,7 +975,27 @@ impl MasterState {
                 continue;
             }
             self.health.clear_corrupt(r.handle, id);
-            match classify(info.version, r.version) {
+            // A replica's version never goes down: a report built before a bump that
+            // arrives after the bump's acknowledgement must not make it look stale.
+            // Nor does a finalized replica reopen at the same version: a report that
+            // still shows it `Writing` (and shorter) was built before its finalize.
+            let outdated = info.replica(id).is_some_and(|known| {
+                known.version > r.version
+                    || (known.version == r.version
+                        && known.state == ReplicaState::Finalized
+                        && r.state == ReplicaState::Writing)
+            });
+            let was_short = info
+                .replica(id)
+                .is_some_and(|k| k.short && k.version == r.version);
+            if !outdated {
+                info.record_report(idx, r);
+            }
+            mine.insert(r.handle);
+            let Some(known) = info.replica(id).copied() else {
+                continue;
+            };
+            match info.class_of(&known) {
                 ReplicaClass::Current => {
                     summary.current += 1;
                     if self.missing_chunks.remove(&r.handle) {
@@ -872,14 +1010,15 @@ impl MasterState {
                     summary.ahead += 1;
                     tracing::error!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "replica is AHEAD of the master's version: invariant 1 was broken; it is never handed out");
                 }
+                ReplicaClass::Short if was_short => {
+                    summary.short += 1;
+                    tracing::debug!(chunk = %r.handle, chunkserver = %id, version = %r.version, length = r.length, committed = info.length, "short replica");
+                }
+                ReplicaClass::Short => {
+                    summary.short += 1;
+                    tracing::warn!(chunk = %r.handle, chunkserver = %id, version = %r.version, length = r.length, committed = info.length, "replica at the master's version is SHORTER than the committed length (it took a bump late); it is never handed out and will be replaced");
+                }
             }
-            // A replica's version never goes down: a report built before a bump that
-            // arrives after the bump's acknowledgement must not make it look stale.
-            match info.replica(id) {
-                Some(known) if known.version > r.version => {}
-                _ => info.set_replica(idx, r.version, r.state),
-            }
-            mine.insert(r.handle);
         }
         summary.orphans = orphans.len();
         if let Some(cs) = self.registry.get_mut(id) {
@@ -1487,6 +1626,41 @@ mod tests {
             assert!(!handles.contains(&p.bump.handle));
             assert!(p.bump.handle > *handles.iter().max().expect("some"));
         }
+    }
+
+    #[test]
+    fn a_format_1_checkpoint_is_still_read() {
+        let mut st = state_with_servers(1);
+        let ino = create(&mut st, "/f", A);
+        st.close(
+            &Close {
+                path: "/f".into(),
+                client: A,
+                last: None,
+            },
+            ino,
+            0,
+            1,
+        )
+        .expect("close");
+        st.mkdir(
+            &Mkdir {
+                path: "/d".into(),
+                parents: false,
+            },
+            0,
+            1,
+        )
+        .expect("mkdir");
+        // Without open files formats 1 and 2 differ only in the leading number (one
+        // varint byte).
+        let mut snap = st.encode_snapshot().expect("snapshot");
+        assert_eq!(snap[0], SNAPSHOT_FORMAT as u8);
+        snap[0] = 1;
+        let back = MasterState::decode_snapshot(settings(), &snap, 0).expect("format 1");
+        assert!(back.same_persisted(&st));
+        snap[0] = 9;
+        assert!(MasterState::decode_snapshot(settings(), &snap, 0).is_err());
     }
 
     #[test]

@@ -234,9 +234,14 @@ async fn bumps_land_in_replica_headers_before_grants() {
         loc.replicas.iter().all(|r| r.chunkserver != dropped),
         "stale replica handed out"
     );
+    let key = ClusterKey::load(&cl.master_cfg.key_file()).expect("key");
     loc.token
-        .verify(&ClusterKey::load(&cl.master_cfg.key_file()).expect("key"))
+        .verify_read(&key)
         .expect("read token is signed with the cluster key");
+    assert!(
+        loc.token.verify(&key).is_err(),
+        "a read token is not a write token"
+    );
     c.call(Close {
         path: "/f".into(),
         client: B,

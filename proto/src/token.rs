@@ -23,7 +23,10 @@ type HmacSha256 = Hmac<Sha256>;
 /// Length of the cluster key in bytes.
 pub const CLUSTER_KEY_LEN: usize = 32;
 
+/// Write tokens (pipeline writes, replica pushes, recovery): the write domain.
 const TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/v1";
+/// Read tokens (what `GetLocations` hands to readers): good for reads only.
+const READ_TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/read/v1";
 const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v1";
 
 /// The secret shared by the master and every chunkserver. Its `Debug` never shows it.
@@ -179,11 +182,42 @@ impl ChunkToken {
         }
     }
 
-    /// Checks the MAC: any altered field, or a token signed with another key, fails
-    /// with [`Error::BadToken`].
+    /// Signs a read-only token: it passes [`ChunkToken::verify_read`] but not
+    /// [`ChunkToken::verify`], so a reader can never write, truncate or replace a
+    /// replica with it. Only the master calls this.
+    pub fn sign_read(
+        key: &ClusterKey,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        client: ClientId,
+    ) -> Self {
+        let p = Self::parts(handle, version, client);
+        let mac = key.sign_parts(READ_TOKEN_DOMAIN, &[&p[0], &p[1], &p[2]]);
+        Self {
+            handle,
+            version,
+            client,
+            mac,
+        }
+    }
+
+    /// Checks the MAC of a write token: any altered field, a token signed with another
+    /// key, or a read-only token fails with [`Error::BadToken`].
     pub fn verify(&self, key: &ClusterKey) -> Result<()> {
+        self.verify_in(key, &[TOKEN_DOMAIN])
+    }
+
+    /// Checks the MAC of a token presented for a read: read and write tokens pass.
+    pub fn verify_read(&self, key: &ClusterKey) -> Result<()> {
+        self.verify_in(key, &[READ_TOKEN_DOMAIN, TOKEN_DOMAIN])
+    }
+
+    fn verify_in(&self, key: &ClusterKey, domains: &[&[u8]]) -> Result<()> {
         let p = Self::parts(self.handle, self.version, self.client);
-        if key.verify_parts(TOKEN_DOMAIN, &[&p[0], &p[1], &p[2]], &self.mac) {
+        let ok = domains
+            .iter()
+            .any(|d| key.verify_parts(d, &[&p[0], &p[1], &p[2]], &self.mac));
+        if ok {
             Ok(())
         } else {
             Err(Error::BadToken {
@@ -251,6 +285,19 @@ mod tests {
         let mut t = token();
         t.mac[31] ^= 1;
         assert!(t.verify(&key()).is_err());
+    }
+
+    #[test]
+    fn a_read_token_reads_but_never_writes() {
+        let r = ChunkToken::sign_read(&key(), ChunkHandle(10), ChunkVersion(3), ClientId(99));
+        r.verify_read(&key()).expect("read token reads");
+        assert!(matches!(r.verify(&key()), Err(Error::BadToken { .. })));
+        token()
+            .verify_read(&key())
+            .expect("a write token may read too");
+        let mut forged = r;
+        forged.version = ChunkVersion(4);
+        assert!(forged.verify_read(&key()).is_err());
     }
 
     #[test]

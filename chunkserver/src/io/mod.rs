@@ -28,6 +28,14 @@ use std::sync::Arc;
 pub enum IoOp {
     /// Write all of `data` at `offset` (short writes are continued).
     Write { offset: u64, data: Bytes },
+    /// Write `bufs` back to back starting at `offset`, as one vectored write where the
+    /// engine can (short writes are continued). Keeps a batch of packets one syscall.
+    Writev { offset: u64, bufs: Vec<Bytes> },
+    /// Start writing `len` bytes at `offset` back to the disk now, without waiting
+    /// for them (write-behind, so a later sync finds little left to do). A hint: it
+    /// makes nothing durable. io_uring: `sync_file_range(SYNC_FILE_RANGE_WRITE)`;
+    /// threads: `posix_fadvise(DONTNEED)`, which starts the writeback the same way.
+    WriteBehind { offset: u64, len: u64 },
     /// `fdatasync`.
     SyncData,
     /// `fsync`.
@@ -132,6 +140,35 @@ mod tests {
             .await
             .expect("read beyond");
         assert!(got.is_empty());
+        // A vectored write lands its buffers back to back (and empty ones are fine).
+        let parts: Vec<Bytes> = vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from(big[..100_000].to_vec()),
+            Bytes::from_static(b"xyz"),
+        ];
+        let end = 10 + big.len() as u64;
+        engine
+            .run(
+                file.clone(),
+                vec![
+                    IoOp::Writev {
+                        offset: end,
+                        bufs: parts.clone(),
+                    },
+                    IoOp::Writev {
+                        offset: end + 100_006,
+                        bufs: Vec::new(),
+                    },
+                    IoOp::SyncData,
+                ],
+            )
+            .await
+            .expect("writev chain");
+        let want: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();
+        let mut got = vec![0u8; want.len()];
+        file.read_exact_at(&mut got, end).expect("read writev");
+        assert_eq!(got, want);
         engine.set_len(file.clone(), 7).await.expect("set_len");
         assert_eq!(std::fs::metadata(&path).expect("meta").len(), 7);
         // Many concurrent chains complete.

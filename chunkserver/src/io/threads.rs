@@ -1,8 +1,10 @@
 //! The plain-threads engine: `pread`/`pwrite`/`fdatasync` on tokio's blocking pool.
 
 use super::{IoEngine, IoOp};
+use bytes::Bytes;
+use rustix::fs::Advice;
 use std::fs::File;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -14,6 +16,37 @@ impl ThreadsEngine {
     pub fn new() -> Self {
         Self
     }
+}
+
+/// Most buffers in one `pwritev` (the kernel's `UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+
+/// `pwritev` until every byte of `bufs` is written at `offset` onwards.
+fn write_all_vectored_at(file: &File, bufs: &[Bytes], offset: u64) -> io::Result<()> {
+    let total: usize = bufs.iter().map(Bytes::len).sum();
+    let mut done = 0usize;
+    while done < total {
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(bufs.len().min(MAX_IOVECS));
+        for b in bufs {
+            if slices.len() == MAX_IOVECS {
+                break;
+            }
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&b[skip..]));
+            skip = 0;
+        }
+        match rustix::io::pwritev(file, &slices, offset + done as u64) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn joined<T>(r: Result<io::Result<T>, tokio::task::JoinError>) -> io::Result<T> {
@@ -47,18 +80,22 @@ impl IoEngine for ThreadsEngine {
     }
 
     async fn run(&self, file: Arc<File>, ops: Vec<IoOp>) -> io::Result<()> {
-        joined(
-            tokio::task::spawn_blocking(move || {
-                for op in ops {
-                    match op {
-                        IoOp::Write { offset, data } => file.write_all_at(&data, offset)?,
-                        IoOp::SyncData => file.sync_data()?,
-                        IoOp::SyncAll => file.sync_all()?,
+        let chain = move || -> io::Result<()> {
+            for op in ops {
+                match op {
+                    IoOp::Write { offset, data } => file.write_all_at(&data, offset)?,
+                    IoOp::Writev { offset, bufs } => write_all_vectored_at(&file, &bufs, offset)?,
+                    IoOp::WriteBehind { offset, len } => {
+                        if let Some(len) = std::num::NonZeroU64::new(len) {
+                            rustix::fs::fadvise(&*file, offset, Some(len), Advice::DontNeed)?;
+                        }
                     }
+                    IoOp::SyncData => file.sync_data()?,
+                    IoOp::SyncAll => file.sync_all()?,
                 }
-                Ok(())
-            })
-            .await,
-        )
+            }
+            Ok(())
+        };
+        joined(tokio::task::spawn_blocking(chain).await)
     }
 }

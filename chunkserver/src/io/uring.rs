@@ -17,7 +17,7 @@ use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -31,10 +31,15 @@ const MAX_INFLIGHT: usize = 256;
 const QUEUE_DEPTH: usize = 1024;
 /// Ops per job: the op index lives in the low 8 bits of the user data.
 const MAX_CHAIN: usize = 255;
+/// `SYNC_FILE_RANGE_WRITE` from `<linux/fs.h>`: start writeback, do not wait.
+const SYNC_FILE_RANGE_WRITE: u32 = 2;
 /// User data of the eventfd read.
 const WAKE: u64 = u64::MAX;
 /// Largest single read or write SQE; longer transfers continue as short ones.
 const MAX_XFER: usize = 1 << 30;
+/// Most iovecs in one vectored write (the kernel's `UIO_MAXIOV`); the rest continue
+/// as a short write.
+const MAX_IOVECS: usize = 1024;
 
 /// Checks that a ring can be built and runs a NOP.
 pub(super) fn probe() -> io::Result<()> {
@@ -159,6 +164,19 @@ impl IoEngine for UringEngine {
                     data,
                     done: 0,
                 }),
+                IoOp::Writev { offset, bufs } => {
+                    let bufs: Vec<Bytes> = bufs.into_iter().filter(|b| !b.is_empty()).collect();
+                    let total = bufs.iter().map(Bytes::len).sum();
+                    (total > 0).then(|| Op::Writev {
+                        offset,
+                        bufs,
+                        total,
+                        done: 0,
+                        iov: Vec::new(),
+                    })
+                }
+                IoOp::WriteBehind { len: 0, .. } => None,
+                IoOp::WriteBehind { offset, len } => Some(Op::WriteBehind { offset, len }),
                 IoOp::SyncData => Some(Op::Sync { data_only: true }),
                 IoOp::SyncAll => Some(Op::Sync { data_only: false }),
             })
@@ -180,6 +198,15 @@ enum Op {
         data: Bytes,
         done: usize,
     },
+    Writev {
+        offset: u64,
+        bufs: Vec<Bytes>,
+        total: usize,
+        done: usize,
+        /// The iovecs of the submission in flight, pointing into `bufs`; rebuilt for
+        /// each (re)submission, never touched while the kernel may read them.
+        iov: Vec<IoSlice<'static>>,
+    },
     Read {
         offset: u64,
         buf: Vec<u8>,
@@ -187,6 +214,10 @@ enum Op {
     },
     Sync {
         data_only: bool,
+    },
+    WriteBehind {
+        offset: u64,
+        len: u64,
     },
 }
 
@@ -230,6 +261,39 @@ impl Job {
                             .offset(*offset + *done as u64)
                             .build()
                     }
+                    Op::Writev {
+                        offset,
+                        bufs,
+                        done,
+                        iov,
+                        ..
+                    } => {
+                        iov.clear();
+                        let mut skip = *done;
+                        for b in bufs.iter() {
+                            if iov.len() == MAX_IOVECS {
+                                break;
+                            }
+                            if skip >= b.len() {
+                                skip -= b.len();
+                                continue;
+                            }
+                            let rest = &b[skip..];
+                            skip = 0;
+                            // SAFETY: the slice points into a `Bytes` owned by this op,
+                            // which the job keeps alive and unmodified until every
+                            // completion of this submission is reaped; the `'static`
+                            // slice never leaves the op and is cleared before the next
+                            // submission.
+                            let rest: &'static [u8] =
+                                unsafe { std::slice::from_raw_parts(rest.as_ptr(), rest.len()) };
+                            iov.push(IoSlice::new(rest));
+                        }
+                        // `IoSlice` is ABI compatible with `struct iovec` on Unix.
+                        opcode::Writev::new(fd, iov.as_ptr().cast(), iov.len() as u32)
+                            .offset(*offset + *done as u64)
+                            .build()
+                    }
                     Op::Read {
                         offset,
                         buf,
@@ -239,6 +303,12 @@ impl Job {
                         let rest = &mut buf[*filled..];
                         opcode::Read::new(fd, rest.as_mut_ptr(), rest.len().min(MAX_XFER) as u32)
                             .offset(at)
+                            .build()
+                    }
+                    Op::WriteBehind { offset, len } => {
+                        opcode::SyncFileRange::new(fd, (*len).min(u64::from(u32::MAX)) as u32)
+                            .offset(*offset)
+                            .flags(SYNC_FILE_RANGE_WRITE)
                             .build()
                     }
                     Op::Sync { data_only } => {
@@ -285,6 +355,21 @@ impl Job {
                         break;
                     }
                 }
+                Op::Writev {
+                    total, done, iov, ..
+                } => {
+                    iov.clear();
+                    *done += n;
+                    if *done < *total {
+                        if n == 0 {
+                            outcome = Some(Err(io::ErrorKind::WriteZero.into()));
+                        } else {
+                            self.next = i;
+                            outcome = None;
+                        }
+                        break;
+                    }
+                }
                 Op::Read { buf, filled, .. } => {
                     *filled += n;
                     if n == 0 {
@@ -295,7 +380,7 @@ impl Job {
                         break;
                     }
                 }
-                Op::Sync { .. } => {}
+                Op::Sync { .. } | Op::WriteBehind { .. } => {}
             }
         }
         for r in &mut self.results {

@@ -681,3 +681,137 @@ fn a_missing_chunk_keeps_its_stale_replicas() {
         vec![(id(1), h, ChunkVersion(1), DeleteReason::Stale)]
     );
 }
+
+fn rep_len(h: ChunkHandle, v: u64, length: u64, state: ReplicaState) -> ReplicaReport {
+    ReplicaReport {
+        handle: h,
+        version: ChunkVersion(v),
+        length,
+        state,
+    }
+}
+
+/// A closed 100-byte chunk on servers 1..=3 reopened by B at version 2: servers 1 and
+/// 2 took the bump, server 3 timed out; B wrote to 300 bytes and closed. Returns the
+/// chunk.
+fn appended_without_server_3(st: &mut MasterState) -> ChunkHandle {
+    let (ino, hs) = file(st, "/f", 1, true);
+    let h = hs[0];
+    set(st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    let a = st
+        .append(
+            &Append {
+                path: "/f".into(),
+                client: B,
+            },
+            ino,
+            0,
+            1,
+        )
+        .expect("append");
+    let bump = a.bump.expect("re-leased");
+    st.record_replicas(
+        h,
+        &[
+            (id(1), rep_len(h, 2, 100, W)),
+            (id(2), rep_len(h, 2, 100, W)),
+        ],
+    );
+    st.grant_made(&bump, B, 0).expect("granted");
+    st.close(
+        &Close {
+            path: "/f".into(),
+            client: B,
+            last: Some(ChunkCommit {
+                handle: h,
+                length: 300,
+            }),
+        },
+        ino,
+        0,
+        1,
+    )
+    .expect("close");
+    st.record_replicas(
+        h,
+        &[
+            (id(1), rep_len(h, 2, 300, F)),
+            (id(2), rep_len(h, 2, 300, F)),
+        ],
+    );
+    h
+}
+
+#[test]
+fn a_replica_that_took_a_bump_late_is_short_never_served_and_replaced() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let h = appended_without_server_3(&mut st);
+    beat(&mut st, &[1, 2, 3], NOW);
+    // Server 3 wakes up and applies the bump it was sent: at the master's version,
+    // but with only the 100 bytes it had.
+    let s = st.apply_report(id(3), &[rep_len(h, 2, 100, W)]);
+    assert_eq!((s.current, s.short), (0, 1));
+    let info = st.chunks.get(h).expect("chunk");
+    assert_eq!(
+        info.class_of(info.replica(id(3)).expect("known")),
+        crate::chunk_table::ReplicaClass::Short
+    );
+    // A report from server 1 built before its finalize (Writing, 100 bytes) arriving
+    // late does not make it short.
+    st.apply_report(id(1), &[rep_len(h, 2, 100, W)]);
+    let loc = st
+        .locations("/f", A, &ClusterKey::from_bytes([1; 32]), NOW)
+        .expect("locations");
+    let mut got: Vec<_> = loc.chunks[0]
+        .replicas
+        .iter()
+        .map(|r| r.chunkserver)
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![id(1), id(2)],
+        "the short replica is never handed out"
+    );
+    assert!(loc.chunks[0].complete);
+    let fsck = st.fsck(None, NOW).expect("fsck");
+    assert_eq!(
+        (fsck.total.under_replicated, fsck.total.stale_replicas),
+        (1, 1)
+    );
+    // Nowhere else to put a copy: it goes (bounded by its version), then server 3
+    // gets a good copy from 1 or 2 (never from itself).
+    let a = pass(&mut st, NOW);
+    assert_eq!(
+        deletes(&a),
+        vec![(id(3), h, ChunkVersion(2), DeleteReason::Short)]
+    );
+    assert!(copies(&a).is_empty());
+    report(&mut st, 3, &[]);
+    let c = copies(&pass(&mut st, NOW + 100));
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].2, id(3));
+    assert!(c[0].1 == id(1) || c[0].1 == id(2));
+    report(&mut st, 3, &[rep_len(h, 2, 300, F)]);
+    pass(&mut st, NOW + 200);
+    assert!(st.fsck(None, NOW + 200).expect("fsck").healthy);
+}
+
+#[test]
+fn a_short_replica_is_replaced_before_it_is_deleted_when_there_is_room() {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let h = appended_without_server_3(&mut st);
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    st.apply_report(id(3), &[rep_len(h, 2, 100, W)]);
+    let a = pass(&mut st, NOW);
+    assert!(deletes(&a).is_empty(), "{a:?}");
+    let c = copies(&a);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].2, id(4));
+    assert_ne!(c[0].1, id(3), "never copied from");
+    report(&mut st, 4, &[rep_len(h, 2, 300, F)]);
+    assert_eq!(
+        deletes(&pass(&mut st, NOW + 100)),
+        vec![(id(3), h, ChunkVersion(2), DeleteReason::Short)]
+    );
+}

@@ -15,6 +15,9 @@ impl Core {
     /// had `dead_after` to register after a master start (before that, every chunk
     /// looks under-replicated).
     pub async fn health_pass(&self) {
+        if self.check_running().is_err() {
+            return;
+        }
         let now = self.clock.now_ms();
         let (pruned, actions) = {
             let mut st = self.state();

@@ -28,8 +28,9 @@ pub struct Recoveries {
     /// Running recoveries by file, each with the channel its outcome is published on;
     /// a task removes its own entry just before publishing.
     running: Mutex<HashMap<InodeId, watch::Receiver<Option<Outcome>>>>,
-    /// When failed recoveries may be retried by the worker.
-    retries: Mutex<RetrySchedule>,
+    /// When failed recoveries may be retried by the worker (a registration that brings
+    /// a replica back clears a file's back-off).
+    pub(super) retries: Mutex<RetrySchedule>,
 }
 
 impl Recoveries {
@@ -83,6 +84,9 @@ impl Core {
     /// and resumes files left in recovery (after a restart, once their chunkservers
     /// had `dead_after` to register; after a failed attempt, once its retry is due).
     pub fn recovery_pass(self: &Arc<Self>) {
+        if self.check_running().is_err() {
+            return;
+        }
         let now = self.clock.now_ms();
         let (due, paths) = {
             let mut st = self.state();
@@ -145,6 +149,18 @@ impl Core {
                     ),
                 }
                 return Ok(outcome);
+            }
+            RecoveryBegin::Waiting { outcome, handle } => {
+                tracing::warn!(
+                    path = %outcome.path,
+                    %trigger,
+                    handle = %handle,
+                    old_version = ?outcome.old_version,
+                    version = ?outcome.new_version,
+                    "lease recovery: no live replica holds the writer's granted version; \
+                     the file stays in recovery until one is reachable"
+                );
+                return Err(Error::NotEnoughReplicas { live: 0, needed: 1 });
             }
             RecoveryBegin::Bump(plan) => plan,
         };
@@ -267,8 +283,20 @@ impl Core {
             .await;
         let mut bumped = Vec::new();
         let mut stale = Vec::new();
+        let mut short = Vec::new();
         for (target, (_, result)) in plan.targets.iter().zip(results) {
             match result {
+                // A replica below the committed length missed committed bytes (it took
+                // a bump late): it must not vote on the length.
+                Ok(Some(rep))
+                    if rep.handle == handle
+                        && rep.version == version
+                        && rep.length < plan.committed =>
+                {
+                    tracing::warn!(path = %plan.path, handle = %handle, new_version = %version, chunkserver = %target.id, length = rep.length, committed = plan.committed, "lease recovery: replica is shorter than the committed length; it is left out");
+                    short.push((target.id, rep));
+                    stale.push(target.id);
+                }
                 // The length must come from the replica: a reply without a report
                 // can not vote on it.
                 Ok(Some(rep)) if rep.handle == handle && rep.version == version => {
@@ -284,7 +312,8 @@ impl Core {
                 }
             }
         }
-        let reports: Vec<_> = bumped.iter().map(|(a, r)| (a.id, *r)).collect();
+        let mut reports: Vec<_> = bumped.iter().map(|(a, r)| (a.id, *r)).collect();
+        reports.extend(short);
         self.state().record_replicas(handle, &reports);
         (bumped, stale)
     }

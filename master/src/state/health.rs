@@ -130,8 +130,10 @@ impl MasterState {
             let ex = health::examine(self, *h, info, now_ms);
             let live = ex.live.len() as u64;
             let missing = ex.missing() || self.missing_chunks.contains(h);
+            // Short replicas missed bytes written under the current version: stale
+            // in all but the version number.
             let (stale, corrupt, ahead) = (
-                ex.stale.len() as u64,
+                (ex.stale.len() + ex.short.len()) as u64,
                 ex.corrupt.len() as u64,
                 ex.ahead.len() as u64,
             );

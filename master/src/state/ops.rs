@@ -651,28 +651,43 @@ impl MasterState {
         })
     }
 
-    /// Undoes a reopen whose bumps did not reach enough replicas: the file is closed
-    /// again (its last chunk keeps the new version; replicas that missed it are stale).
-    pub fn revert_reopen(
-        &mut self,
-        ino: InodeId,
-        client: ClientId,
-        now_ms: u64,
-        mtime_ms: u64,
-    ) -> Result<()> {
+    /// The bump of `plan` (a reopen or a pipeline update) reached enough replicas: logs
+    /// [`Record::Granted`], so that lease recovery of the file only considers replicas
+    /// at the granted version from now on. Must be durable before the grant leaves.
+    pub fn grant_made(&mut self, plan: &BumpPlan, client: ClientId, now_ms: u64) -> Result<()> {
+        let f = self.ns.file(plan.inode).ok_or_else(|| Error::NotFound {
+            path: plan.path.clone(),
+        })?;
+        if f.writer() != Some(client) || f.chunks.last() != Some(&plan.handle) {
+            return Err(Error::LeaseExpired {
+                path: plan.path.clone(),
+                client,
+            });
+        }
+        self.commit(
+            Record::Granted {
+                inode: plan.inode,
+                handle: plan.handle,
+                version: plan.version,
+            },
+            now_ms,
+        )?;
+        Ok(())
+    }
+
+    /// A reopen whose bump did not reach enough replicas: its last chunk is now at a
+    /// version the replicas may not hold, so the file can not simply close again (every
+    /// replica would look stale). It goes to lease recovery from the version the closed
+    /// file had ([`Record::RecoveryQueued`]); the recovery worker raises whichever
+    /// replicas are reachable to a fresh version and seals them. Returns whether the
+    /// file was queued (false when `client` no longer holds it).
+    pub fn abandon_reopen(&mut self, ino: InodeId, client: ClientId, now_ms: u64) -> Result<bool> {
         match self.ns.file(ino).map(|f| f.writer()) {
             Some(Some(c)) if c == client => {
-                self.commit(
-                    Record::Close {
-                        inode: ino,
-                        last: None,
-                        mtime_ms,
-                    },
-                    now_ms,
-                )?;
-                Ok(())
+                self.commit(Record::RecoveryQueued { inode: ino }, now_ms)?;
+                Ok(true)
             }
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 
@@ -697,7 +712,7 @@ impl MasterState {
             let Some(idx) = server_index(*id) else {
                 continue;
             };
-            info.set_replica(idx, rep.version, rep.state);
+            info.record_report(idx, rep);
             if let Some(cs) = self.registry.get_mut(*id) {
                 cs.replicas.insert(handle);
             }

@@ -37,6 +37,8 @@ pub struct RecoveryPlan {
     pub version: ChunkVersion,
     /// Live replicas at a version in `old_version..=previous`, by chunkserver id.
     pub targets: Vec<ChunkserverAddr>,
+    /// The chunk's committed length: no replica shorter than it may vote.
+    pub committed: u64,
 }
 
 /// How a recovery that needed no bump ended.
@@ -66,6 +68,13 @@ pub enum RecoveryBegin {
     },
     /// `RecoveryStarted` is committed: push the bump and seal.
     Bump(RecoveryPlan),
+    /// No replica holding the granted version is reachable, and the chunk is past it:
+    /// the file stays in recovery (it was put there if it was open) and the attempt is
+    /// retried later.
+    Waiting {
+        outcome: RecoveryOutcome,
+        handle: ChunkHandle,
+    },
 }
 
 impl MasterState {
@@ -86,7 +95,7 @@ impl MasterState {
         match f.write {
             WriteState::Closed => Ok(AppendGate::Proceed),
             WriteState::Recovering { .. } => Err(Error::RecoveryInProgress { path: join(&comps) }),
-            WriteState::Open { client: holder } => {
+            WriteState::Open { client: holder, .. } => {
                 match recovery::on_append(
                     holder,
                     self.leases.takeover(inode, now_ms, self.settings.limits),
@@ -139,6 +148,7 @@ impl MasterState {
                 .map(str::to_string)
         });
         let current = last.map(|i| i.version);
+        let committed = last.map_or(0, |i| i.length);
         match start {
             Start::Closed => Ok(RecoveryBegin::Done {
                 outcome: self.recovery_outcome(inode, path)?,
@@ -191,6 +201,18 @@ impl MasterState {
                     how: Closing::Missing { handle, version },
                 })
             }
+            Start::Unreachable { .. } => {
+                let Some(handle) = handle else {
+                    return Err(Error::bad_request("an unreachable chunk without a chunk"));
+                };
+                if matches!(write, WriteState::Open { .. }) {
+                    self.commit(Record::RecoveryQueued { inode }, now_ms)?;
+                }
+                Ok(RecoveryBegin::Waiting {
+                    outcome: self.recovery_outcome(inode, path)?,
+                    handle,
+                })
+            }
             Start::Bump {
                 holder,
                 old_version,
@@ -218,6 +240,7 @@ impl MasterState {
                     previous,
                     version,
                     targets,
+                    committed,
                 }))
             }
         }
@@ -303,6 +326,26 @@ impl MasterState {
                 cs.replicas.remove(&handle);
             }
         }
+    }
+
+    /// Files in lease recovery whose last chunk has a replica on one of `servers` (a
+    /// chunkserver that registered or came back holds a replica a waiting recovery may
+    /// use).
+    pub fn recovering_with_replica_on(&self, servers: &[ChunkserverId]) -> Vec<InodeId> {
+        if servers.is_empty() {
+            return Vec::new();
+        }
+        self.recovering
+            .iter()
+            .filter(|ino| {
+                self.ns
+                    .file(**ino)
+                    .and_then(|f| f.chunks.last())
+                    .and_then(|h| self.chunks.get(*h))
+                    .is_some_and(|info| servers.iter().any(|s| info.replica(*s).is_some()))
+            })
+            .copied()
+            .collect()
     }
 
     /// What the recovery worker should run now: every open file whose lease passed the
@@ -734,5 +777,235 @@ mod tests {
             vec![(ino, Trigger::HardLimit { holder: A })]
         );
         assert!(st.recoveries_due(700, 0).is_empty(), "once per expiry");
+    }
+
+    fn pipeline_update(
+        st: &mut MasterState,
+        ino: InodeId,
+        h: ChunkHandle,
+        survivors: &[ChunkserverId],
+    ) -> crate::state::BumpPlan {
+        st.update_pipeline(
+            &UpdatePipeline {
+                path: "/f".into(),
+                client: A,
+                handle: h,
+                survivors: survivors.to_vec(),
+                acked_length: 0,
+            },
+            ino,
+            0,
+        )
+        .expect("update pipeline")
+    }
+
+    #[test]
+    fn a_failed_pipeline_update_leaves_recovery_at_the_granted_version() {
+        // The bump of the new version reached nobody: the writer got an error and still
+        // holds version 1, which is what its three replicas have.
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        let failed = pipeline_update(&mut st, ino, h, &ids);
+        assert_eq!(failed.version, ChunkVersion(2));
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        assert_eq!(
+            back.ns.file(ino).expect("file").write,
+            WriteState::Open {
+                client: A,
+                granted: ChunkVersion(1)
+            },
+            "the failed version is not granted after a restart either"
+        );
+        let RecoveryBegin::Bump(plan) = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 1_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(
+            (plan.old_version, plan.previous, plan.version),
+            (ChunkVersion(1), ChunkVersion(2), ChunkVersion(3))
+        );
+        let mut want = ids.clone();
+        want.sort();
+        assert_eq!(plan.targets.iter().map(|t| t.id).collect::<Vec<_>>(), want);
+
+        // A successful update over two survivors is granted: the dropped replica (at 1)
+        // lacks what the writer wrote next and no longer counts.
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        let ok = pipeline_update(&mut st, ino, h, &ids[..2]);
+        let acks: Vec<_> = ids[..2]
+            .iter()
+            .map(|id| (*id, report(h, 2, 0, ReplicaState::Writing)))
+            .collect();
+        st.record_replicas(h, &acks);
+        st.grant_made(&ok, A, 0).expect("granted");
+        assert!(
+            st.grant_made(&ok, B, 0).is_err(),
+            "only the holder's grant is logged"
+        );
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        assert_eq!(
+            back.ns.file(ino).expect("file").write,
+            WriteState::Open {
+                client: A,
+                granted: ChunkVersion(2)
+            }
+        );
+        let RecoveryBegin::Bump(plan) = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 1_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(plan.old_version, ChunkVersion(2));
+        let mut want = ids[..2].to_vec();
+        want.sort();
+        assert_eq!(plan.targets.iter().map(|t| t.id).collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn a_failed_reopen_goes_to_recovery_instead_of_closing_at_a_version_nobody_holds() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        st.record_replicas(
+            h,
+            &ids.iter()
+                .map(|id| (*id, report(h, 1, 10, ReplicaState::Writing)))
+                .collect::<Vec<_>>(),
+        );
+        st.close(
+            &Close {
+                path: "/f".into(),
+                client: A,
+                last: Some(ChunkCommit {
+                    handle: h,
+                    length: 10,
+                }),
+            },
+            ino,
+            0,
+            1,
+        )
+        .expect("close");
+        let sealed: Vec<_> = ids
+            .iter()
+            .map(|id| (*id, report(h, 1, 10, ReplicaState::Finalized)))
+            .collect();
+        st.record_replicas(h, &sealed);
+        // B's append mints 2; its bump reaches nobody.
+        let a = st
+            .append(
+                &Append {
+                    path: "/f".into(),
+                    client: B,
+                },
+                ino,
+                0,
+                2,
+            )
+            .expect("append");
+        assert_eq!(a.bump.expect("re-leased").version, ChunkVersion(2));
+        assert!(st.abandon_reopen(ino, B, 0).expect("queued"));
+        assert!(
+            !st.abandon_reopen(ino, B, 0).expect("no-op"),
+            "B no longer holds it"
+        );
+        let out = st.recovery_outcome(ino, "/f".into()).expect("outcome");
+        assert_eq!(
+            (out.closed, out.old_version, out.new_version, out.length),
+            (false, Some(ChunkVersion(1)), Some(ChunkVersion(2)), 10)
+        );
+        assert!(st.leases.get(ino).is_none());
+        assert!(matches!(
+            st.append_gate("/f", 0),
+            Err(Error::RecoveryInProgress { .. })
+        ));
+        // Replica health leaves the chunk alone meanwhile.
+        let f = st.ns.file(ino).expect("file");
+        assert!(!crate::health::settled(f, 0));
+        // It survives a restart (log or checkpoint) in recovery.
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        let snap = st.encode_snapshot().expect("snapshot");
+        let from_ckpt = MasterState::decode_snapshot(settings(), &snap, 0).expect("decode");
+        for s in [&back, &from_ckpt] {
+            assert!(s.recovering.contains(&ino));
+            assert_eq!(
+                s.ns.file(ino).expect("file").write,
+                WriteState::Recovering {
+                    holder: B,
+                    old_version: ChunkVersion(1)
+                }
+            );
+        }
+        // While no replica is reachable the file waits, at the same version.
+        let RecoveryBegin::Waiting { handle, .. } = st
+            .begin_recovery(ino, Trigger::Resume, 20_000, 3)
+            .expect("begin")
+        else {
+            panic!("expected to wait");
+        };
+        assert_eq!(handle, h);
+        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(2));
+        assert_eq!(st.stat("/f").expect("stat").state, FileState::Recovering);
+        // The replicas come back at 1: the worker raises them to a fresh version and
+        // seals them at the committed length.
+        for id in &ids {
+            st.registry.heartbeat(*id, 1 << 40, 0, 1, 0, 20_000);
+            st.apply_report(*id, &[report(h, 1, 10, ReplicaState::Finalized)]);
+        }
+        assert_eq!(st.recovering_with_replica_on(&ids[..1]), vec![ino]);
+        assert!(st
+            .recovering_with_replica_on(&[ChunkserverId(99)])
+            .is_empty());
+        assert_eq!(st.recoveries_due(20_000, 0), vec![(ino, Trigger::Resume)]);
+        let RecoveryBegin::Bump(plan) = st
+            .begin_recovery(ino, Trigger::Resume, 20_000, 3)
+            .expect("begin")
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(
+            (
+                plan.old_version,
+                plan.previous,
+                plan.version,
+                plan.committed
+            ),
+            (ChunkVersion(1), ChunkVersion(2), ChunkVersion(3), 10)
+        );
+        assert_eq!(plan.targets.len(), 3);
+        st.commit_recovery(&plan, 10, 20_000, 4).expect("commit");
+        let status = st.stat("/f").expect("stat");
+        assert_eq!((status.state, status.length), (FileState::Closed, 10));
+    }
+
+    #[test]
+    fn an_open_file_past_its_granted_version_waits_in_recovery_when_unreachable() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        pipeline_update(&mut st, ino, h, &ids);
+        // Every chunkserver is dead by now: closing at 2 would strand the replicas.
+        let RecoveryBegin::Waiting { .. } = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 20_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected to wait");
+        };
+        assert!(st.missing_chunks.is_empty());
+        assert_eq!(
+            st.ns.file(ino).expect("file").write,
+            WriteState::Recovering {
+                holder: A,
+                old_version: ChunkVersion(1)
+            }
+        );
+        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(2));
+        let log = st.take_outbox();
+        replay(&st, &log);
     }
 }

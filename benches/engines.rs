@@ -1,0 +1,149 @@
+//! Micro-benchmarks of the chunkserver's disk side: a replica header's version update
+//! (in memory, and durably through each I/O engine), and 64 KiB writes through each
+//! I/O engine (io_uring and threads), one at a time and as a batch.
+//!
+//! `cargo bench --bench engines`
+//!
+//! Files live in a temporary directory under the current directory (the disk being
+//! measured). The write benchmarks overwrite a 64 MiB region in place, so they measure
+//! the engines' per-operation cost into the page cache rather than the disk; the
+//! durable version update ends in an fsync and measures the disk's flush latency.
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use stampfs_chunkserver::header::Header;
+use stampfs_chunkserver::io::{open_engine, IoEngine, IoOp};
+use stampfs_chunkserver::store::Store;
+use stampfs_chunkserver::IoEngineKind;
+use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const WRITE: usize = 64 << 10;
+/// The region the write benchmarks cycle through (rewritten in place).
+const REGION: u64 = 64 << 20;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The engines that can run here (io_uring is skipped, with a note, when unavailable).
+fn engines() -> Vec<(&'static str, Arc<dyn IoEngine>)> {
+    let mut out = Vec::new();
+    match open_engine(IoEngineKind::Uring) {
+        Ok(e) => out.push(("uring", e)),
+        Err(e) => eprintln!("SKIPPED io_uring benchmarks: {e}"),
+    }
+    if let Ok(e) = open_engine(IoEngineKind::Threads) {
+        out.push(("threads", e));
+    }
+    out
+}
+
+fn bench_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(".stampfs-bench-")
+        .tempdir_in(".")
+        .expect("tempdir")
+}
+
+fn header_update(c: &mut Criterion) {
+    let mut g = c.benchmark_group("header version update");
+    let h = Header::new(
+        ChunkHandle(7),
+        ChunkVersion(1),
+        ReplicaState::Writing,
+        1 << 20,
+    );
+    g.bench_function("encode next + verify", |b| {
+        b.iter(|| {
+            let next = h.next(ChunkVersion(2), ReplicaState::Writing, 1 << 20);
+            let slot = next.encode();
+            Header::decode(std::hint::black_box(&slot)).expect("decodes")
+        })
+    });
+    g.sample_size(20).measurement_time(Duration::from_secs(5));
+    let rt = runtime();
+    for (name, engine) in engines() {
+        let dir = bench_dir();
+        let store = rt
+            .block_on(Store::open(dir.path(), engine))
+            .expect("store opens");
+        let handle = ChunkHandle(1);
+        rt.block_on(store.bump_version(handle, ChunkVersion(1), true))
+            .expect("create");
+        let version = AtomicU64::new(1);
+        g.bench_function(
+            BenchmarkId::new("durable bump (header + fsync)", name),
+            |b| {
+                b.to_async(&rt).iter(|| async {
+                    let v = version.fetch_add(1, Ordering::Relaxed) + 1;
+                    store
+                        .bump_version(handle, ChunkVersion(v), false)
+                        .await
+                        .expect("bump")
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn engine_writes(c: &mut Criterion) {
+    let rt = runtime();
+    let data = Bytes::from((0..WRITE).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let mut g = c.benchmark_group("64 KiB writes");
+    g.measurement_time(Duration::from_secs(5));
+    for (name, engine) in engines() {
+        let dir = bench_dir();
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join("writes.bin"))
+                .expect("open"),
+        );
+        file.set_len(REGION).expect("size");
+        let at = AtomicU64::new(0);
+        let next = || at.fetch_add(WRITE as u64, Ordering::Relaxed) % REGION;
+        g.throughput(Throughput::Bytes(WRITE as u64));
+        g.bench_function(BenchmarkId::new("one per chain", name), |b| {
+            b.to_async(&rt).iter(|| {
+                let (engine, file, data) = (engine.clone(), file.clone(), data.clone());
+                let offset = next();
+                async move {
+                    engine
+                        .run(file, vec![IoOp::Write { offset, data }])
+                        .await
+                        .expect("write")
+                }
+            })
+        });
+        // What the pipeline does with packets that queued up while the disk was busy:
+        // 16 packets (1 MiB) as one vectored write.
+        g.throughput(Throughput::Bytes(16 * WRITE as u64));
+        g.bench_function(BenchmarkId::new("16 as one writev chain", name), |b| {
+            b.to_async(&rt).iter(|| {
+                let (engine, file) = (engine.clone(), file.clone());
+                let bufs = vec![data.clone(); 16];
+                let offset = next() % (REGION - 16 * WRITE as u64);
+                async move {
+                    engine
+                        .run(file, vec![IoOp::Writev { offset, bufs }])
+                        .await
+                        .expect("writev")
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, header_update, engine_writes);
+criterion_main!(benches);
