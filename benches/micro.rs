@@ -81,7 +81,7 @@ fn frame_prefix(c: &mut Criterion) {
     });
     g.bench_function("combined from the packet CRC", |b| {
         b.iter(|| {
-            stampfs_chunkserver::pipeline::frame_prefix(
+            stampfs_proto::codec::frame_prefix(
                 std::hint::black_box(&frame.header),
                 frame.data.len(),
                 data_crc,

@@ -31,7 +31,7 @@
 //! write was on disk as one batch ([`Store::write_batch`](crate::store::Store::write_batch)):
 //! one hold of the per-chunk lock in which every packet still passes the version gate
 //! in turn, one vectored write. Forwarding goes through a `FrameSink`: the frame CRC
-//! is combined from the packet CRC verified on arrival ([`frame_prefix`]) and queued
+//! is combined from the packet CRC verified on arrival ([`frame_prefix`](stampfs_proto::codec::frame_prefix)) and queued
 //! frames leave in one vectored write; acks that are ready together are flushed
 //! together.
 
@@ -39,19 +39,15 @@ use crate::error::Error;
 use crate::header::MAX_CHUNK_SIZE;
 use crate::server::{Shared, StreamGuard};
 use crate::store::PacketWrite;
-use bytes::Buf;
 use bytes::Bytes;
 use stampfs_proto::rpc::{parse_reply, reply_frame, request_frame};
 use stampfs_proto::{
     Ack, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverId, ClusterKey, Frame, FrameReader,
-    FrameWriter, Packet, RemoteError, ReplicaAck, WriteSetup, WriteSetupReply,
+    FrameSink, FrameWriter, Packet, RemoteError, ReplicaAck, WriteSetup, WriteSetupReply,
 };
-use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -163,115 +159,6 @@ fn check_packet(
     }
     next_offset(packet.offset, data.len() as u64, expected)
         .map_err(|reason| RemoteError::BadRequest { reason })
-}
-
-/// Queued bytes after which `feed` writes them out without waiting for a flush.
-const SINK_HIGH_WATER: usize = 1 << 20;
-/// Most buffers handed to one vectored write.
-const SINK_IOVECS: usize = 64;
-
-/// The prefix (`len | crc | hlen`, see `stampfs_proto::codec`) of a frame with
-/// `header` and `data_len` bytes of data whose CRC is `data_crc`: the body CRC is
-/// combined from the CRC of `hlen | header` and `data_crc` without reading the data
-/// again. A forwarded packet's data CRC was verified on arrival, so forwarding costs
-/// no checksum pass.
-pub fn frame_prefix(header: &[u8], data_len: usize, data_crc: u32) -> [u8; 12] {
-    let hlen = (header.len() as u32).to_be_bytes();
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&hlen);
-    crc.update(header);
-    crc.combine(&crc32fast::Hasher::new_with_initial_len(
-        data_crc,
-        data_len as u64,
-    ));
-    let body = (4 + header.len() + data_len) as u32;
-    let mut out = [0u8; 12];
-    out[0..4].copy_from_slice(&body.to_be_bytes());
-    out[4..8].copy_from_slice(&crc.finalize().to_be_bytes());
-    out[8..12].copy_from_slice(&hlen);
-    out
-}
-
-/// Writes frames downstream with vectored writes: the prefix is built per frame, the
-/// header and data go out as the very buffers that arrived, and everything queued
-/// leaves in as few syscalls as possible.
-struct FrameSink<W> {
-    inner: W,
-    /// Buffers not yet written, in order; the front may be partly written already.
-    queue: VecDeque<Bytes>,
-    queued: usize,
-}
-
-impl<W: AsyncWrite + Unpin> FrameSink<W> {
-    fn new(inner: W) -> Self {
-        Self {
-            inner,
-            queue: VecDeque::new(),
-            queued: 0,
-        }
-    }
-
-    fn push(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.queued += b.len();
-            self.queue.push_back(b);
-        }
-    }
-
-    /// Queues `frame`, whose data has CRC `data_crc` (already verified). The frame came
-    /// through the codec's reader, so it is within the limits.
-    async fn feed(&mut self, frame: &Frame, data_crc: u32) -> stampfs_proto::Result<()> {
-        let prefix = frame_prefix(&frame.header, frame.data.len(), data_crc);
-        self.push(Bytes::copy_from_slice(&prefix));
-        self.push(frame.header.clone());
-        self.push(frame.data.clone());
-        if self.queued >= SINK_HIGH_WATER {
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Queues a whole frame (the set-up request).
-    fn feed_frame(&mut self, frame: &Frame) -> stampfs_proto::Result<()> {
-        self.push(frame.to_bytes()?);
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> stampfs_proto::Result<()> {
-        while !self.queue.is_empty() {
-            let slices: Vec<IoSlice<'_>> = self
-                .queue
-                .iter()
-                .take(SINK_IOVECS)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            let mut n = self.inner.write_vectored(&slices).await?;
-            if n == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
-            }
-            self.queued -= n;
-            while n > 0 {
-                let Some(front) = self.queue.front_mut() else {
-                    break;
-                };
-                if n >= front.len() {
-                    n -= front.len();
-                    self.queue.pop_front();
-                } else {
-                    front.advance(n);
-                    n = 0;
-                }
-            }
-        }
-        self.inner.flush().await?;
-        Ok(())
-    }
-
-    async fn shutdown(&mut self) -> stampfs_proto::Result<()> {
-        self.flush().await?;
-        self.inner.shutdown().await?;
-        Ok(())
-    }
 }
 
 /// Connects to `addr` and opens the stream there with `setup` (what `RpcClient`
@@ -823,50 +710,6 @@ mod tests {
 
     fn ids(v: &[u64]) -> Vec<ChunkserverId> {
         v.iter().map(|i| ChunkserverId(*i)).collect()
-    }
-
-    #[test]
-    fn forwarded_frame_prefix_matches_the_codec() {
-        for len in [0usize, 1, 4096, 65_536, 100_000] {
-            let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
-            let f = Frame {
-                header: Bytes::from_static(b"a packet header"),
-                data: Bytes::from(data.clone()),
-            };
-            assert_eq!(
-                frame_prefix(&f.header, len, crc32fast::hash(&data)),
-                f.encode_prefix().expect("prefix"),
-                "{len} bytes"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn the_sink_writes_what_the_codec_reads() {
-        let (a, b) = tokio::io::duplex(1 << 12);
-        let mut sink = FrameSink::new(a);
-        let frames: Vec<Frame> = (0..5u32)
-            .map(|i| {
-                Frame::new(&i, Bytes::from(vec![i as u8; 30_000 * i as usize])).expect("frame")
-            })
-            .collect();
-        let sent = frames.clone();
-        let writer = tokio::spawn(async move {
-            for f in &sent {
-                sink.feed(f, crc32fast::hash(&f.data)).await.expect("feed");
-            }
-            sink.feed_frame(&Frame::message(&99u32).expect("frame"))
-                .expect("feed frame");
-            sink.shutdown().await.expect("shutdown");
-        });
-        let mut reader = FrameReader::new(b);
-        for f in &frames {
-            assert_eq!(&reader.read_frame().await.expect("read").expect("frame"), f);
-        }
-        let last = reader.read_frame().await.expect("read").expect("frame");
-        assert_eq!(last.decode::<u32>().expect("decode"), 99);
-        assert!(reader.read_frame().await.expect("eof").is_none());
-        writer.await.expect("join");
     }
 
     #[test]

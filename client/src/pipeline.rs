@@ -7,17 +7,13 @@
 //! is checksummed once on the client, not twice.
 
 use crate::error::{Error, Result};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use stampfs_proto::codec::{encode_value, Frame, FrameReader};
+use bytes::Bytes;
+use stampfs_proto::codec::{Frame, FrameReader, FrameSink};
 use stampfs_proto::rpc::{parse_reply, request_frame};
 use stampfs_proto::{
     Ack, ChunkToken, ChunkserverId, Packet, RemoteError, WriteGrant, WriteSetup, WriteSetupReply,
-    MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN,
 };
-use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::time::Duration;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -25,129 +21,6 @@ use tokio::sync::mpsc;
 /// Acks buffered between the socket reader and the writer task; the window bounds
 /// how many packets can be outstanding, so this never fills in practice.
 const ACK_QUEUE: usize = 4096;
-
-/// Queued bytes after which `feed` writes them out without waiting for `flush`.
-const SINK_HIGH_WATER: usize = 1 << 20;
-/// Most buffers handed to one vectored write.
-const SINK_IOVECS: usize = 64;
-
-/// The frame prefix (`len | crc | hlen`, see `stampfs_proto::codec`) of a frame whose
-/// header is `header` and whose `data_len` bytes of data have CRC `data_crc`: the body
-/// CRC is combined from the CRC of `hlen | header` and `data_crc`, without reading
-/// the data again. The caller has checked the limits.
-pub(crate) fn frame_prefix(header: &[u8], data_len: usize, data_crc: u32) -> [u8; 12] {
-    let hlen = (header.len() as u32).to_be_bytes();
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&hlen);
-    crc.update(header);
-    crc.combine(&crc32fast::Hasher::new_with_initial_len(
-        data_crc,
-        data_len as u64,
-    ));
-    let body = (4 + header.len() + data_len) as u32;
-    let mut out = [0u8; 12];
-    out[0..4].copy_from_slice(&body.to_be_bytes());
-    out[4..8].copy_from_slice(&crc.finalize().to_be_bytes());
-    out[8..12].copy_from_slice(&hlen);
-    out
-}
-
-/// Writes frames with vectored writes: small heads are built per frame, payloads are
-/// queued as they are, and everything queued leaves in as few syscalls as possible.
-pub(crate) struct FrameSink<W> {
-    inner: W,
-    /// Buffers not yet written, in order; the front may be partly written already.
-    queue: VecDeque<Bytes>,
-    queued: usize,
-}
-
-impl<W: AsyncWrite + Unpin> FrameSink<W> {
-    pub(crate) fn new(inner: W) -> Self {
-        Self {
-            inner,
-            queue: VecDeque::new(),
-            queued: 0,
-        }
-    }
-
-    fn push(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.queued += b.len();
-            self.queue.push_back(b);
-        }
-    }
-
-    /// Queues a frame carrying `packet` and its payload `data`, whose CRC is `data_crc`.
-    pub(crate) async fn feed_packet(
-        &mut self,
-        packet: &Packet,
-        data: Bytes,
-        data_crc: u32,
-    ) -> Result<()> {
-        let header = encode_value(packet)?;
-        let body = 4 + header.len() + data.len();
-        if header.len() > MAX_HEADER_LEN || data.len() > MAX_DATA_LEN || body > MAX_FRAME_LEN {
-            return Err(Error::Proto(stampfs_proto::Error::FrameTooLarge {
-                len: body as u64,
-                max: MAX_FRAME_LEN as u64,
-            }));
-        }
-        let prefix = frame_prefix(&header, data.len(), data_crc);
-        let mut head = BytesMut::with_capacity(prefix.len() + header.len());
-        head.put_slice(&prefix);
-        head.put_slice(&header);
-        self.push(head.freeze());
-        self.push(data);
-        if self.queued >= SINK_HIGH_WATER {
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    /// Queues a whole frame (set-up and other small messages).
-    pub(crate) fn feed_frame(&mut self, frame: &Frame) -> Result<()> {
-        self.push(frame.to_bytes()?);
-        Ok(())
-    }
-
-    /// Writes everything queued.
-    pub(crate) async fn flush(&mut self) -> Result<()> {
-        while !self.queue.is_empty() {
-            let slices: Vec<IoSlice<'_>> = self
-                .queue
-                .iter()
-                .take(SINK_IOVECS)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            let mut n = self.inner.write_vectored(&slices).await?;
-            if n == 0 {
-                return Err(Error::Io(std::io::ErrorKind::WriteZero.into()));
-            }
-            self.queued -= n;
-            while n > 0 {
-                let Some(front) = self.queue.front_mut() else {
-                    break;
-                };
-                if n >= front.len() {
-                    n -= front.len();
-                    self.queue.pop_front();
-                } else {
-                    front.advance(n);
-                    n = 0;
-                }
-            }
-        }
-        self.inner.flush().await?;
-        Ok(())
-    }
-
-    /// Writes everything queued, then shuts the write side down.
-    pub(crate) async fn shutdown(&mut self) -> Result<()> {
-        self.flush().await?;
-        self.inner.shutdown().await?;
-        Ok(())
-    }
-}
 
 /// An open pipeline stream to the head chunkserver.
 pub(crate) struct PipelineStream {
@@ -210,8 +83,8 @@ impl PipelineStream {
             downstream: grant.pipeline[1..].to_vec(),
         };
         let frame = request_frame(1, setup, Bytes::new()).map_err(|e| head_err(e.into()))?;
-        writer.feed_frame(&frame).map_err(head_err)?;
-        writer.flush().await.map_err(head_err)?;
+        writer.feed_frame(&frame).map_err(|e| head_err(e.into()))?;
+        writer.flush().await.map_err(|e| head_err(e.into()))?;
         let reply = tokio::time::timeout(timeout, reader.read_frame())
             .await
             .map_err(|_| {
@@ -260,11 +133,11 @@ impl PipelineStream {
         };
         match tokio::time::timeout(
             self.ack_timeout,
-            self.writer.feed_packet(&packet, data, crc),
+            self.writer.feed(&Frame::new(&packet, data)?, crc),
         )
         .await
         {
-            Ok(res) => res,
+            Ok(res) => res.map_err(Error::from),
             Err(_) => Err(self.stalled("accept data")),
         }
     }
@@ -272,7 +145,7 @@ impl PipelineStream {
     /// Pushes queued packets onto the socket.
     pub(crate) async fn flush(&mut self) -> Result<()> {
         match tokio::time::timeout(self.ack_timeout, self.writer.flush()).await {
-            Ok(res) => res,
+            Ok(res) => res.map_err(Error::from),
             Err(_) => Err(self.stalled("accept data")),
         }
     }
@@ -355,7 +228,8 @@ mod tests {
                     .to_bytes()
                     .expect("bytes"),
             );
-            sink.feed_packet(&p, data, crc).await.expect("feed");
+            let frame = Frame::new(&p, data).expect("frame");
+            sink.feed(&frame, crc).await.expect("feed");
         }
         let setup = Frame::message(&9u32).expect("frame");
         expected.extend_from_slice(&setup.to_bytes().expect("bytes"));
@@ -379,19 +253,5 @@ mod tests {
             let f = reader.read_frame().await.expect("read").expect("frame");
             assert_eq!(f.decode::<Packet>().expect("decode").seq, seq);
         }
-    }
-
-    #[test]
-    fn combined_prefix_matches_a_full_pass() {
-        let data: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
-        let header = b"some header bytes";
-        let f = Frame {
-            header: Bytes::from_static(header),
-            data: Bytes::from(data.clone()),
-        };
-        assert_eq!(
-            frame_prefix(header, data.len(), crc32fast::hash(&data)),
-            f.encode_prefix().expect("prefix")
-        );
     }
 }

@@ -20,7 +20,9 @@ pub mod rpc;
 pub mod token;
 pub mod units;
 
-pub use codec::{Frame, FrameReader, FrameWriter, MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN};
+pub use codec::{
+    Frame, FrameReader, FrameSink, FrameWriter, MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN,
+};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
 pub use msg::*;
