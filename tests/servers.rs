@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestCluster, BIN};
+use common::{Opts, TestCluster, BIN};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::io::{BufRead, BufReader};
@@ -91,4 +91,42 @@ fn a_chunkserver_without_a_readable_key_refuses_to_start_and_says_why() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.key"), "{err}");
+}
+
+#[test]
+fn a_second_master_on_a_directory_in_use_refuses_to_start_and_names_the_holder() {
+    let mut c = TestCluster::with(Opts {
+        chunkservers: 0,
+        ..Opts::default()
+    });
+    let mdir = c.master.dir.clone();
+    let addr_before = std::fs::read_to_string(mdir.join("addr")).expect("addr file");
+    c.ok(&["mkdir", "/before"]);
+
+    let out = Command::new(BIN)
+        .args(["master", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(&mdir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run a second master");
+    assert_eq!(out.status.code(), Some(1), "the second master must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&mdir.display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", c.master.pid())),
+        "the error names the running master: {err}"
+    );
+
+    // The first master lost nothing: its address file and its service.
+    assert_eq!(
+        std::fs::read_to_string(mdir.join("addr")).expect("addr file"),
+        addr_before
+    );
+    c.ok(&["mkdir", "/after"]);
+
+    // A SIGKILLed master leaves no lock behind: the restart takes the directory over.
+    c.master.kill();
+    c.master.restart();
+    c.ok(&["stat", "/before"]);
+    c.ok(&["stat", "/after"]);
 }

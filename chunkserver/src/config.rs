@@ -64,6 +64,14 @@ pub struct ChunkserverConfig {
     /// below the clients' ack timeout, 15 s, so the failed replica is named precisely).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub ack_timeout: Duration,
+    /// How long a peer may stay silent before its connection is closed: a request/reply
+    /// connection that sends no request, or a write stream whose upstream sends no
+    /// packet while none of its packets waits for an ack (packets in flight are
+    /// governed by `--ack-timeout` instead). Every frame received (and, on a write
+    /// stream, every ack sent) restarts it. Frees the connection permit and the stream
+    /// of a frozen or vanished peer.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub idle_timeout: Duration,
     /// Replications to other chunkservers running at once.
     #[arg(long, default_value_t = 4)]
     pub max_replications: usize,
@@ -98,6 +106,7 @@ impl ChunkserverConfig {
             stream_buffer: 16 << 20,
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_replications: 4,
             scrub_rate: 8 << 20,
             delete_rate: 50,
@@ -133,6 +142,9 @@ impl ChunkserverConfig {
         }
         if self.ack_timeout.is_zero() {
             return bad("ack-timeout", "must be greater than zero");
+        }
+        if self.idle_timeout.is_zero() {
+            return bad("idle-timeout", "must be greater than zero");
         }
         if self.max_connections == 0 {
             return bad("max-connections", "must be at least 1");
@@ -190,15 +202,21 @@ mod tests {
             "4MiB",
             "--capacity",
             "1GiB",
+            "--idle-timeout",
+            "300ms",
         ])
         .expect("parses");
         assert_eq!(cli.cs.io_engine, IoEngineKind::Threads);
         assert_eq!(cli.cs.heartbeat, Duration::from_millis(250));
         assert_eq!(cli.cs.stream_buffer, 4 << 20);
         assert_eq!(cli.cs.capacity, Some(1 << 30));
+        assert_eq!(cli.cs.idle_timeout, Duration::from_millis(300));
         assert_eq!(cli.cs.report_every, Duration::from_secs(60));
         assert_eq!(cli.cs.write_behind, crate::store::DEFAULT_WRITE_BEHIND);
         cli.cs.validate().expect("valid");
+        let defaults =
+            Cli::try_parse_from(["cs", "--dir", "/d", "--cluster-key-file", "/k"]).expect("parses");
+        assert_eq!(defaults.cs.idle_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -210,5 +228,9 @@ mod tests {
         let mut c = ChunkserverConfig::new("/d".into(), "m:1".into(), "k".into());
         c.stream_buffer = 10;
         assert!(c.validate().is_err());
+        let mut c = ChunkserverConfig::new("/d".into(), "m:1".into(), "k".into());
+        c.idle_timeout = Duration::ZERO;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("--idle-timeout"), "{err}");
     }
 }

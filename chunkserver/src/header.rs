@@ -19,7 +19,8 @@
 //! 32..40  length: bytes of data known durable (exact for finalized replicas)
 //! 40..48  sequence number
 //! 48      state: 1 = Writing, 2 = Finalized
-//! 49..56  zero
+//! 49      flags: bit 0 = capped (the data ends at `length` exactly, see below)
+//! 50..56  zero
 //! 56..60  CRC32 of bytes 0..56
 //! ```
 //!
@@ -27,6 +28,12 @@
 //! is followed by an fsync, so a write torn by a crash leaves the other slot, holding the
 //! previous durable header, intact. [`Header::newest`] picks the valid slot with the
 //! highest sequence number.
+//!
+//! A `Writing` replica's length is normally recovered at start-up by checking the data
+//! past `length` against the checksum table (hsynced data may be ahead of the last
+//! durable header). A *capped* header forbids that: it is written first when a replica
+//! is cut shorter, while the cut-off bytes and their checksums may still be in the
+//! file, so a crash in the middle of the cut can never bring them back.
 
 use crate::error::{Error, Result};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState, CHECKSUM_BLOCK};
@@ -50,6 +57,7 @@ const MAGIC: &[u8; 8] = b"STAMPCHK";
 const CRC_AT: usize = 56;
 const STATE_WRITING: u8 = 1;
 const STATE_FINALIZED: u8 = 2;
+const FLAG_CAPPED: u8 = 1;
 
 const _: () = assert!(DATA_OFFSET % 4096 == 0);
 
@@ -68,6 +76,8 @@ pub struct Header {
     pub length: u64,
     /// Increases with every header write; picks the slot.
     pub seq: u64,
+    /// The data ends at `length` exactly: start-up recovery must not look past it.
+    pub capped: bool,
 }
 
 impl Header {
@@ -84,6 +94,7 @@ impl Header {
             state,
             length,
             seq: 1,
+            capped: false,
         }
     }
 
@@ -96,6 +107,16 @@ impl Header {
             state,
             length,
             seq: self.seq.wrapping_add(1),
+            capped: false,
+        }
+    }
+
+    /// This header with the cap set (see the module overview).
+    #[must_use]
+    pub fn capped(self) -> Self {
+        Self {
+            capped: true,
+            ..self
         }
     }
 
@@ -118,6 +139,7 @@ impl Header {
             ReplicaState::Writing => STATE_WRITING,
             ReplicaState::Finalized => STATE_FINALIZED,
         };
+        out[49] = u8::from(self.capped) * FLAG_CAPPED;
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         out
@@ -175,6 +197,10 @@ impl Header {
             STATE_FINALIZED => ReplicaState::Finalized,
             other => return Err(corrupt(format!("unknown replica state {other}"))),
         };
+        let flags = slot[49];
+        if flags & !FLAG_CAPPED != 0 {
+            return Err(corrupt(format!("unknown header flags {flags:#04x}")));
+        }
         let length = u64_at(32);
         if length > MAX_CHUNK_SIZE {
             return Err(corrupt(format!("length {length} exceeds the chunk limit")));
@@ -185,6 +211,7 @@ impl Header {
             state,
             length,
             seq: u64_at(40),
+            capped: flags & FLAG_CAPPED != 0,
         })
     }
 
@@ -232,6 +259,27 @@ mod tests {
         let f = h.next(ChunkVersion(8), ReplicaState::Finalized, 99);
         assert_eq!(Header::decode(&f.encode()).expect("decodes"), f);
         assert_ne!(f.slot_offset(), h.slot_offset());
+    }
+
+    #[test]
+    fn the_cap_round_trips_and_the_next_header_drops_it() {
+        let h = header().capped();
+        assert!(h.capped);
+        let bytes = h.encode();
+        assert_eq!(bytes[49], FLAG_CAPPED);
+        assert_eq!(Header::decode(&bytes).expect("decodes"), h);
+        assert!(!h.next(ChunkVersion(7), ReplicaState::Writing, 1).capped);
+        // Headers written before the flag existed (byte 49 zero) decode uncapped.
+        assert!(!Header::decode(&header().encode()).expect("decodes").capped);
+    }
+
+    #[test]
+    fn unknown_flags_are_rejected() {
+        let mut b = header().encode();
+        b[49] = 0x82;
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        assert!(Header::decode(&b).is_err());
     }
 
     #[test]

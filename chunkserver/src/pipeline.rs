@@ -27,6 +27,14 @@
 //! within `--ack-timeout`), its replicas' entries become `Unavailable`, naming it, and
 //! the stream goes on locally.
 //!
+//! **Idle streams.** An upstream that sends no frame for `--idle-timeout` while none of
+//! its packets is outstanding (received and not yet acknowledged) is treated as gone:
+//! the stream ends exactly as on an upstream EOF (the parts drain, the downstream is
+//! half-closed, the upstream socket is shut down), so a frozen or vanished writer can
+//! not pin a stream, its connection permit and its downstream streams forever. The
+//! clock restarts on every frame received and every ack sent, so only silence counts;
+//! while a packet is outstanding the ack timeout is what applies ([`idle_check`]).
+//!
 //! **Throughput.** `write_local` takes whatever packets queued up while the previous
 //! write was on disk as one batch ([`Store::write_batch`](crate::store::Store::write_batch)):
 //! one hold of the per-chunk lock in which every packet still passes the version gate
@@ -46,11 +54,13 @@ use stampfs_proto::{
     FrameSink, FrameWriter, Packet, RemoteError, ReplicaAck, WriteSetup, WriteSetupReply,
 };
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Packets queued between the parts of a stream (bytes are bounded by permits).
@@ -59,6 +69,68 @@ const QUEUE: usize = 1024;
 const MAX_BATCH: usize = 128;
 /// Most chunkservers a setup may list downstream.
 pub const MAX_DOWNSTREAM: usize = 16;
+/// How far ahead the idle check looks when the idle timeout is too large to add to an
+/// instant (it then never expires).
+const FAR_CHECK: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What the idle check of a write stream decides (see [`idle_check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idleness {
+    /// Silent for the whole idle timeout with nothing outstanding: end the stream.
+    Expired,
+    /// Not idle (yet): check again at this instant.
+    CheckAt(Instant),
+}
+
+/// Whether a write stream has been silent too long at `now`. `last_activity` is the
+/// later of the last frame its upstream sent (or the set-up) and the last ack sent
+/// back; `outstanding` is whether a packet has been received and not yet acknowledged.
+/// Silence counts only while nothing is outstanding: a packet in flight is the ack
+/// timeout's business, so a slow disk or a slow downstream never makes a stream idle,
+/// and the quiet time starts again when its ack goes out.
+pub fn idle_check(
+    now: Instant,
+    last_activity: Instant,
+    outstanding: bool,
+    timeout: Duration,
+) -> Idleness {
+    let far = || now + FAR_CHECK;
+    if outstanding {
+        return Idleness::CheckAt(now.checked_add(timeout).unwrap_or_else(far));
+    }
+    match last_activity.checked_add(timeout) {
+        Some(deadline) if now >= deadline => Idleness::Expired,
+        Some(deadline) => Idleness::CheckAt(deadline),
+        None => Idleness::CheckAt(far()),
+    }
+}
+
+/// When a stream last heard from its upstream or answered it: the idle clock. Kept as
+/// nanoseconds since `base` in an atomic, so the reading and the acking parts of the
+/// stream both move it forward without a lock.
+struct Activity {
+    base: Instant,
+    nanos: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Records activity now.
+    fn touch(&self) {
+        let n = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_max(n, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.base + Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+}
 
 /// What became of a packet downstream, for [`compose_ack`].
 #[derive(Debug)]
@@ -127,12 +199,14 @@ pub fn next_offset(offset: u64, len: u64, expected: u64) -> std::result::Result<
 }
 
 /// Checks a packet before it is written or forwarded: same chunk as the setup, MAC (a
-/// token equal to the last verified one is not re-verified), CRC, contiguity.
+/// token equal to the last verified one is not re-verified), CRC (`data_crc` is
+/// `crc32` of the packet's `data_len` bytes, from the frame reader's verifying pass),
+/// contiguity.
 fn check_packet(
     key: &ClusterKey,
     verified: &mut ChunkToken,
     packet: &Packet,
-    data: &[u8],
+    (data_len, data_crc): (u64, u32),
     expected: u64,
 ) -> std::result::Result<u64, RemoteError> {
     let handle = verified.handle;
@@ -151,13 +225,13 @@ fn check_packet(
             .map_err(|_| RemoteError::BadToken { handle })?;
         *verified = packet.token;
     }
-    if crc32fast::hash(data) != packet.crc {
+    if data_crc != packet.crc {
         return Err(RemoteError::ChecksumMismatch {
             handle,
             offset: packet.offset,
         });
     }
-    next_offset(packet.offset, data.len() as u64, expected)
+    next_offset(packet.offset, data_len, expected)
         .map_err(|reason| RemoteError::BadRequest { reason })
 }
 
@@ -304,6 +378,8 @@ pub(crate) async fn serve(
         handle: setup.token.handle,
         own,
         down_ids: down.accepted,
+        peer,
+        activity: Activity::new(),
         stop: shared.cancel.child_token(),
     };
     stream
@@ -362,6 +438,10 @@ struct Stream {
     own: ChunkserverId,
     /// The replicas behind this one, as the downstream accepted them at set-up.
     down_ids: Vec<ChunkserverId>,
+    /// The upstream (the writer or the previous chunkserver).
+    peer: SocketAddr,
+    /// Last frame received or ack sent, for the idle timeout.
+    activity: Activity,
     /// Ends the stream: cancelled by server shutdown, or after a local failure was acked.
     stop: CancellationToken,
 }
@@ -422,9 +502,43 @@ impl Stream {
         let cap = self.shared.config.stream_buffer.min(u32::MAX as u64);
         let permits = Arc::new(Semaphore::new(cap as usize));
         let mut verified = token;
+        let idle_timeout = self.shared.config.idle_timeout;
+        // A lazy timer: frames only move `activity`; when the timer fires, the idle
+        // check either ends the stream or sets the next check.
+        let now = Instant::now();
+        let idle = tokio::time::sleep_until(
+            match idle_check(now, self.activity.last(), false, idle_timeout) {
+                Idleness::CheckAt(at) => at,
+                Idleness::Expired => now,
+            },
+        );
+        tokio::pin!(idle);
         loop {
-            let frame = match reader.read_frame().await {
-                Ok(Some(f)) => f,
+            // The same read future is polled until it completes (a frame read is not
+            // cancel-safe); it is dropped only when the stream ends.
+            let read = reader.read_frame_with_data_crc();
+            tokio::pin!(read);
+            let frame = loop {
+                tokio::select! {
+                    biased;
+                    f = &mut read => break f,
+                    () = &mut idle => {
+                        let outstanding = permits.available_permits() < cap as usize;
+                        match idle_check(Instant::now(), self.activity.last(), outstanding, idle_timeout) {
+                            Idleness::Expired => {
+                                tracing::info!(peer = %self.peer, ?idle_timeout, "upstream idle; ending the stream");
+                                return;
+                            }
+                            Idleness::CheckAt(at) => idle.as_mut().reset(at),
+                        }
+                    }
+                }
+            };
+            let (frame, data_crc) = match frame {
+                Ok(Some(f)) => {
+                    self.activity.touch();
+                    f
+                }
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "bad frame from upstream; ending the stream");
@@ -447,7 +561,7 @@ impl Stream {
                 &self.shared.key,
                 &mut verified,
                 &packet,
-                &frame.data,
+                (frame.data.len() as u64, data_crc),
                 expected,
             ) {
                 Ok(next) => expected = next,
@@ -610,6 +724,9 @@ impl Stream {
                 self.stop.cancel();
                 return;
             }
+            // Answering is activity too: the idle clock of a stream whose packets took
+            // long restarts when the last of them is acknowledged.
+            self.activity.touch();
             if failed {
                 tracing::warn!(seq = p.seq, "closing the stream after a local failure");
                 let _ = writer.shutdown().await;
@@ -785,6 +902,72 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_is_idle_only_after_a_whole_quiet_timeout() {
+        let t = Duration::from_secs(60);
+        let s = Duration::from_secs;
+        let t0 = Instant::now();
+        assert_eq!(idle_check(t0, t0, false, t), Idleness::CheckAt(t0 + t));
+        assert_eq!(
+            idle_check(t0 + s(59), t0, false, t),
+            Idleness::CheckAt(t0 + t)
+        );
+        assert_eq!(idle_check(t0 + t, t0, false, t), Idleness::Expired);
+        assert_eq!(idle_check(t0 + s(3600), t0, false, t), Idleness::Expired);
+        // Activity (a frame in, an ack out) restarts the clock.
+        assert_eq!(
+            idle_check(t0 + t, t0 + s(30), false, t),
+            Idleness::CheckAt(t0 + s(90))
+        );
+    }
+
+    #[test]
+    fn a_stream_with_a_packet_outstanding_is_never_idle() {
+        let t = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(3600);
+        assert_eq!(idle_check(late, t0, true, t), Idleness::CheckAt(late + t));
+    }
+
+    #[test]
+    fn a_slow_writer_is_never_idle() {
+        // A packet (and its ack) every 5 s for an hour against a 6 s timeout: every
+        // check the timer could make finds it busy.
+        let t = Duration::from_secs(6);
+        let t0 = Instant::now();
+        for k in 0..720u64 {
+            let last = t0 + Duration::from_secs(5 * k);
+            for after in [0u64, 1, 4, 5] {
+                let now = last + Duration::from_secs(after);
+                assert_eq!(idle_check(now, last, false, t), Idleness::CheckAt(last + t));
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_idle_timeout_never_expires_and_never_overflows() {
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(3600);
+        for outstanding in [false, true] {
+            match idle_check(late, t0, outstanding, Duration::MAX) {
+                Idleness::CheckAt(at) => assert!(at > late),
+                Idleness::Expired => panic!("a huge timeout expired"),
+            }
+        }
+    }
+
+    #[test]
+    fn activity_starts_at_creation_and_only_moves_forward() {
+        let a = Activity::new();
+        let first = a.last();
+        assert_eq!(first, a.base);
+        a.touch();
+        let second = a.last();
+        assert!(second >= first);
+        a.touch();
+        assert!(a.last() >= second);
+    }
+
+    #[test]
     fn packet_checks() {
         let key = ClusterKey::from_bytes([1; 32]);
         let token = ChunkToken::sign(
@@ -795,6 +978,7 @@ mod tests {
         );
         let mut verified = token;
         let data = b"hello";
+        let sum = |d: &[u8]| (d.len() as u64, crc32fast::hash(d));
         let good = Packet {
             token,
             seq: 0,
@@ -802,17 +986,20 @@ mod tests {
             crc: crc32fast::hash(data),
             sync: false,
         };
-        assert_eq!(check_packet(&key, &mut verified, &good, data, 0), Ok(5));
+        assert_eq!(
+            check_packet(&key, &mut verified, &good, sum(data), 0),
+            Ok(5)
+        );
         let mut bad_crc = good.clone();
         bad_crc.crc ^= 1;
         assert!(matches!(
-            check_packet(&key, &mut verified, &bad_crc, data, 0),
+            check_packet(&key, &mut verified, &bad_crc, sum(data), 0),
             Err(RemoteError::ChecksumMismatch { .. })
         ));
         let mut forged = good.clone();
         forged.token.version = ChunkVersion(3);
         assert!(matches!(
-            check_packet(&key, &mut verified, &forged, data, 0),
+            check_packet(&key, &mut verified, &forged, sum(data), 0),
             Err(RemoteError::BadToken { .. })
         ));
         let gap = Packet {
@@ -820,7 +1007,7 @@ mod tests {
             ..good.clone()
         };
         assert!(matches!(
-            check_packet(&key, &mut verified, &gap, data, 5),
+            check_packet(&key, &mut verified, &gap, sum(data), 5),
             Err(RemoteError::BadRequest { .. })
         ));
         // A newer genuine token for the same chunk is verified and cached.
@@ -834,7 +1021,7 @@ mod tests {
             token: newer,
             ..good
         };
-        assert_eq!(check_packet(&key, &mut verified, &p, data, 5), Ok(5));
+        assert_eq!(check_packet(&key, &mut verified, &p, sum(data), 5), Ok(5));
         assert_eq!(verified, newer);
     }
 }

@@ -9,7 +9,10 @@
 //! A connection carries request frames `(id, ChunkRequest)` answered by reply frames
 //! `(id, Result<_, RemoteError>)`, one at a time, until a `WriteSetup` or a
 //! `ReceiveReplica` turns it into a stream (see [`crate::pipeline`] and
-//! [`crate::replication`]). A malformed frame closes that connection only.
+//! [`crate::replication`]). A malformed frame closes that connection only, and so does
+//! silence: a peer that sends no request for `--idle-timeout` after its last reply
+//! (frozen, vanished, or a half-open TCP connection) is disconnected, which frees its
+//! connection permit.
 
 use crate::config::ChunkserverConfig;
 use crate::error::{Error, Result};
@@ -258,10 +261,20 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
     let (r, w) = stream.into_split();
     let mut reader = FrameReader::new(r);
     let mut writer = FrameWriter::new(w);
+    let idle_timeout = shared.config.idle_timeout;
     loop {
+        // The idle clock runs only while waiting for the next request: from the moment
+        // the previous reply was written until a whole frame has arrived.
         let frame = tokio::select! {
-            f = reader.read_frame() => f,
+            f = tokio::time::timeout(idle_timeout, reader.read_frame()) => f,
             _ = shared.cancel.cancelled() => return,
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(_) => {
+                tracing::debug!(%peer, ?idle_timeout, "closing an idle connection");
+                return;
+            }
         };
         let frame = match frame {
             Ok(Some(f)) => f,
@@ -307,6 +320,10 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
             }
             ChunkRequest::Command(cmd) => {
                 let result = run_command(&shared, cmd).await;
+                reply_frame(id, &result, Bytes::new())
+            }
+            ChunkRequest::Verify(req) => {
+                let result = scrub::verify_request(&shared, req).await;
                 reply_frame(id, &result, Bytes::new())
             }
         };

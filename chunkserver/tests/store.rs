@@ -434,3 +434,157 @@ async fn delete_honours_the_version_bound() {
         assert_eq!(s.reports().await.len(), 1);
     }
 }
+
+/// Writes `header` into its slot of the replica file and fsyncs, as a crash right
+/// after that step of a store operation would leave it.
+fn plant_header(dir: &Path, header: &Header) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(replica_file(dir, H))
+        .expect("open");
+    f.write_all_at(&header.encode(), header.slot_offset())
+        .expect("write header");
+    f.sync_all().expect("sync");
+}
+
+fn newest_header(dir: &Path) -> Header {
+    let bytes = std::fs::read(replica_file(dir, H)).expect("read");
+    let slot = SLOT_SIZE as usize;
+    Header::newest(&bytes[..slot], &bytes[slot..2 * slot]).expect("a valid header")
+}
+
+#[tokio::test]
+async fn a_cut_interrupted_by_a_crash_never_brings_the_cut_bytes_back() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(300_000, 11);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data.clone()), true)
+                .await
+                .expect("write");
+        }
+        // The first step of a cut to 100 000 bytes reached the disk, nothing after it:
+        // the header is capped, the cut bytes and their checksums are all still there.
+        let cut = newest_header(dir.path())
+            .next(v(1), ReplicaState::Writing, 100_000)
+            .capped();
+        plant_header(dir.path(), &cut);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 100_000, "{kind:?}");
+        let (_, got) = s.read(H, v(1), 0, 1 << 20).await.expect("read");
+        assert_eq!(&got[..], &data[..100_000]);
+        drop(s);
+        // Start-up finished the cut: file cut, header rewritten without the cap.
+        let len = std::fs::metadata(replica_file(dir.path(), H))
+            .expect("meta")
+            .len();
+        assert_eq!(len, DATA_OFFSET + 100_000);
+        let h = newest_header(dir.path());
+        assert!(!h.capped);
+        assert_eq!(h.length, 100_000);
+        // The same header without the cap is what an hsync leaves, and there the
+        // checksummed bytes past the header's length are recovered (none are left now).
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 100_000);
+        // Appends after the finished cut are recovered past the header again.
+        s.write(
+            H,
+            v(1),
+            100_000,
+            Bytes::from(data[100_000..150_000].to_vec()),
+            false,
+        )
+        .await
+        .expect("append");
+        drop(s);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 150_000);
+    }
+}
+
+#[tokio::test]
+async fn truncate_leaves_no_checksums_that_could_revive_the_cut_tail() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(400_000, 12);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data.clone()), true)
+                .await
+                .expect("write");
+            for cut in [3 * BLOCK + 4464, 2 * BLOCK] {
+                s.truncate(H, v(1), cut).await.expect("truncate");
+            }
+        }
+        // Even if the old bytes came back into the file (as if the ftruncate had been
+        // lost), the table no longer vouches for them.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(replica_file(dir.path(), H))
+            .expect("open");
+        let cut = 2 * BLOCK;
+        f.write_all_at(&data[cut as usize..], DATA_OFFSET + cut)
+            .expect("old bytes");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, cut, "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn small_hsyncs_write_zeros_ahead_which_never_count_as_data() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(40 * 4096 + 100, 13);
+        let file_len = || {
+            std::fs::metadata(replica_file(dir.path(), H))
+                .expect("meta")
+                .len()
+        };
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            for (i, part) in data.chunks(4096).enumerate() {
+                let off = (i * 4096) as u64;
+                s.write(H, v(1), off, Bytes::copy_from_slice(part), true)
+                    .await
+                    .expect("hsync");
+            }
+            // The file holds zeros ahead of the data...
+            assert!(file_len() > DATA_OFFSET + data.len() as u64, "{kind:?}");
+            let r = s.info(H).await.expect("info");
+            assert_eq!(r.length, data.len() as u64);
+            // ...which reads never see.
+            let (_, got) = s.read(H, v(1), 0, 1 << 20).await.expect("read");
+            assert_eq!(&got[..], &data[..]);
+        }
+        // A crash: the length comes back exact, zeros and all.
+        let s = open(dir.path(), kind).await;
+        assert_eq!(
+            s.info(H).await.expect("info").length,
+            data.len() as u64,
+            "{kind:?}"
+        );
+        let (_, got) = s.read(H, v(1), 0, 1 << 20).await.expect("read");
+        assert_eq!(&got[..], &data[..]);
+        // Appending continues over the zeros, and finalize cuts the file to its data.
+        let more = pattern(5000, 14);
+        s.write(H, v(1), data.len() as u64, Bytes::from(more.clone()), true)
+            .await
+            .expect("append");
+        let total = (data.len() + more.len()) as u64;
+        s.finalize(H, v(1), total).await.expect("finalize");
+        assert_eq!(file_len(), DATA_OFFSET + total);
+        let (_, got) = s
+            .read(H, v(1), data.len() as u64, 1 << 20)
+            .await
+            .expect("read");
+        assert_eq!(&got[..], &more[..]);
+    }
+}

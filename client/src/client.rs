@@ -1,17 +1,30 @@
 //! [`Client`]: the handle applications hold. Namespace calls go to the master over a
 //! small pool of connections; writers and readers are created from it.
+//!
+//! Reads and replica queries go to chunkservers over a second pool, per address.
+//! Chunkservers close a connection that stays silent for their `--idle-timeout`
+//! (60 s by default), so a pooled connection is reused only while it has been idle
+//! less than [`ClientConfig::pooled_connection_max_idle`]; one that turns out closed
+//! anyway (a transport failure before any reply) is replaced once by a fresh
+//! connection, as the master's command sender does. Only requests that change
+//! nothing go through this pool ([`PooledChunkRequest`]), so sending one twice is
+//! harmless.
 
 use crate::error::{Error, Result};
 use crate::reader::FileReader;
 use crate::writer::FileWriter;
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
-    Append, ClientId, Create, Delete, FileLocations, FileStatus, GetLocations, List, MasterRequest,
-    Mkdir, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease, RpcClient, Stat,
+    Append, ChunkRequest, ClientId, Create, Delete, FileLocations, FileStatus, GetLocations, List,
+    MasterRequest, Mkdir, Read, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease,
+    ReplicaInfo, RpcClient, Stat,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Idle connections kept per chunkserver.
+const MAX_IDLE_PER_CHUNKSERVER: usize = 4;
 
 /// Tunables of a [`Client`].
 #[derive(Clone, Debug)]
@@ -33,6 +46,20 @@ pub struct ClientConfig {
     /// chunkservers' `--ack-timeout` (10 s), so a frozen replica further down is named
     /// by its upstream first.
     pub ack_timeout: Duration,
+    /// A writer closes its pipeline stream itself once nothing was sent or
+    /// acknowledged on it for this long with nothing in flight; its next write opens a
+    /// new stream with the same token at the acknowledged offset (no master call, no
+    /// replica lost). Keep it well below the chunkservers' `--idle-timeout` (60 s by
+    /// default): past that they end the stream from their side. The writer copes with
+    /// that too (a stream the head closed while nothing was in flight is reopened the
+    /// same way, not blamed on the head), but closing first keeps a new write from
+    /// racing the head's close. `None`: never close an idle stream from this side.
+    pub stream_idle_close: Option<Duration>,
+    /// A pooled chunkserver connection idle for longer than this is closed instead of
+    /// reused. Keep it below the chunkservers' `--idle-timeout` (60 s by default),
+    /// after which they close idle connections themselves; a pooled connection found
+    /// closed anyway is replaced once by a fresh one.
+    pub pooled_connection_max_idle: Duration,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +72,8 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(30),
             recovery_wait: Duration::from_secs(60),
             ack_timeout: Duration::from_secs(15),
+            stream_idle_close: Some(Duration::from_secs(20)),
+            pooled_connection_max_idle: Duration::from_secs(20),
         }
     }
 }
@@ -66,8 +95,9 @@ pub(crate) struct Inner {
     pub(crate) config: ClientConfig,
     /// Idle master connections; a call takes one out and puts it back on success.
     master_pool: Mutex<Vec<RpcClient>>,
-    /// Idle chunkserver connections by address, reused by reads and replica queries.
-    chunk_pool: Mutex<HashMap<String, Vec<RpcClient>>>,
+    /// Idle chunkserver connections by address, reused by reads and replica queries;
+    /// held only to take or put one, never across an `.await`.
+    chunk_pool: Mutex<IdlePool<RpcClient>>,
     /// Paths this client holds write leases on, with how many writers use each; the
     /// renewal task runs while this is non-empty.
     leases: Mutex<HashMap<String, usize>>,
@@ -141,6 +171,11 @@ impl Client {
                 reason: "the window must hold at least one packet".into(),
             });
         }
+        if config.stream_idle_close.is_some_and(|d| d.is_zero()) {
+            return Err(Error::InvalidArgument {
+                reason: "the stream idle close must be above zero (or off)".into(),
+            });
+        }
         let conn = RpcClient::connect(addr, config.connect_timeout).await?;
         let client = Client {
             inner: Arc::new(Inner {
@@ -148,7 +183,7 @@ impl Client {
                 id: ClientId::random(),
                 config,
                 master_pool: Mutex::new(vec![conn]),
-                chunk_pool: Mutex::new(HashMap::new()),
+                chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
             }),
@@ -211,54 +246,80 @@ impl Client {
         }
     }
 
-    /// Sends one request (with data) to a chunkserver, reusing pooled connections.
+    /// Sends one request to a chunkserver and returns its reply and the reply's data,
+    /// reusing a pooled connection when one has not been idle too long. A transport
+    /// failure on a pooled connection (it may have been closed for idleness while it
+    /// waited) is retried once on a fresh connection; see [`retry_on_fresh`].
+    #[tracing::instrument(level = "debug", skip_all, fields(chunkserver = %addr))]
     pub(crate) async fn call_chunkserver<R>(
         &self,
         addr: &str,
         req: R,
     ) -> Result<(R::Response, bytes::Bytes)>
     where
-        R: Rpc<Request = stampfs_proto::ChunkRequest>,
+        R: PooledChunkRequest,
     {
-        let pooled = self
-            .inner
-            .chunk_pool
-            .lock()
-            .ok()
-            .and_then(|mut p| p.get_mut(addr).and_then(|v| v.pop()));
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => RpcClient::connect(addr, self.inner.config.connect_timeout).await?,
-        };
-        let reply = tokio::time::timeout(
-            self.inner.config.request_timeout,
-            conn.call_with_data(req, bytes::Bytes::new()),
-        )
-        .await
-        .map_err(|_| {
-            Error::Remote(RemoteError::Unavailable {
-                reason: format!("chunkserver {addr} did not answer in time"),
-            })
-        })?;
-        match reply {
-            Ok(r) => {
-                self.put_chunk(addr, conn);
-                Ok(r)
+        let config = &self.inner.config;
+        let mut pooled_allowed = true;
+        loop {
+            let pooled = if pooled_allowed {
+                self.take_chunk(addr)
+            } else {
+                None
+            };
+            let reused = pooled.is_some();
+            let (mut conn, idle_since) = match pooled {
+                Some((c, since)) => (c, Some(since)),
+                None => (
+                    RpcClient::connect(addr, config.connect_timeout).await?,
+                    None,
+                ),
+            };
+            let reply = tokio::time::timeout(
+                config.request_timeout,
+                conn.call_with_data(req.clone(), bytes::Bytes::new()),
+            )
+            .await
+            .map_err(|_| {
+                Error::Remote(RemoteError::Unavailable {
+                    reason: format!("chunkserver {addr} did not answer in time"),
+                })
+            })?;
+            match reply {
+                Ok(r) => {
+                    self.put_chunk(addr, conn);
+                    return Ok(r);
+                }
+                // A typed error leaves the connection in a good state.
+                Err(stampfs_proto::Error::Remote(r)) => {
+                    self.put_chunk(addr, conn);
+                    return Err(Error::Remote(r));
+                }
+                Err(e) if retry_on_fresh(reused, &e) => {
+                    tracing::debug!(error = %e, "pooled chunkserver connection was closed; retrying on a new one");
+                    // Connections that waited at least as long are likely closed too.
+                    if let (Some(since), Ok(mut pool)) = (idle_since, self.inner.chunk_pool.lock())
+                    {
+                        pool.forget_idle_since(addr, since);
+                    }
+                    pooled_allowed = false;
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(stampfs_proto::Error::Remote(r)) => {
-                self.put_chunk(addr, conn);
-                Err(Error::Remote(r))
-            }
-            Err(e) => Err(e.into()),
         }
     }
 
+    /// A pooled connection to `addr` that has not been idle too long, with the instant
+    /// it went idle.
+    fn take_chunk(&self, addr: &str) -> Option<(RpcClient, Instant)> {
+        let max_idle = self.inner.config.pooled_connection_max_idle;
+        let mut pool = self.inner.chunk_pool.lock().ok()?;
+        pool.take(addr, Instant::now(), max_idle)
+    }
+
     fn put_chunk(&self, addr: &str, conn: RpcClient) {
-        if let Ok(mut p) = self.inner.chunk_pool.lock() {
-            let v = p.entry(addr.to_string()).or_default();
-            if v.len() < 4 {
-                v.push(conn);
-            }
+        if let Ok(mut pool) = self.inner.chunk_pool.lock() {
+            pool.put(addr, conn, Instant::now());
         }
     }
 
@@ -433,7 +494,198 @@ impl Client {
     }
 }
 
+/// Chunkserver requests allowed through the connection pool, and so retried once on a
+/// fresh connection after a transport failure: they read and change nothing, so a
+/// request the chunkserver may have served before the connection failed can be sent
+/// again. Today: [`Read`] and [`ReplicaInfo`]. Requests that change a replica
+/// (`WriteSetup` streams, `ReceiveReplica`, master `Command`s) never implement it.
+pub(crate) trait PooledChunkRequest: Rpc<Request = ChunkRequest> + Clone {}
+
+impl PooledChunkRequest for Read {}
+impl PooledChunkRequest for ReplicaInfo {}
+
+/// True for I/O errors that mean the peer closed the connection (EOF, reset, broken
+/// pipe), as a chunkserver does to a connection or stream that stayed idle.
+pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected
+    )
+}
+
+/// Whether a pooled request that failed with `e` is sent again on a fresh connection:
+/// only when the connection came from the pool (it may have been closed for idleness
+/// while it waited there) and the failure is the connection being closed: an EOF where
+/// the reply should start (`Truncated`: `RpcClient` does not tell an EOF before the
+/// reply from one inside it; both are harmless to retry for a [`PooledChunkRequest`]),
+/// a reset or a broken pipe. A typed error, a malformed reply or a timeout is never
+/// retried, and a fresh connection is never retried (the caller tries once).
+pub(crate) fn retry_on_fresh(reused: bool, e: &stampfs_proto::Error) -> bool {
+    let closed = match e {
+        stampfs_proto::Error::Truncated => true,
+        stampfs_proto::Error::Io(io) => connection_closed(io.kind()),
+        _ => false,
+    };
+    reused && closed
+}
+
+/// Idle connections by address, each with the instant it went idle (its last reply:
+/// a chunkserver's idle clock starts then too). The most recently used is reused
+/// first; connections idle for `max_idle` or more are dropped instead of reused.
+#[derive(Debug)]
+pub(crate) struct IdlePool<C> {
+    by_addr: HashMap<String, Vec<(C, Instant)>>,
+    per_addr: usize,
+}
+
+impl<C> IdlePool<C> {
+    pub(crate) fn new(per_addr: usize) -> Self {
+        Self {
+            by_addr: HashMap::new(),
+            per_addr,
+        }
+    }
+
+    /// The freshest connection to `addr` idle for less than `max_idle` at `now`;
+    /// older ones are dropped.
+    pub(crate) fn take(
+        &mut self,
+        addr: &str,
+        now: Instant,
+        max_idle: Duration,
+    ) -> Option<(C, Instant)> {
+        let list = self.by_addr.get_mut(addr)?;
+        list.retain(|(_, since)| now.saturating_duration_since(*since) < max_idle);
+        let got = list.pop();
+        if list.is_empty() {
+            self.by_addr.remove(addr);
+        }
+        got
+    }
+
+    /// Keeps `conn` (idle from `now`) unless `addr` already has enough.
+    pub(crate) fn put(&mut self, addr: &str, conn: C, now: Instant) {
+        let list = self.by_addr.entry(addr.to_string()).or_default();
+        if list.len() < self.per_addr {
+            list.push((conn, now));
+        }
+    }
+
+    /// Drops the connections to `addr` that went idle at or before `since` (one of
+    /// that age was found closed).
+    pub(crate) fn forget_idle_since(&mut self, addr: &str, since: Instant) {
+        if let Some(list) = self.by_addr.get_mut(addr) {
+            list.retain(|(_, s)| *s > since);
+            if list.is_empty() {
+                self.by_addr.remove(addr);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self, addr: &str) -> usize {
+        self.by_addr.get(addr).map_or(0, Vec::len)
+    }
+}
+
 /// Validates a path on the client side so obvious mistakes fail before a round trip.
 pub(crate) fn normalized(path: &str) -> Result<String> {
     stampfs_proto::path::normalize(path).map_err(Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    fn io(kind: ErrorKind) -> stampfs_proto::Error {
+        stampfs_proto::Error::Io(std::io::Error::from(kind))
+    }
+
+    #[test]
+    fn a_closed_pooled_connection_is_retried_once_on_a_fresh_one() {
+        for e in [
+            stampfs_proto::Error::Truncated,
+            io(ErrorKind::UnexpectedEof),
+            io(ErrorKind::ConnectionReset),
+            io(ErrorKind::ConnectionAborted),
+            io(ErrorKind::BrokenPipe),
+        ] {
+            assert!(retry_on_fresh(true, &e), "{e}");
+            // A fresh connection that fails is not retried: the chunkserver is gone.
+            assert!(!retry_on_fresh(false, &e), "{e}");
+        }
+    }
+
+    #[test]
+    fn answers_and_other_failures_are_never_retried() {
+        for e in [
+            stampfs_proto::Error::Remote(RemoteError::Unavailable { reason: "x".into() }),
+            stampfs_proto::Error::Malformed { reason: "x".into() },
+            stampfs_proto::Error::FrameChecksum {
+                expected: 1,
+                actual: 2,
+            },
+            stampfs_proto::Error::UnexpectedReply {
+                expected: 1,
+                got: 2,
+            },
+            io(ErrorKind::TimedOut),
+            io(ErrorKind::PermissionDenied),
+        ] {
+            assert!(!retry_on_fresh(true, &e), "{e}");
+        }
+    }
+
+    #[test]
+    fn pooled_connections_idle_too_long_are_not_reused() {
+        let max = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut pool = IdlePool::new(4);
+        pool.put("a", 1u32, t0);
+        pool.put("a", 2u32, t0 + s(10));
+        // The freshest first.
+        assert_eq!(pool.take("a", t0 + s(15), max), Some((2, t0 + s(10))));
+        pool.put("a", 3u32, t0 + s(15));
+        // At t0 + 20 s connection 1 has been idle for the whole bound: dropped.
+        assert_eq!(pool.take("a", t0 + s(20), max), Some((3, t0 + s(15))));
+        assert_eq!(pool.len("a"), 0);
+        assert_eq!(pool.take("a", t0 + s(20), max), None);
+        // Everything older than the bound goes at once.
+        pool.put("b", 4u32, t0);
+        pool.put("b", 5u32, t0 + s(1));
+        assert_eq!(pool.take("b", t0 + s(60), max), None);
+        assert_eq!(pool.len("b"), 0);
+        // A zero bound never reuses anything.
+        pool.put("c", 6u32, t0);
+        assert_eq!(pool.take("c", t0, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_pool_is_bounded_per_address_and_forgets_what_is_as_old_as_a_closed_one() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut pool = IdlePool::new(2);
+        for i in 0..5u32 {
+            pool.put("a", i, t0 + s(i as u64));
+        }
+        assert_eq!(pool.len("a"), 2);
+        pool.put("b", 9u32, t0);
+        pool.put("a", 7u32, t0);
+        assert_eq!(pool.len("a"), 2, "full: the extra one is dropped");
+        // Connection 1 (idle since t0 + 1 s) was found closed: 0 and 1 go, not 2+.
+        let mut pool = IdlePool::new(4);
+        for i in 0..4u32 {
+            pool.put("a", i, t0 + s(i as u64));
+        }
+        pool.put("b", 9u32, t0);
+        pool.forget_idle_since("a", t0 + s(1));
+        assert_eq!(pool.len("a"), 2);
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), Some((3, t0 + s(3))));
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), Some((2, t0 + s(2))));
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), None);
+        assert_eq!(pool.len("b"), 1, "other addresses are untouched");
+    }
 }

@@ -5,7 +5,14 @@
 //! copied), and queued frames leave in one vectored write. The frame CRC is derived
 //! from the packet CRC the writer already computed (CRC combination), so the payload
 //! is checksummed once on the client, not twice.
+//!
+//! The ack reader tells how a stream ended ([`StreamEnd`]): the head *closed* the
+//! connection (EOF, reset, broken pipe; a chunkserver does that to a stream that was
+//! silent for its `--idle-timeout`), or the stream *broke* (a malformed frame, no ack
+//! within the ack timeout). The writer decides from that, and from what it had in
+//! flight, whether to blame the head (`writer::after_stream_end`).
 
+use crate::client::connection_closed;
 use crate::error::{Error, Result};
 use bytes::Bytes;
 use stampfs_proto::codec::{Frame, FrameReader, FrameSink};
@@ -17,23 +24,70 @@ use std::time::Duration;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// Acks buffered between the socket reader and the writer task; the window bounds
 /// how many packets can be outstanding, so this never fills in practice.
 const ACK_QUEUE: usize = 4096;
 
+/// How a pipeline stream ended, as far as the client can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamEnd {
+    /// The head closed the connection: a clean EOF, a reset or a broken pipe. A head
+    /// that is alive does this to a stream it found idle; a dead one looks the same.
+    Closed,
+    /// Anything else: a malformed or undecodable frame, an ack or a send that did not
+    /// complete within the ack timeout.
+    Broken,
+}
+
+impl StreamEnd {
+    /// Classifies the error a read or a send on the stream failed with.
+    pub(crate) fn of(e: &Error) -> Self {
+        let closed = match e {
+            Error::Proto(stampfs_proto::Error::Io(io)) | Error::Io(io) => {
+                connection_closed(io.kind())
+            }
+            _ => false,
+        };
+        if closed {
+            StreamEnd::Closed
+        } else {
+            StreamEnd::Broken
+        }
+    }
+}
+
+/// What the ack reader hands the writer.
+pub(crate) enum Incoming {
+    Ack(Ack),
+    /// The stream is over: how, and the error to report. Always the last item.
+    End(StreamEnd, Error),
+}
+
+/// What happened on a stream the writer watches.
+pub(crate) enum StreamEvent {
+    /// An ack or the end of the stream; `None` if the reader went away silently.
+    Incoming(Option<Incoming>),
+    /// Nothing was sent or received for the writer's idle close, with nothing in flight.
+    Idle,
+}
+
 /// An open pipeline stream to the head chunkserver.
 pub(crate) struct PipelineStream {
     writer: FrameSink<OwnedWriteHalf>,
-    /// Acks (or the reason the stream ended) from the reader task; closed when the
-    /// reader task exits.
-    acks: mpsc::Receiver<Result<Ack>>,
+    /// Acks (then how the stream ended) from the reader task; closed when the reader
+    /// task exits.
+    acks: mpsc::Receiver<Incoming>,
     /// The task reading acks off the socket; aborted when the stream is dropped.
     reader: tokio::task::JoinHandle<()>,
     pub(crate) head: ChunkserverId,
     /// How long an outstanding packet may wait for its ack, and a send for the
     /// socket, before the head counts as failed (a frozen head never answers).
     ack_timeout: Duration,
+    /// The last time a packet was queued or an ack taken (or the stream set up): the
+    /// head's idle clock runs from about then.
+    last_activity: Instant,
 }
 
 impl Drop for PipelineStream {
@@ -108,6 +162,7 @@ impl PipelineStream {
                 reader,
                 head: head.id,
                 ack_timeout,
+                last_activity: Instant::now(),
             },
             reply,
         ))
@@ -131,6 +186,7 @@ impl PipelineStream {
             crc,
             sync,
         };
+        self.last_activity = Instant::now();
         match tokio::time::timeout(
             self.ack_timeout,
             self.writer.feed(&Frame::new(&packet, data)?, crc),
@@ -150,12 +206,58 @@ impl PipelineStream {
         }
     }
 
-    /// The next ack; `None` once the stream has ended and every ack was taken. An
-    /// error when none arrives within the ack timeout.
-    pub(crate) async fn next_ack(&mut self) -> Option<Result<Ack>> {
-        match tokio::time::timeout(self.ack_timeout, self.acks.recv()).await {
-            Ok(ack) => ack,
-            Err(_) => Some(Err(self.stalled("acknowledge"))),
+    /// The next ack (while packets are in flight); `None` once the stream has ended
+    /// and every item was taken. A [`StreamEnd::Broken`] end when none arrives within
+    /// the ack timeout.
+    pub(crate) async fn next_ack(&mut self) -> Option<Incoming> {
+        let item = match tokio::time::timeout(self.ack_timeout, self.acks.recv()).await {
+            Ok(item) => item,
+            Err(_) => Some(Incoming::End(
+                StreamEnd::Broken,
+                self.stalled("acknowledge"),
+            )),
+        };
+        self.last_activity = Instant::now();
+        item
+    }
+
+    /// Watches a stream with nothing in flight: returns what the reader delivers (at
+    /// rest that can only be the end of the stream), or [`StreamEvent::Idle`] once
+    /// nothing was sent or received for `idle_close` (never when `None`).
+    pub(crate) async fn watch_at_rest(&mut self, idle_close: Option<Duration>) -> StreamEvent {
+        let deadline = idle_close.and_then(|d| self.last_activity.checked_add(d));
+        let idle = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            item = self.acks.recv() => StreamEvent::Incoming(item),
+            () = idle => StreamEvent::Idle,
+        }
+    }
+
+    /// The end of a stream whose ack reader has already stopped (the head closed it
+    /// while the writer was not looking), skipping acks nobody waits for; `None` while
+    /// the stream is still up.
+    pub(crate) fn take_end(&mut self) -> Option<Incoming> {
+        if !self.reader.is_finished() {
+            return None;
+        }
+        loop {
+            match self.acks.try_recv() {
+                Ok(Incoming::Ack(_)) => continue,
+                Ok(end) => return Some(end),
+                Err(_) => {
+                    return Some(Incoming::End(
+                        StreamEnd::Closed,
+                        Error::Remote(RemoteError::Unavailable {
+                            reason: "the pipeline closed the stream".into(),
+                        }),
+                    ))
+                }
+            }
         }
     }
 
@@ -176,17 +278,26 @@ impl PipelineStream {
 
 async fn read_acks(
     mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
-    tx: mpsc::Sender<Result<Ack>>,
+    tx: mpsc::Sender<Incoming>,
 ) {
     loop {
         let item = match reader.read_frame().await {
-            Ok(Some(frame)) => frame.decode::<Ack>().map_err(Error::from),
-            Ok(None) => Err(Error::Remote(RemoteError::Unavailable {
-                reason: "the pipeline closed the stream".into(),
-            })),
-            Err(e) => Err(e.into()),
+            Ok(Some(frame)) => match frame.decode::<Ack>() {
+                Ok(ack) => Incoming::Ack(ack),
+                Err(e) => Incoming::End(StreamEnd::Broken, e.into()),
+            },
+            Ok(None) => Incoming::End(
+                StreamEnd::Closed,
+                Error::Remote(RemoteError::Unavailable {
+                    reason: "the pipeline closed the stream".into(),
+                }),
+            ),
+            Err(e) => {
+                let e = Error::from(e);
+                Incoming::End(StreamEnd::of(&e), e)
+            }
         };
-        let end = item.is_err();
+        let end = matches!(item, Incoming::End(..));
         if tx.send(item).await.is_err() || end {
             return;
         }
@@ -196,7 +307,114 @@ async fn read_acks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stampfs_proto::{ChunkHandle, ChunkVersion, ClientId, ClusterKey};
+    use stampfs_proto::rpc::{parse_request, reply_frame};
+    use stampfs_proto::{
+        ChunkHandle, ChunkRequest, ChunkVersion, ChunkserverAddr, ClientId, ClusterKey, FrameWriter,
+    };
+    use tokio::net::tcp::OwnedReadHalf;
+    use tokio::net::TcpListener;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn grant(addr: String) -> WriteGrant {
+        let key = ClusterKey::from_bytes([7; 32]);
+        WriteGrant {
+            token: ChunkToken::sign(&key, ChunkHandle(3), ChunkVersion(4), ClientId(5)),
+            chunk_index: 0,
+            file_offset: 0,
+            chunk_offset: 0,
+            chunk_size: 1 << 20,
+            pipeline: vec![ChunkserverAddr {
+                id: ChunkserverId(1),
+                addr,
+            }],
+        }
+    }
+
+    /// A stand-in head on a real loopback socket: accepts one stream and answers its
+    /// set-up; the caller decides what happens next.
+    async fn open_against_head() -> (
+        PipelineStream,
+        FrameReader<OwnedReadHalf>,
+        FrameWriter<OwnedWriteHalf>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let head = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.expect("accept");
+            let (r, w) = s.into_split();
+            let mut reader = FrameReader::new(r);
+            let mut writer = FrameWriter::new(w);
+            let f = reader.read_frame().await.expect("read").expect("setup");
+            let (id, req): (u64, ChunkRequest) = parse_request(&f).expect("parse");
+            assert!(matches!(req, ChunkRequest::WriteSetup(_)));
+            let reply = WriteSetupReply {
+                accepted: vec![ChunkserverId(1)],
+                failed: Vec::new(),
+            };
+            let frame = reply_frame(id, &Ok(reply), Bytes::new()).expect("frame");
+            writer.write_frame(&frame).await.expect("reply");
+            (reader, writer)
+        });
+        let (stream, _) = match PipelineStream::open(&grant(addr), 0, WAIT, WAIT).await {
+            Ok(s) => s,
+            Err(_) => panic!("set-up failed"),
+        };
+        let (reader, writer) = head.await.expect("head");
+        (stream, reader, writer)
+    }
+
+    #[tokio::test]
+    async fn a_head_that_closes_a_stream_at_rest_is_seen_as_a_close() {
+        let (mut stream, reader, writer) = open_against_head().await;
+        drop((reader, writer));
+        match tokio::time::timeout(WAIT, stream.watch_at_rest(None)).await {
+            Ok(StreamEvent::Incoming(Some(Incoming::End(StreamEnd::Closed, _)))) => {}
+            Ok(_) => panic!("expected a closed stream"),
+            Err(_) => panic!("the close was not noticed"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_close_the_writer_did_not_watch_is_found_before_sending() {
+        let (mut stream, reader, writer) = open_against_head().await;
+        assert!(stream.take_end().is_none(), "the stream is up");
+        drop((reader, writer));
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Some(end) = stream.take_end() {
+                    return end;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the close was not noticed");
+        assert!(matches!(found, Incoming::End(StreamEnd::Closed, _)));
+    }
+
+    #[tokio::test]
+    async fn garbage_from_the_head_is_a_broken_stream() {
+        let (mut stream, _reader, mut writer) = open_against_head().await;
+        let garbage = Frame::message(&"not an ack".to_string()).expect("frame");
+        writer.write_frame(&garbage).await.expect("write");
+        match tokio::time::timeout(WAIT, stream.watch_at_rest(None)).await {
+            Ok(StreamEvent::Incoming(Some(Incoming::End(StreamEnd::Broken, _)))) => {}
+            Ok(_) => panic!("expected a broken stream"),
+            Err(_) => panic!("the garbage was not noticed"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_stream_at_rest_reaches_the_writers_idle_close() {
+        let (mut stream, _reader, _writer) = open_against_head().await;
+        let idle = Duration::from_millis(50);
+        match tokio::time::timeout(WAIT, stream.watch_at_rest(Some(idle))).await {
+            Ok(StreamEvent::Idle) => {}
+            Ok(_) => panic!("expected the idle close"),
+            Err(_) => panic!("the idle close never came"),
+        }
+    }
 
     fn packet(seq: u64, crc: u32) -> Packet {
         let key = ClusterKey::from_bytes([7; 32]);

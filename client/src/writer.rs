@@ -14,10 +14,27 @@
 //! `hsync` send the buffered tail as their last packet (carrying the sync flag itself).
 //! [`FileWriter::record_ack_latencies`] turns on a per-packet ack-latency recorder
 //! (off by default: one relaxed atomic load per packet).
+//!
+//! **Idle streams.** A chunkserver ends a write stream whose upstream stays silent for
+//! its `--idle-timeout` (60 s by default) with nothing outstanding. That is no failure
+//! of the head, and must not cost a replica: a log writer that writes a line every few
+//! minutes would otherwise lose one replica per pause (a version bump without the
+//! head) until too few are left. So the streamer closes its own stream after
+//! [`ClientConfig::stream_idle_close`](crate::ClientConfig::stream_idle_close) at rest
+//! (20 s by default, below the chunkservers' timeout), and a stream the head closed
+//! anyway is judged by [`after_stream_end`]: closed (EOF, reset, broken pipe) while
+//! nothing was in flight, or while everything in flight went out after the stream had
+//! gone quiet with no ack since (the close may have come before those packets were
+//! sent), it is replaced by a new stream with the same token at the acknowledged
+//! offset, with no master call. A stream that breaks with packets in flight that the
+//! head had been acking, or that stalls or sends garbage, is recovered without the head,
+//! as before: that is what fences a dead chunkserver. Misjudging a dead head as an idle
+//! close costs one connection attempt: the reopen cannot reach it and the head is then
+//! excluded all the same.
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::pipeline::{PipelineStream, SetupError};
+use crate::pipeline::{Incoming, PipelineStream, SetupError, StreamEnd, StreamEvent};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use stampfs_proto::{
@@ -401,6 +418,10 @@ struct ChunkState {
     /// Chunk offset up to which every replica has acknowledged.
     acked: u64,
     unacked: VecDeque<Pending>,
+    /// Every unacked packet went onto the current stream after it had been at rest
+    /// (nothing in flight), and no ack has come back since: if the stream turns out
+    /// closed, the head may have closed it for idleness before they were sent.
+    quiet_burst: bool,
 }
 
 impl ChunkState {
@@ -411,6 +432,7 @@ impl ChunkState {
             sent: offset,
             acked: offset,
             unacked: VecDeque::new(),
+            quiet_burst: false,
         }
     }
 
@@ -427,8 +449,48 @@ impl ChunkState {
 enum Trouble {
     /// These replicas failed; the others may go on.
     Replicas(Vec<ChunkserverId>),
+    /// The head closed the stream in a way that blames nobody (see
+    /// [`after_stream_end`]): open a new one with the same token.
+    Closed,
     /// The writer is fenced or the failure is final.
     Fatal(Error),
+}
+
+/// What the writer does when its stream to the pipeline's head ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EndAction {
+    /// Open a new stream with the same token at the acknowledged offset (no master
+    /// call) and send the unacknowledged packets again.
+    Reopen,
+    /// Pipeline recovery without the head: a version bump over the others.
+    ExcludeHead,
+}
+
+/// Decides what a stream's end means. `outstanding`: packets were in flight when the
+/// writer saw the end. `quiet_burst`: all of them went out after the stream had been
+/// at rest, and no ack came back since ([`ChunkState::quiet_burst`]).
+///
+/// A chunkserver closes a stream for idleness only while none of its packets is
+/// outstanding, so a *closed* stream (EOF, reset, broken pipe) is an idle close when
+/// nothing was in flight; and when everything in flight was sent after a quiet spell
+/// with no ack since, the close may have come before those packets left (the writer
+/// had not yet seen the EOF): it is treated the same. A stream that the head closed
+/// while acking the packets around it, or that broke any other way (garbage, an ack
+/// or send that timed out), excludes the head. Treating a dead head as idle is safe:
+/// the reopen cannot reach it, and then it is excluded.
+fn after_stream_end(end: StreamEnd, outstanding: bool, quiet_burst: bool) -> EndAction {
+    match end {
+        StreamEnd::Closed if !outstanding || quiet_burst => EndAction::Reopen,
+        StreamEnd::Closed | StreamEnd::Broken => EndAction::ExcludeHead,
+    }
+}
+
+/// The replicas a stream's end excludes.
+fn excluded(action: EndAction, head: Option<ChunkserverId>) -> Vec<ChunkserverId> {
+    match action {
+        EndAction::Reopen => Vec::new(),
+        EndAction::ExcludeHead => head.into_iter().collect(),
+    }
 }
 
 struct Streamer {
@@ -444,6 +506,7 @@ struct Streamer {
 
 impl Streamer {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
+        let idle_close = self.client.config().stream_idle_close;
         loop {
             let window = self.client.config().window as u64;
             // Packets are queued on the stream and pushed onto the socket together
@@ -455,15 +518,19 @@ impl Streamer {
                 }
             }
             let in_flight = self.chunk.as_ref().map_or(0, ChunkState::in_flight);
-            let waiting_acks = self.failed.is_none()
-                && self
-                    .chunk
-                    .as_ref()
-                    .is_some_and(|c| !c.unacked.is_empty() && c.stream.is_some());
+            let streaming =
+                self.failed.is_none() && self.chunk.as_ref().is_some_and(|c| c.stream.is_some());
+            let waiting_acks =
+                streaming && self.chunk.as_ref().is_some_and(|c| !c.unacked.is_empty());
             tokio::select! {
                 biased;
-                ack = next_ack(&mut self.chunk), if waiting_acks => {
-                    self.on_ack(ack).await;
+                // In flight: the next ack. At rest: the head closing the stream, or
+                // the writer's own idle close.
+                event = stream_event(&mut self.chunk, waiting_acks, idle_close), if streaming => {
+                    match event {
+                        StreamEvent::Incoming(item) => self.on_ack(item).await,
+                        StreamEvent::Idle => self.close_idle_stream().await,
+                    }
                 }
                 cmd = rx.recv(), if in_flight < window || self.failed.is_some() => {
                     match cmd {
@@ -567,16 +634,49 @@ impl Streamer {
         };
         if let Err(e) = stream.flush().await {
             let head = stream.head;
-            tracing::warn!(error = %e, "sending to the pipeline failed");
+            let action = after_stream_end(
+                StreamEnd::of(&e),
+                !chunk.unacked.is_empty(),
+                chunk.quiet_burst,
+            );
+            tracing::warn!(error = %e, ?action, "sending to the pipeline failed");
             chunk.stream = None;
-            return self.reopen(vec![head]).await;
+            return self.reopen(excluded(action, Some(head))).await;
         }
         Ok(())
+    }
+
+    /// Closes the current stream after the writer's idle close with nothing in
+    /// flight, before the head's idle timeout does; the next packet opens a new one
+    /// with the same token.
+    async fn close_idle_stream(&mut self) {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return;
+        };
+        if !chunk.unacked.is_empty() {
+            return;
+        }
+        if let Some(stream) = chunk.stream.take() {
+            tracing::debug!(head = %stream.head, "closing the idle pipeline stream");
+            stream.finish().await;
+        }
     }
 
     /// Queues a new packet on the current chunk's stream (opening it if needed); the
     /// run loop or `drain` flushes it.
     async fn push(&mut self, p: Pending) -> Result<()> {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Ok(());
+        };
+        let at_rest = chunk.unacked.is_empty();
+        if at_rest {
+            // The head may have closed the stream while nothing was in flight (its
+            // idle timeout): settle that before sending anything on it.
+            if let Some(end) = chunk.stream.as_mut().and_then(PipelineStream::take_end) {
+                self.on_ack(Some(end)).await;
+                self.check()?;
+            }
+        }
         let Some(chunk) = self.chunk.as_mut() else {
             return Ok(());
         };
@@ -587,6 +687,9 @@ impl Streamer {
             // Opening the stream sends every unacked packet, this one included.
             return self.reopen(Vec::new()).await;
         }
+        if at_rest {
+            chunk.quiet_burst = true;
+        }
         let token = chunk.grant.token;
         let sent = match chunk.stream.as_mut() {
             Some(stream) => stream.send(token, seq, offset, crc, sync, data).await,
@@ -594,20 +697,33 @@ impl Streamer {
         };
         if let Err(e) = sent {
             let head = chunk.stream.as_ref().map(|s| s.head);
-            tracing::warn!(error = %e, "sending to the pipeline failed");
+            let action = after_stream_end(StreamEnd::of(&e), true, chunk.quiet_burst);
+            tracing::warn!(error = %e, ?action, "sending to the pipeline failed");
             chunk.stream = None;
-            return self.reopen(head.into_iter().collect()).await;
+            return self.reopen(excluded(action, head)).await;
         }
         Ok(())
     }
 
-    async fn on_ack(&mut self, ack: Option<Result<stampfs_proto::Ack>>) {
+    async fn on_ack(&mut self, ack: Option<Incoming>) {
         let trouble = match self.process_ack(ack) {
             Ok(()) => return,
             Err(t) => t,
         };
         match trouble {
             Trouble::Fatal(e) => self.fail(e),
+            Trouble::Closed => {
+                let Some(c) = self.chunk.as_mut() else {
+                    return;
+                };
+                c.stream = None;
+                // At rest the next packet opens the new stream; otherwise resend now.
+                if !c.unacked.is_empty() {
+                    if let Err(e) = self.reopen(Vec::new()).await {
+                        self.fail(e);
+                    }
+                }
+            }
             Trouble::Replicas(bad) => {
                 if let Some(c) = self.chunk.as_mut() {
                     c.stream = None;
@@ -619,22 +735,46 @@ impl Streamer {
         }
     }
 
-    fn process_ack(
-        &mut self,
-        ack: Option<Result<stampfs_proto::Ack>>,
-    ) -> std::result::Result<(), Trouble> {
+    fn process_ack(&mut self, ack: Option<Incoming>) -> std::result::Result<(), Trouble> {
         let Some(chunk) = self.chunk.as_mut() else {
             return Ok(());
         };
         let head = chunk.stream.as_ref().map(|s| s.head);
-        let ack = match ack {
-            Some(Ok(ack)) => ack,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "pipeline stream broke");
-                return Err(Trouble::Replicas(head.into_iter().collect()));
-            }
-            None => return Err(Trouble::Replicas(head.into_iter().collect())),
+        let (end, e) = match ack {
+            Some(Incoming::Ack(ack)) => return self.take_ack(ack),
+            Some(Incoming::End(end, e)) => (end, e),
+            // The reader went away without a word: treat it as a closed connection.
+            None => (
+                StreamEnd::Closed,
+                Error::Remote(RemoteError::Unavailable {
+                    reason: "the pipeline closed the stream".into(),
+                }),
+            ),
         };
+        let outstanding = chunk.unacked.len();
+        match after_stream_end(end, outstanding > 0, chunk.quiet_burst) {
+            EndAction::Reopen => {
+                tracing::info!(
+                    head = ?head,
+                    outstanding,
+                    reason = %e,
+                    "pipeline head closed the stream while it was idle; reopening it with the same token"
+                );
+                Err(Trouble::Closed)
+            }
+            EndAction::ExcludeHead => {
+                tracing::warn!(error = %e, outstanding, "pipeline stream broke");
+                Err(Trouble::Replicas(head.into_iter().collect()))
+            }
+        }
+    }
+
+    /// Matches an ack to the oldest unacked packet.
+    fn take_ack(&mut self, ack: stampfs_proto::Ack) -> std::result::Result<(), Trouble> {
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Ok(());
+        };
+        let head = chunk.stream.as_ref().map(|s| s.head);
         let Some(front) = chunk.unacked.front() else {
             return Ok(());
         };
@@ -673,6 +813,7 @@ impl Streamer {
             return Err(Trouble::Replicas(bad));
         }
         if let Some(done) = chunk.unacked.pop_front() {
+            chunk.quiet_burst = false;
             chunk.acked = done.offset + done.data.len() as u64;
             self.clock.record(done.sent_at);
             self.pool.give(done.data);
@@ -772,6 +913,9 @@ impl Streamer {
                 }
             }
             if ok && stream.flush().await.is_ok() {
+                // The resent packets left right after the set-up: a close of this
+                // stream before their acks is no idle close.
+                chunk.quiet_burst = false;
                 chunk.stream = Some(stream);
                 return Ok(());
             }
@@ -889,9 +1033,23 @@ impl Streamer {
     }
 }
 
-async fn next_ack(chunk: &mut Option<ChunkState>) -> Option<Result<stampfs_proto::Ack>> {
+async fn next_ack(chunk: &mut Option<ChunkState>) -> Option<Incoming> {
     match chunk.as_mut().and_then(|c| c.stream.as_mut()) {
         Some(stream) => stream.next_ack().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next ack while packets are in flight (`waiting`); at rest, the end of the
+/// stream or the writer's idle close (`idle_close`).
+async fn stream_event(
+    chunk: &mut Option<ChunkState>,
+    waiting: bool,
+    idle_close: Option<Duration>,
+) -> StreamEvent {
+    match chunk.as_mut().and_then(|c| c.stream.as_mut()) {
+        Some(stream) if waiting => StreamEvent::Incoming(stream.next_ack().await),
+        Some(stream) => stream.watch_at_rest(idle_close).await,
         None => std::future::pending().await,
     }
 }
@@ -899,6 +1057,72 @@ async fn next_ack(chunk: &mut Option<ChunkState>) -> Option<Result<stampfs_proto
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_closed_with_nothing_in_flight_is_reopened_not_blamed() {
+        for quiet in [false, true] {
+            assert_eq!(
+                after_stream_end(StreamEnd::Closed, false, quiet),
+                EndAction::Reopen
+            );
+        }
+        assert!(excluded(EndAction::Reopen, Some(ChunkserverId(1))).is_empty());
+    }
+
+    #[test]
+    fn a_close_seen_only_after_new_packets_went_out_on_a_quiet_stream_is_an_idle_close() {
+        // The head closed the idle stream; the writer queued packets on the dead
+        // socket before it saw the EOF. No ack came back for them.
+        assert_eq!(
+            after_stream_end(StreamEnd::Closed, true, true),
+            EndAction::Reopen
+        );
+    }
+
+    #[test]
+    fn a_stream_that_breaks_with_packets_in_flight_excludes_the_head() {
+        // Closed while the head was acking the packets around these: it died.
+        assert_eq!(
+            after_stream_end(StreamEnd::Closed, true, false),
+            EndAction::ExcludeHead
+        );
+        assert_eq!(
+            excluded(EndAction::ExcludeHead, Some(ChunkserverId(1))),
+            vec![ChunkserverId(1)]
+        );
+        // Garbage, or an ack or send that timed out (a frozen head): never idle.
+        for (outstanding, quiet) in [(false, false), (true, false), (true, true)] {
+            assert_eq!(
+                after_stream_end(StreamEnd::Broken, outstanding, quiet),
+                EndAction::ExcludeHead
+            );
+        }
+    }
+
+    #[test]
+    fn stream_ends_are_classified_by_how_the_connection_failed() {
+        use std::io::ErrorKind;
+        let io = |k: ErrorKind| Error::Proto(stampfs_proto::Error::Io(k.into()));
+        for k in [
+            ErrorKind::UnexpectedEof,
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+        ] {
+            assert_eq!(StreamEnd::of(&io(k)), StreamEnd::Closed, "{k:?}");
+            assert_eq!(StreamEnd::of(&Error::Io(k.into())), StreamEnd::Closed);
+        }
+        for e in [
+            io(ErrorKind::TimedOut),
+            Error::Proto(stampfs_proto::Error::Truncated),
+            Error::Proto(stampfs_proto::Error::Malformed { reason: "x".into() }),
+            Error::Remote(RemoteError::Unavailable {
+                reason: "did not acknowledge".into(),
+            }),
+        ] {
+            assert_eq!(StreamEnd::of(&e), StreamEnd::Broken, "{e}");
+        }
+    }
 
     #[test]
     fn acknowledged_buffers_are_reused_when_nothing_else_holds_them() {

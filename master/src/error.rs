@@ -64,6 +64,16 @@ pub enum Error {
     Halted { reason: String },
     #[error("cannot encode or decode metadata: {reason}")]
     Codec { reason: String },
+    #[error(
+        "master directory {} is in use by another master ({}); two masters must never share a directory",
+        .dir.display(),
+        describe_holder(.holder)
+    )]
+    DirLocked {
+        dir: PathBuf,
+        /// The pid the holder wrote into `DIR/LOCK`, if it has written it yet.
+        holder: Option<u32>,
+    },
     #[error(transparent)]
     Proto(#[from] stampfs_proto::Error),
 }
@@ -108,6 +118,7 @@ impl Error {
             Error::ShuttingDown => ErrorCode::Unavailable,
             Error::Halted { .. } => ErrorCode::Internal,
             Error::Codec { .. } => ErrorCode::Internal,
+            Error::DirLocked { .. } => ErrorCode::Unavailable,
             Error::Proto(e) => e.code(),
         }
     }
@@ -152,9 +163,11 @@ impl Error {
             Error::Io { .. } => RemoteError::Io {
                 reason: self.to_string(),
             },
-            Error::LogFailed { .. } | Error::ShuttingDown => RemoteError::Unavailable {
-                reason: self.to_string(),
-            },
+            Error::LogFailed { .. } | Error::ShuttingDown | Error::DirLocked { .. } => {
+                RemoteError::Unavailable {
+                    reason: self.to_string(),
+                }
+            }
             Error::Config { .. }
             | Error::CorruptLog { .. }
             | Error::CorruptCheckpoint { .. }
@@ -165,6 +178,14 @@ impl Error {
             },
             Error::Proto(e) => e.to_remote(),
         }
+    }
+}
+
+/// How a [`Error::DirLocked`] names the master holding the directory.
+fn describe_holder(holder: &Option<u32>) -> String {
+    match holder {
+        Some(pid) => format!("pid {pid}"),
+        None => "pid not recorded yet".into(),
     }
 }
 

@@ -34,11 +34,20 @@
 //!   source or target dies, is dropped and ordered again.
 //! - **Over-replication**: surplus up-to-date replicas are deleted from the fullest
 //!   chunkservers (never while a copy of the chunk is in flight).
-//! - **Corruption**: a replica reported corrupt (by a reader, or by its chunkserver's
-//!   read path or scrub) leaves the replica list at once ([`Tracker::mark_corrupt`]).
-//!   A chunkserver that found it itself has moved it aside already; one that still
-//!   holds it is told to delete it once the chunk has enough good replicas again (or
-//!   when no other chunkserver could take a new one).
+//! - **Corruption reports are hints**: a `ReportCorrupt` (from a reader, or from the
+//!   chunkserver's own read path or scrub: the master cannot tell them apart) changes
+//!   nothing by itself. The master asks the replica's chunkserver to verify the replica
+//!   now (a signed `VerifyReplica`: every block read and checked, as the scrub does),
+//!   at most one verification per replica at a time, none within
+//!   [`VERIFY_INTERVAL_MS`] of the last one, at most [`MAX_VERIFYING_PER_SERVER`]
+//!   running and [`MAX_VERIFIES_PER_SERVER`] started per interval on one chunkserver
+//!   ([`Tracker::begin_verify`]). A clean replica stays; one found corrupt (moved aside
+//!   by its chunkserver) or absent is treated as below. So a buggy or hostile client
+//!   can cost a few bounded reads, never a good replica.
+//! - **Corruption**: a replica verified corrupt leaves the replica list at once
+//!   ([`Tracker::mark_corrupt`]). A chunkserver that found it has moved it aside
+//!   already; one that still holds it is told to delete it once the chunk has enough
+//!   good replicas again (or when no other chunkserver could take a new one).
 //! - **Writing replicas of finished chunks** (a finalize that did not arrive) are
 //!   finalized at the committed length.
 //! - **Deleted chunks**: the replicas the master knows are deleted as soon as the
@@ -55,7 +64,7 @@ use crate::chunk_table::{ChunkInfo, ChunkTable, ReplicaClass};
 use crate::namespace::{FileMeta, WriteState, ROOT};
 use crate::placement::{self, Candidate};
 use crate::registry::Registry;
-use crate::state::{MasterState, Settings};
+use crate::state::{CorruptReport, MasterState, Settings};
 use crate::trash;
 use rand::Rng;
 use stampfs_proto::{
@@ -71,6 +80,14 @@ pub const MAX_QUEUED_PER_SERVER: usize = 8192;
 /// Most deletions ordered and not yet confirmed per chunkserver (the master's share of
 /// deletion pacing; the chunkserver paces the ones it gets).
 pub const MAX_PENDING_DELETES_PER_SERVER: usize = 512;
+/// A replica reported corrupt is verified at most once per this many milliseconds
+/// (master clock); reports in between are ignored.
+pub const VERIFY_INTERVAL_MS: u64 = 60_000;
+/// Verifications running at once on one chunkserver.
+pub const MAX_VERIFYING_PER_SERVER: usize = 2;
+/// Verifications started on one chunkserver per [`VERIFY_INTERVAL_MS`] (so a flood of
+/// reports naming many chunks cannot turn into a full-speed scrub of the server).
+pub const MAX_VERIFIES_PER_SERVER: usize = 16;
 
 /// Why a replica is deleted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,13 +221,69 @@ impl Pending {
     }
 }
 
-/// The health worker's soft state: corrupt replicas, commands in flight, orphans
-/// first seen, and the per-chunkserver command queues. Lost on restart, which only
-/// makes the next master re-decide from fresh reports.
+/// A verification of a replica reported corrupt, started at `started_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Check {
+    started_ms: u64,
+    /// Still waiting for the chunkserver's answer.
+    running: bool,
+}
+
+/// Why a corruption report does not start a verification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyRefusal {
+    /// One is running for this replica.
+    Running,
+    /// This replica was verified less than [`VERIFY_INTERVAL_MS`] ago.
+    Recent { ago_ms: u64 },
+    /// Its chunkserver is at [`MAX_VERIFYING_PER_SERVER`] or
+    /// [`MAX_VERIFIES_PER_SERVER`].
+    Busy,
+}
+
+/// What a `ReportCorrupt` (a hint, from anyone) leads to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CorruptHint {
+    /// Ask the chunkserver at `addr` to verify its replica (at `version` as the master
+    /// knows it) now; [`MasterState::verified`] or [`MasterState::verify_failed`] must
+    /// follow.
+    Verify { addr: String, version: ChunkVersion },
+    /// No verification now (one is running, one ran recently, or the chunkserver has
+    /// enough to do): the report is dropped.
+    Refused(VerifyRefusal),
+    /// Already known corrupt.
+    AlreadyMarked,
+    /// The master does not list that replica (never did, or its chunkserver no longer
+    /// reports it): nothing to verify.
+    NotAReplica,
+    /// The chunkserver is not live: it cannot be asked, and its replicas are not handed
+    /// out meanwhile anyway.
+    NotLive,
+    /// No such chunk.
+    UnknownChunk,
+}
+
+/// What a verification's answer did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verified {
+    /// The replica checked out: it stays.
+    Clean,
+    /// Its chunkserver found it corrupt (and moved it aside).
+    Corrupt(CorruptReport),
+    /// Its chunkserver does not hold it (moved aside earlier, or deleted).
+    Absent(CorruptReport),
+}
+
+/// The health worker's soft state: corrupt replicas, verifications, commands in
+/// flight, orphans first seen, and the per-chunkserver command queues. Lost on restart,
+/// which only makes the next master re-decide from fresh reports.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    /// Replicas reported corrupt: `(chunk, chunkserver)` → the replica's version then.
+    /// Replicas verified corrupt: `(chunk, chunkserver)` → the replica's version then.
     corrupt: BTreeMap<(ChunkHandle, ChunkserverId), ChunkVersion>,
+    /// Verifications of reported replicas started within [`VERIFY_INTERVAL_MS`] (or
+    /// still running): at most [`MAX_VERIFIES_PER_SERVER`] per chunkserver.
+    checks: HashMap<(ChunkHandle, ChunkserverId), Check>,
     /// Re-replications ordered and not yet confirmed.
     copies: Vec<Copy>,
     /// Deletions and finalizes ordered and not yet confirmed.
@@ -274,6 +347,69 @@ impl Tracker {
     /// Corrupt replicas marked, cluster-wide.
     pub fn corrupt_count(&self) -> usize {
         self.corrupt.len()
+    }
+
+    /// A report names `server`'s replica of `handle` corrupt: starts tracking a
+    /// verification of it, or says why none starts now.
+    pub fn begin_verify(
+        &mut self,
+        handle: ChunkHandle,
+        server: ChunkserverId,
+        now_ms: u64,
+    ) -> Result<(), VerifyRefusal> {
+        if let Some(c) = self.checks.get(&(handle, server)) {
+            if c.running {
+                return Err(VerifyRefusal::Running);
+            }
+            let ago_ms = now_ms.saturating_sub(c.started_ms);
+            if ago_ms < VERIFY_INTERVAL_MS {
+                return Err(VerifyRefusal::Recent { ago_ms });
+            }
+        }
+        // Finished checks matter only within the interval (this keeps the map small
+        // even when the health worker, which also prunes it, is off).
+        self.checks
+            .retain(|_, c| c.running || now_ms.saturating_sub(c.started_ms) < VERIFY_INTERVAL_MS);
+        let (mut running, mut started) = (0usize, 0usize);
+        for ((_, s), c) in &self.checks {
+            if *s != server {
+                continue;
+            }
+            running += usize::from(c.running);
+            started += usize::from(now_ms.saturating_sub(c.started_ms) < VERIFY_INTERVAL_MS);
+        }
+        if running >= MAX_VERIFYING_PER_SERVER || started >= MAX_VERIFIES_PER_SERVER {
+            return Err(VerifyRefusal::Busy);
+        }
+        self.checks.insert(
+            (handle, server),
+            Check {
+                started_ms: now_ms,
+                running: true,
+            },
+        );
+        Ok(())
+    }
+
+    /// The verification of `server`'s replica of `handle` ended (whatever it found);
+    /// the replica is not verified again within [`VERIFY_INTERVAL_MS`] of its start.
+    /// False when none was running.
+    pub fn end_verify(&mut self, handle: ChunkHandle, server: ChunkserverId) -> bool {
+        match self.checks.get_mut(&(handle, server)) {
+            Some(c) if c.running => {
+                c.running = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Verifications running on `server`.
+    pub fn verifying(&self, server: ChunkserverId) -> usize {
+        self.checks
+            .iter()
+            .filter(|((_, s), c)| *s == server && c.running)
+            .count()
     }
 
     /// A chunk was deleted: orders the deletion of every replica the master knew
@@ -477,6 +613,18 @@ pub fn prune(
         }
     }
     tracker.orphans_seen.retain(|k, _| orphans.contains(k));
+    // Verifications: a finished one is remembered for the interval. A running one ends
+    // within the replication timeout (plus a connect timeout) in the service; one still
+    // marked running well past that lost its task, and is forgotten.
+    let stuck_after = timeout.max(VERIFY_INTERVAL_MS).saturating_mul(2);
+    tracker.checks.retain(|_, c| {
+        let age = now_ms.saturating_sub(c.started_ms);
+        if c.running {
+            age < stuck_after
+        } else {
+            age < VERIFY_INTERVAL_MS
+        }
+    });
     let mut expired = Vec::new();
     for ((server, handle), p) in &tracker.pending {
         let still = match p.command {

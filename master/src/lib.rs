@@ -12,7 +12,8 @@
 //!   ([`lease::LeaseTable`]).
 //! - [`placement`]: where new replicas go, pure ([`placement::choose`]).
 //! - [`state`]: the replayable state machine ([`state::MasterState`], [`state::Record`]).
-//! - [`oplog`]: the group-committed operation log and checkpoints ([`oplog::Oplog`]).
+//! - [`oplog`]: the group-committed operation log and checkpoints ([`oplog::Oplog`]),
+//!   and the one-master-per-directory lock ([`oplog::DirLock`]).
 //! - [`commands`]: version bumps and finalizes pushed to chunkservers.
 //! - [`health`]: replica health, pure: stale / corrupt / orphan / surplus replica
 //!   deletion, prioritised re-replication, trash expiry ([`health::plan`]); commands

@@ -1,11 +1,12 @@
 //! Start-up, the TCP listener, connection handlers and shutdown.
 //!
-//! [`start`] loads (or creates) the cluster key, replays the checkpoint and the log,
-//! binds, writes `DIR/addr` and spawns the listener and the background workers. The
-//! listener caps connections with a semaphore and backs off on accept errors; each
-//! connection is one task answering its requests in order. A malformed frame closes
-//! that connection only. [`MasterHandle::shutdown`] stops accepting, lets handlers
-//! finish the request they are in, stops the workers and flushes the log.
+//! [`start`] locks the directory (one master per directory, see
+//! [`oplog::DirLock`]), loads (or creates) the cluster key, replays the checkpoint and
+//! the log, binds, writes `DIR/addr` and spawns the listener and the background
+//! workers. The listener caps connections with a semaphore and backs off on accept
+//! errors; each connection is one task answering its requests in order. A malformed
+//! frame closes that connection only. [`MasterHandle::shutdown`] stops accepting, lets
+//! handlers finish the request they are in, stops the workers and flushes the log.
 
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
@@ -51,6 +52,10 @@ pub struct MasterHandle {
     tasks: TaskTracker,
     /// `shutdown` ran: dropping the handle must not halt the log.
     stopped: bool,
+    /// The exclusive lock on the directory, held while this master serves from it and
+    /// released when the handle drops: after `shutdown` flushed the log, or at once on
+    /// a drop without it (a simulated crash, like the process ending).
+    _dir_lock: oplog::DirLock,
 }
 
 impl MasterHandle {
@@ -164,11 +169,16 @@ fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<(MasterState, 
     Ok((st, checkpoint_lsn))
 }
 
-/// Starts a master: key, replay, bind, `DIR/addr`, server and workers.
+/// Starts a master: directory lock, key, replay, bind, `DIR/addr`, server and
+/// workers. Fails with [`Error::DirLocked`] when another master (in any process) holds
+/// the directory.
 pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     config.validate()?;
     let dir = config.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    // First, before anything reads or changes the directory: a second master must not
+    // remove the first one's address file, truncate its log tail on replay, or append.
+    let dir_lock = oplog::DirLock::acquire(&dir)?;
     // A stale address from an earlier run must not be mistaken for this one.
     remove_addr_file(&dir);
     let (key, created) = ClusterKey::load_or_create(&config.key_file())?;
@@ -273,6 +283,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         shutdown,
         tasks,
         stopped: false,
+        _dir_lock: dir_lock,
     })
 }
 

@@ -11,11 +11,23 @@
 //! Limits are checked before anything is allocated: `len <= MAX_FRAME_LEN`,
 //! `hlen <= MAX_HEADER_LEN` and `hlen <= len - 4`. The body buffer grows as bytes
 //! actually arrive, so a peer that announces a large frame and sends nothing costs
-//! nothing. bincode decodes with a byte limit, so a length field inside a header can
-//! not make it allocate more than the header itself could hold. A frame whose CRC does
-//! not match is an error; the caller closes that connection.
+//! nothing. A frame whose CRC does not match is an error; the caller closes that
+//! connection.
+//!
+//! A header is decoded under a bincode byte limit chosen from its own length
+//! ([`decode_limit`]), so a length field inside a small header cannot make bincode
+//! allocate more than a small multiple of the bytes that actually arrived: a 20-byte
+//! header that claims a 16 MiB string fails after at most a few KiB, not 16 MiB.
+//! bincode's limit counts *memory*, not input: a container of `len` elements claims
+//! `len * size_of::<T>()` before it allocates, and every integer claims its in-memory
+//! width (a one-byte varint `u64` claims 8). A legitimate header therefore needs a
+//! limit of up to [`DECODE_EXPANSION`] times its length; the limit is the smallest of
+//! [`DECODE_LIMITS`] that covers that (bincode's limit is a const generic, hence
+//! tiers), and never more than [`MAX_HEADER_LEN`]. The wire format does not depend on
+//! the limit.
 
 use crate::error::{Error, Result};
+use bincode::error::DecodeError;
 use bincode::{Decode, Encode};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -31,9 +43,48 @@ pub const PREFIX_LEN: usize = 8;
 /// How much the body buffer grows by at most per read, so memory follows real bytes.
 const READ_STEP: usize = 1 << 20;
 
-/// The one bincode configuration used everywhere on the wire.
+/// How many bytes of decoded memory one header byte may stand for (see the module
+/// docs). The densest wire messages need about 20: a [`crate::ReplicaAck`] is 56 bytes
+/// in memory and may encode in 3, and its integers claim their full width as they
+/// decode; a list of `None::<ReplicaReport>` needs 33 (32 bytes in memory, 1 on the
+/// wire). 64 leaves room for types added later; the `decode_limits` tests decode the
+/// densest message of every wire type at each tier's edge and fail if one outgrows it.
+pub const DECODE_EXPANSION: usize = 64;
+
+const LIMIT_4K: usize = 4 << 10;
+const LIMIT_32K: usize = 32 << 10;
+const LIMIT_256K: usize = 256 << 10;
+const LIMIT_2M: usize = 2 << 20;
+
+/// The byte limits a header is decoded under, smallest first; each is eight times the
+/// one before and the last is [`MAX_HEADER_LEN`].
+pub const DECODE_LIMITS: [usize; 5] = [LIMIT_4K, LIMIT_32K, LIMIT_256K, LIMIT_2M, MAX_HEADER_LEN];
+
+/// The bincode byte limit for decoding a header of `len` bytes: the smallest of
+/// [`DECODE_LIMITS`] that is at least `len * DECODE_EXPANSION`, or [`MAX_HEADER_LEN`]
+/// for headers over `MAX_HEADER_LEN / DECODE_EXPANSION` bytes. bincode claims memory
+/// against it before allocating, so no allocation made while decoding exceeds it: at
+/// most `max(4 KiB, 8 * DECODE_EXPANSION * len)` bytes, never more than
+/// `MAX_HEADER_LEN`.
+pub fn decode_limit(len: usize) -> usize {
+    let need = len.saturating_mul(DECODE_EXPANSION);
+    DECODE_LIMITS
+        .into_iter()
+        .find(|&limit| limit >= need)
+        .unwrap_or(MAX_HEADER_LEN)
+}
+
+/// The wire configuration (bincode 2 `standard()`: little endian, varint integers)
+/// with a decode limit of `LIMIT` bytes. The limit does not change the encoding.
+fn wire_config<const LIMIT: usize>() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<LIMIT>()
+}
+
+/// The one bincode configuration used everywhere on the wire, with the largest decode
+/// limit ([`MAX_HEADER_LEN`]). Encoding uses it as is; decoding uses the same
+/// configuration with the limit [`decode_limit`] picks for the input's length.
 pub fn bincode_config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<MAX_HEADER_LEN>()
+    wire_config::<MAX_HEADER_LEN>()
 }
 
 /// Encodes a value with the wire configuration.
@@ -55,10 +106,33 @@ pub fn decode_value<T: Decode<()>>(bytes: &[u8]) -> Result<T> {
 }
 
 /// Decodes a value from the start of `bytes`, returning it and the bytes it used.
+/// bincode may claim at most [`decode_limit`]`(bytes.len())` bytes of memory; a length
+/// field claiming more fails before anything is allocated for it.
 pub fn decode_prefix<T: Decode<()>>(bytes: &[u8]) -> Result<(T, usize)> {
-    bincode::decode_from_slice(bytes, bincode_config()).map_err(|e| Error::Malformed {
-        reason: e.to_string(),
+    let limit = decode_limit(bytes.len());
+    let decoded = match limit {
+        LIMIT_4K => decode_limited::<T, LIMIT_4K>(bytes),
+        LIMIT_32K => decode_limited::<T, LIMIT_32K>(bytes),
+        LIMIT_256K => decode_limited::<T, LIMIT_256K>(bytes),
+        LIMIT_2M => decode_limited::<T, LIMIT_2M>(bytes),
+        _ => decode_limited::<T, MAX_HEADER_LEN>(bytes),
+    };
+    decoded.map_err(|e| Error::Malformed {
+        reason: match e {
+            DecodeError::LimitExceeded => format!(
+                "a length inside this {}-byte message claims more than its decode limit \
+                 of {limit} bytes",
+                bytes.len()
+            ),
+            e => e.to_string(),
+        },
     })
+}
+
+fn decode_limited<T: Decode<()>, const LIMIT: usize>(
+    bytes: &[u8],
+) -> std::result::Result<(T, usize), DecodeError> {
+    bincode::decode_from_slice(bytes, wire_config::<LIMIT>())
 }
 
 /// One frame: a bincode header and optional raw data.
@@ -143,8 +217,35 @@ impl Frame {
     }
 
     /// Parses a complete body whose prefix has already been checked.
-    fn from_body(mut body: Bytes, expected_crc: u32) -> Result<Self> {
-        let actual = crc32fast::hash(&body);
+    fn from_body(body: Bytes, expected_crc: u32) -> Result<Self> {
+        Self::from_body_crc(body, expected_crc).map(|(frame, _)| frame)
+    }
+
+    /// [`Frame::from_body`], also returning `crc32(data)`. The frame CRC is verified in
+    /// the same single pass over the bytes: the header part and the data part are
+    /// hashed separately and combined, so a receiver that checks a packet's own CRC
+    /// against the data does not read the data a second time.
+    fn from_body_crc(mut body: Bytes, expected_crc: u32) -> Result<(Self, u32)> {
+        let split = (body.len() >= 4)
+            .then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize)
+            .filter(|hlen| *hlen <= MAX_HEADER_LEN && 4 + *hlen <= body.len())
+            .map(|hlen| 4 + hlen);
+        let (actual, data_crc) = match split {
+            Some(at) => {
+                let data_crc = crc32fast::hash(&body[at..]);
+                let mut whole = crc32fast::Hasher::new_with_initial_len(
+                    crc32fast::hash(&body[..at]),
+                    at as u64,
+                );
+                whole.combine(&crc32fast::Hasher::new_with_initial_len(
+                    data_crc,
+                    (body.len() - at) as u64,
+                ));
+                (whole.finalize(), data_crc)
+            }
+            // A header length that does not fit: the CRC decides which error it is.
+            None => (crc32fast::hash(&body), 0),
+        };
         if actual != expected_crc {
             return Err(Error::FrameChecksum {
                 expected: expected_crc,
@@ -169,7 +270,7 @@ impl Frame {
                 max: MAX_DATA_LEN as u64,
             });
         }
-        Ok(Self { header, data: body })
+        Ok((Self { header, data: body }, data_crc))
     }
 
     /// Decodes one frame from a complete buffer; returns it and the bytes used, or
@@ -208,6 +309,13 @@ fn parse_prefix(prefix: [u8; PREFIX_LEN]) -> Result<(usize, u32)> {
     Ok((len, crc))
 }
 
+/// Bytes the frame reader buffers. Small on purpose: prefixes, headers and small
+/// frames (acks, replies) are read through the buffer, several per system call, while
+/// the rest of a large body is read straight into the frame's own buffer (tokio's
+/// `BufReader` bypasses its buffer for reads at least this large when it is empty), so
+/// packet data is not copied a second time in user space.
+const READ_BUFFER: usize = 8 << 10;
+
 /// Reads frames from any byte stream.
 #[derive(Debug)]
 pub struct FrameReader<R> {
@@ -217,12 +325,29 @@ pub struct FrameReader<R> {
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> Self {
         Self {
-            inner: BufReader::with_capacity(128 << 10, inner),
+            inner: BufReader::with_capacity(READ_BUFFER, inner),
         }
     }
 
     /// The next frame; `Ok(None)` on a clean end of stream between frames.
     pub async fn read_frame(&mut self) -> Result<Option<Frame>> {
+        match self.read_body().await? {
+            Some((body, crc)) => Frame::from_body(body, crc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`FrameReader::read_frame`], with `crc32(frame.data)` from the same pass that
+    /// verified the frame CRC (for receivers that check a CRC of the data itself).
+    pub async fn read_frame_with_data_crc(&mut self) -> Result<Option<(Frame, u32)>> {
+        match self.read_body().await? {
+            Some((body, crc)) => Frame::from_body_crc(body, crc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The next frame's body and its expected CRC, read in full.
+    async fn read_body(&mut self) -> Result<Option<(Bytes, u32)>> {
         let mut prefix = [0u8; PREFIX_LEN];
         let mut got = 0;
         while got < PREFIX_LEN {
@@ -253,7 +378,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 return Err(Error::Truncated);
             }
         }
-        Frame::from_body(Bytes::from(body), crc).map(Some)
+        Ok(Some((Bytes::from(body), crc)))
     }
 
     /// The underlying reader.
@@ -420,6 +545,41 @@ impl<W: AsyncWrite + Unpin> FrameSink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_reader_returns_the_data_crc_from_its_verifying_pass() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+        let frame = Frame::new(&("packet", 42u64), Bytes::from(data.clone())).expect("frame");
+        let mut wire = frame.to_bytes().expect("encode").to_vec();
+        let (a, mut b) = tokio::io::duplex(1 << 16);
+        let sent = wire.clone();
+        tokio::spawn(async move {
+            let _ = b.write_all(&sent).await;
+        });
+        let mut reader = FrameReader::new(a);
+        let (got, crc) = reader
+            .read_frame_with_data_crc()
+            .await
+            .expect("reads")
+            .expect("a frame");
+        assert_eq!(got, frame);
+        assert_eq!(crc, crc32fast::hash(&data));
+        // Any flipped byte, in the header or the data, still fails the frame CRC.
+        for at in [PREFIX_LEN + 5, wire.len() - 1] {
+            wire[at] ^= 1;
+            let (c, mut d) = tokio::io::duplex(1 << 16);
+            let bad = wire.clone();
+            tokio::spawn(async move {
+                let _ = d.write_all(&bad).await;
+            });
+            let err = FrameReader::new(c)
+                .read_frame_with_data_crc()
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::FrameChecksum { .. }), "{err}");
+            wire[at] ^= 1;
+        }
+    }
 
     #[tokio::test]
     async fn frames_round_trip_over_a_duplex_stream() {

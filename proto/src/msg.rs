@@ -7,7 +7,9 @@
 //!   its connection into a pipeline stream of [`Packet`]s answered by [`Ack`]s.
 //! - **master → chunkserver commands**: [`ChunkCommand`], always inside a
 //!   [`Signed`](crate::token::Signed) envelope, sent directly when the master must wait
-//!   for the result (version bumps) or in a [`HeartbeatReply`] otherwise.
+//!   for the result (version bumps) or in a [`HeartbeatReply`] otherwise. A
+//!   [`VerifyReplica`] (signed the same way) asks a chunkserver to check a replica
+//!   someone reported corrupt, and answers with a [`Verification`].
 //!
 //! Bulk bytes (packet payloads, read results) never appear here: they travel as the
 //! frame's raw data section.
@@ -242,7 +244,9 @@ pub struct RecoveryOutcome {
     pub length: u64,
 }
 
-/// A reader or chunkserver found a replica whose checksums do not match.
+/// A reader or chunkserver found a replica whose checksums do not match. A hint: the
+/// master acts on it only once the replica's chunkserver has verified the replica
+/// ([`VerifyReplica`]).
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct ReportCorrupt {
     pub handle: ChunkHandle,
@@ -555,6 +559,27 @@ pub enum ChunkCommand {
     Info { handle: ChunkHandle },
 }
 
+/// Asks a chunkserver to check every block of its replica of `handle` against its
+/// checksums now (the check the background scrub makes), because someone reported the
+/// replica corrupt. Sent by the master inside a [`Signed`] envelope. A block that fails
+/// is handled like any corruption the chunkserver finds itself: the replica is moved
+/// aside and reported.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct VerifyReplica {
+    pub handle: ChunkHandle,
+}
+
+/// What a [`VerifyReplica`] found.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum Verification {
+    /// Every block matched its checksum; the replica as it is now.
+    Clean { replica: ReplicaReport },
+    /// The block at `offset` did not: the replica (at `version`) was moved aside.
+    Corrupt { version: ChunkVersion, offset: u64 },
+    /// No such replica here (never held, deleted, or moved aside already).
+    Absent,
+}
+
 /// Every request a chunkserver serves.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub enum ChunkRequest {
@@ -563,4 +588,5 @@ pub enum ChunkRequest {
     ReplicaInfo(ReplicaInfo),
     ReceiveReplica(ReceiveReplica),
     Command(Signed<ChunkCommand>),
+    Verify(Signed<VerifyReplica>),
 }

@@ -64,6 +64,7 @@ rpc! {
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;
     ChunkRequest::ReceiveReplica(ReceiveReplica) -> WriteSetupReply;
     ChunkRequest::Command(Signed<ChunkCommand>) -> Option<ReplicaReport>;
+    ChunkRequest::Verify(Signed<VerifyReplica>) -> Verification;
 }
 
 /// Builds a request frame.

@@ -100,6 +100,9 @@ frame_round_trips! {
     receive_replica: arb_receive_replica();
     chunk_command: arb_chunk_command();
     chunk_request: arb_chunk_request();
+    verify_replica: arb_verify_replica();
+    signed_verify_replica: arb_signed_verify();
+    verification: arb_verification();
 }
 
 /// Sends `req` as request `id` and `resp` as its reply through the codec and checks
@@ -199,6 +202,7 @@ mod rpc {
         replica_info: arb_replica_info() => arb_replica_report();
         receive_replica: arb_receive_replica() => arb_write_setup_reply();
         command: arb_signed_command() => prop::option::of(arb_replica_report());
+        verify: arb_signed_verify() => arb_verification();
     }
 }
 
@@ -220,9 +224,15 @@ fn strategies_cover_every_enum_variant() {
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
     assert_eq!(master.len(), 19, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
-    assert_eq!(chunk.len(), 5, "ChunkRequest variants drawn: {chunk:?}");
+    assert_eq!(chunk.len(), 6, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
     assert_eq!(cmd.len(), 6, "ChunkCommand variants drawn: {cmd:?}");
+    let verification = variants_drawn(arb_verification(), verification_variant, 100);
+    assert_eq!(
+        verification.len(),
+        3,
+        "Verification variants drawn: {verification:?}"
+    );
     let err = variants_drawn(arb_remote_error(), remote_error_variant, 600);
     assert_eq!(err.len(), 22, "RemoteError variants drawn: {err:?}");
 }

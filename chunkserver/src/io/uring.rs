@@ -1,45 +1,54 @@
 //! The io_uring engine (io-uring 0.7).
 //!
-//! One dedicated thread owns the ring. Async callers send [`Job`]s through a bounded
-//! channel and poke an eventfd; the thread keeps a read armed on that eventfd, so a
-//! single `submit_and_wait(1)` sleeps until either a completion or a new job arrives.
-//! Every loop it drains all queued jobs and pushes them as one batch of SQEs before
-//! entering the kernel once. A job's ops are linked (`IO_LINK`): a header write followed
-//! by an fsync runs strictly in that order. Results go back through oneshot channels.
+//! The ring is driven from the tokio runtime itself, with no thread of its own: a
+//! caller pushes its job's SQEs and enters the kernel (`io_uring_enter`) on its own
+//! thread, and the ring's file descriptor is registered with tokio's reactor
+//! ([`AsyncFd`]), so a *reaper* task wakes when completions are posted, settles them
+//! and wakes the callers. A completion therefore costs one wake-up (the reactor's),
+//! not two (a ring thread's, then the caller's), which is most of the engine's
+//! overhead on a small hsync. Completions that the kernel posts during the submitting
+//! call itself (buffered writes done inline) are reaped right there.
 //!
-//! Short reads and writes are continued by resubmitting the rest of the chain from the
-//! short op. The thread owns every buffer and file handle of a job until all of its
-//! completions are reaped, so a caller that stops waiting can never leave the kernel
-//! writing into freed memory. No buffers are registered (locked memory is scarce).
+//! A job's ops are linked (`IO_LINK`): a header write followed by an fsync runs strictly
+//! in that order. Large writes are marked `ASYNC`, so their copy into the page cache
+//! runs on the kernel's io-wq workers instead of holding up the runtime thread that
+//! submitted them. Short reads and writes are continued by resubmitting the rest of the
+//! chain from the short op. The ring state owns every buffer and file handle of a job
+//! until all of its completions are reaped, and dropping the engine waits for the jobs
+//! still in the kernel, so a caller that stops waiting can never leave the kernel
+//! writing from or into freed memory. No buffers are registered (locked memory is
+//! scarce).
 
 use super::{IoEngine, IoOp};
 use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{self, IoSlice, Write};
-use std::os::fd::AsRawFd;
-use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// Submission queue entries of the ring.
 const RING_ENTRIES: u32 = 256;
 /// SQEs in the kernel at once (the completion queue holds twice the ring entries, so
-/// this plus the eventfd read can never overflow it).
+/// this can never overflow it).
 const MAX_INFLIGHT: usize = 256;
-/// Jobs queued for the ring thread before callers wait.
-const QUEUE_DEPTH: usize = 1024;
 /// Ops per job: the op index lives in the low 8 bits of the user data.
 const MAX_CHAIN: usize = 255;
 /// `SYNC_FILE_RANGE_WRITE` from `<linux/fs.h>`: start writeback, do not wait.
 const SYNC_FILE_RANGE_WRITE: u32 = 2;
-/// User data of the eventfd read.
-const WAKE: u64 = u64::MAX;
 /// Largest single read or write SQE; longer transfers continue as short ones.
 const MAX_XFER: usize = 1 << 30;
 /// Most iovecs in one vectored write (the kernel's `UIO_MAXIOV`); the rest continue
 /// as a short write.
 const MAX_IOVECS: usize = 1024;
+/// Writes larger than this go to the kernel's workers (`IOSQE_ASYNC`) instead of being
+/// copied inline on the submitting runtime thread.
+const INLINE_WRITE_MAX: usize = 256 << 10;
 
 /// Checks that a ring can be built and runs a NOP.
 pub(super) fn probe() -> io::Result<()> {
@@ -59,54 +68,80 @@ pub(super) fn probe() -> io::Result<()> {
     Ok(())
 }
 
-/// The io_uring engine handle; cheap to share behind an `Arc`.
+/// The io_uring engine handle; cheap to share behind an `Arc`. Must be created inside
+/// a tokio runtime (its reaper task runs there) and used on that runtime.
 #[derive(Debug)]
 pub struct UringEngine {
-    /// Jobs for the ring thread; bounded so callers wait when the ring is saturated.
-    /// Dropped (with a wake-up) when the engine is dropped, which ends the thread.
-    tx: Option<mpsc::Sender<Job>>,
-    /// The eventfd the ring thread keeps a read armed on; writing it wakes the thread.
-    wake: Arc<File>,
+    shared: Arc<Shared>,
+    /// Stops the reaper task when the engine is dropped.
+    stop: CancellationToken,
+}
+
+/// What the engine handle and the reaper task share.
+#[derive(Debug)]
+struct Shared {
+    /// The ring's descriptor in tokio's reactor: readable when completions wait.
+    /// Declared before `ring` so it is deregistered before the ring is closed.
+    fd: AsyncFd<RingFd>,
+    /// The ring, its jobs and its queues. A std mutex: held only to push, enter the
+    /// kernel without waiting, and reap; never across an `.await`.
+    ring: Mutex<Ring>,
+    /// False once the reaper task has ended (engine dropped or its runtime shut
+    /// down): new jobs are refused instead of waiting forever.
+    reaping: AtomicBool,
+}
+
+/// The ring's raw descriptor, for the reactor (the ring itself owns it).
+#[derive(Debug)]
+struct RingFd(RawFd);
+
+impl AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
 impl UringEngine {
-    /// Probes io_uring, builds the ring and starts its thread.
+    /// Probes io_uring, builds the ring and starts its reaper on the current tokio
+    /// runtime.
     pub fn new() -> io::Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            io::Error::other("the io_uring engine must be started inside a tokio runtime")
+        })?;
         probe()?;
         let ring = IoUring::new(RING_ENTRIES)?;
-        let wake = Arc::new(File::from(rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC,
-        )?));
-        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        let thread = RingThread {
-            ring,
-            rx,
-            wake: wake.clone(),
-            jobs: HashMap::new(),
-            pending: VecDeque::new(),
-            next_id: 0,
-            inflight: 0,
-        };
-        std::thread::Builder::new()
-            .name("stampfs-uring".into())
-            .spawn(move || thread.run())?;
-        Ok(Self { tx: Some(tx), wake })
+        let _enter = runtime.enter();
+        // SAFETY: the descriptor belongs to `ring`, which lives in the same `Shared` as
+        // this registration, is never closed or replaced while it is registered, and
+        // is dropped after it (field order of `Shared`).
+        let fd = unsafe {
+            AsyncFd::register_with_interest(RingFd(ring.as_raw_fd()), tokio::io::Interest::READABLE)
+        }?;
+        let shared = Arc::new(Shared {
+            fd,
+            ring: Mutex::new(Ring {
+                ring,
+                jobs: HashMap::new(),
+                pending: VecDeque::new(),
+                next_id: 0,
+                inflight: 0,
+            }),
+            reaping: AtomicBool::new(true),
+        });
+        let stop = CancellationToken::new();
+        runtime.spawn(reap(shared.clone(), stop.clone()));
+        Ok(Self { shared, stop })
     }
 
-    fn signal(&self) {
-        // An eventfd write only fails if the counter would overflow, which a wake-up
-        // that is already pending makes harmless.
-        let _ = (&*self.wake).write(&1u64.to_ne_bytes());
-    }
-
-    async fn submit(&self, file: Arc<File>, ops: Vec<Op>, reply: Reply) -> io::Result<()> {
-        let tx = self.tx.as_ref().ok_or_else(closed)?;
+    fn submit(&self, file: Arc<File>, ops: Vec<Op>, reply: Reply) -> io::Result<()> {
         if ops.len() > MAX_CHAIN {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "too many operations in one chain",
             ));
+        }
+        if !self.shared.reaping.load(Ordering::Acquire) {
+            return Err(stopped());
         }
         let results = vec![None; ops.len()];
         let job = Job {
@@ -117,21 +152,68 @@ impl UringEngine {
             results,
             reply: Some(reply),
         };
-        tx.send(job).await.map_err(|_| closed())?;
-        self.signal();
+        let mut ring = self.shared.lock();
+        let id = ring.next_id;
+        ring.next_id += 1;
+        ring.jobs.insert(id, job);
+        ring.pending.push_back(id);
+        ring.pump();
         Ok(())
     }
 }
 
 impl Drop for UringEngine {
     fn drop(&mut self) {
-        self.tx.take();
-        self.signal();
+        self.stop.cancel();
     }
 }
 
-fn closed() -> io::Error {
-    io::Error::other("the io_uring thread has stopped")
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        // A panic while holding the lock cannot leave the ring half-updated in a way
+        // that matters more than stopping would: keep serving.
+        self.ring
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Reaps completions whenever the reactor says the ring has some, until stopped.
+async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
+    /// Marks the engine as no longer reaping when this task ends for any reason,
+    /// including its runtime shutting down.
+    struct Reaping<'a>(&'a AtomicBool);
+    impl Drop for Reaping<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let _reaping = Reaping(&shared.reaping);
+    loop {
+        let mut ready = tokio::select! {
+            _ = stop.cancelled() => break,
+            ready = shared.fd.readable() => match ready {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "io_uring descriptor failed in the reactor");
+                    break;
+                }
+            },
+        };
+        let mut ring = shared.lock();
+        ring.pump();
+        // Clear readiness only when nothing is left to reap; tokio keeps readiness
+        // that arrived after it was observed, so no completion can be missed.
+        if ring.ring.completion().is_empty() {
+            ready.clear_ready();
+        }
+    }
+    tracing::debug!("io_uring reaper stopped");
+    // Jobs still in the kernel are waited for when the last handle drops the ring.
+}
+
+fn stopped() -> io::Error {
+    io::Error::other("the io_uring engine has stopped")
 }
 
 #[async_trait::async_trait]
@@ -150,8 +232,8 @@ impl IoEngine for UringEngine {
             buf: vec![0u8; len],
             filled: 0,
         };
-        self.submit(file, vec![op], Reply::Read(tx)).await?;
-        rx.await.map_err(|_| closed())?
+        self.submit(file, vec![op], Reply::Read(tx))?;
+        rx.await.map_err(|_| stopped())?
     }
 
     async fn run(&self, file: Arc<File>, ops: Vec<IoOp>) -> io::Result<()> {
@@ -185,8 +267,8 @@ impl IoEngine for UringEngine {
             return Ok(());
         }
         let (tx, rx) = oneshot::channel();
-        self.submit(file, ops, Reply::Run(tx)).await?;
-        rx.await.map_err(|_| closed())?
+        self.submit(file, ops, Reply::Run(tx))?;
+        rx.await.map_err(|_| stopped())?
     }
 }
 
@@ -227,7 +309,7 @@ enum Reply {
     Read(oneshot::Sender<io::Result<Vec<u8>>>),
 }
 
-/// A chain of ops on one file, owned by the ring thread until it completes.
+/// A chain of ops on one file, owned by the ring until all of its completions are in.
 #[derive(Debug)]
 struct Job {
     /// Keeps the descriptor open while SQEs reference it.
@@ -254,9 +336,11 @@ impl Job {
             .enumerate()
             .map(|(k, op)| {
                 let i = next + k;
+                let mut large = false;
                 let entry = match op {
                     Op::Write { offset, data, done } => {
                         let rest = &data[*done..];
+                        large = rest.len() > INLINE_WRITE_MAX;
                         opcode::Write::new(fd, rest.as_ptr(), rest.len().min(MAX_XFER) as u32)
                             .offset(*offset + *done as u64)
                             .build()
@@ -266,8 +350,9 @@ impl Job {
                         bufs,
                         done,
                         iov,
-                        ..
+                        total,
                     } => {
+                        large = *total - *done > INLINE_WRITE_MAX;
                         iov.clear();
                         let mut skip = *done;
                         for b in bufs.iter() {
@@ -320,7 +405,10 @@ impl Job {
                         opcode::Fsync::new(fd).flags(flags).build()
                     }
                 };
-                let entry = entry.user_data((id << 8) | i as u64);
+                let mut entry = entry.user_data((id << 8) | i as u64);
+                if large {
+                    entry = entry.flags(squeue::Flags::ASYNC);
+                }
                 if i < last {
                     entry.flags(squeue::Flags::IO_LINK)
                 } else {
@@ -415,71 +503,42 @@ fn libc_ecanceled() -> i32 {
     rustix::io::Errno::CANCELED.raw_os_error()
 }
 
-/// The thread that owns the ring.
-struct RingThread {
+/// The ring and the jobs it owns.
+struct Ring {
     ring: IoUring,
-    /// Jobs from async callers; closed when the engine is dropped.
-    rx: mpsc::Receiver<Job>,
-    /// The eventfd callers write to wake this thread.
-    wake: Arc<File>,
     /// Jobs in the kernel or waiting for room, by id.
     jobs: HashMap<u64, Job>,
     /// Jobs (ids) waiting to be pushed, oldest first.
     pending: VecDeque<u64>,
     next_id: u64,
-    /// SQEs in the kernel (eventfd read excluded).
+    /// SQEs in the kernel.
     inflight: usize,
 }
 
-impl RingThread {
-    fn run(mut self) {
-        // The eventfd read lands here; it lives until the loop has reaped that read.
-        let mut wake_buf = Box::new([0u8; 8]);
-        let mut wake_armed = self.arm_wake(&mut wake_buf);
-        let mut closed = false;
-        let mut self_signalled = false;
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("jobs", &self.jobs.len())
+            .field("pending", &self.pending.len())
+            .field("inflight", &self.inflight)
+            .finish()
+    }
+}
+
+impl Ring {
+    /// Pushes what is waiting, enters the kernel without waiting, and settles every
+    /// completion that is there; repeats while settling made more work (a short
+    /// transfer's continuation) that can be submitted.
+    fn pump(&mut self) {
         loop {
-            if !wake_armed && !closed {
-                wake_armed = self.arm_wake(&mut wake_buf);
-            }
-            if !closed {
-                loop {
-                    match self.rx.try_recv() {
-                        Ok(job) => {
-                            let id = self.next_id;
-                            self.next_id += 1;
-                            self.jobs.insert(id, job);
-                            self.pending.push_back(id);
-                        }
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => {
-                            closed = true;
-                            break;
-                        }
-                    }
-                }
-            }
             self.push_pending();
-            if closed && self.jobs.is_empty() {
-                if !wake_armed {
-                    break;
-                }
-                if !self_signalled {
-                    // Complete our own eventfd read so nothing is left in the kernel.
-                    let _ = (&*self.wake).write(&1u64.to_ne_bytes());
-                    self_signalled = true;
-                }
-            }
-            if let Err(e) = self.ring.submit_and_wait(1) {
+            if let Err(e) = self.ring.submit() {
                 let code = e.raw_os_error();
-                match code {
-                    Some(c)
-                        if c == rustix::io::Errno::INTR.raw_os_error()
-                            || c == rustix::io::Errno::BUSY.raw_os_error() => {} // reap and go on
-                    _ => {
-                        tracing::error!(error = %e, "io_uring submit failed; retrying");
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
+                let transient = code == Some(rustix::io::Errno::INTR.raw_os_error())
+                    || code == Some(rustix::io::Errno::BUSY.raw_os_error())
+                    || code == Some(rustix::io::Errno::AGAIN.raw_os_error());
+                if !transient {
+                    tracing::error!(error = %e, "io_uring submit failed; retried on the next completion or job");
                 }
             }
             let done: Vec<(u64, i32)> = self
@@ -487,36 +546,16 @@ impl RingThread {
                 .completion()
                 .map(|c| (c.user_data(), c.result()))
                 .collect();
+            if done.is_empty() {
+                return;
+            }
             for (user_data, result) in done {
-                if user_data == WAKE {
-                    wake_armed = false;
-                    if !closed {
-                        wake_armed = self.arm_wake(&mut wake_buf);
-                    }
-                } else {
-                    self.complete(user_data, result);
-                }
+                self.complete(user_data, result);
+            }
+            if self.pending.is_empty() {
+                return;
             }
         }
-        tracing::debug!("io_uring thread stopped");
-    }
-
-    /// Arms a read on the eventfd; false if it could not be queued.
-    fn arm_wake(&mut self, buf: &mut [u8; 8]) -> bool {
-        let entry = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), buf.as_mut_ptr(), 8)
-            .build()
-            .user_data(WAKE);
-        for _ in 0..2 {
-            // SAFETY: `buf` is the boxed buffer owned by `run`, which does not return (or
-            // free it) before this read's completion has been reaped; the eventfd is kept
-            // open by `self.wake`.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                return true;
-            }
-            let _ = self.ring.submit();
-        }
-        tracing::error!("cannot arm the io_uring wake-up read");
-        false
     }
 
     /// Pushes waiting jobs while there is room in flight.
@@ -574,6 +613,33 @@ impl RingThread {
                     job.reply(outcome);
                 }
             }
+        }
+    }
+}
+
+impl Drop for Ring {
+    /// Waits for every job still in the kernel: their buffers must outlive the kernel's
+    /// use of them.
+    fn drop(&mut self) {
+        self.pending.clear();
+        while self.inflight > 0 {
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if e.raw_os_error() != Some(rustix::io::Errno::INTR.raw_os_error()) {
+                    tracing::error!(error = %e, jobs = self.jobs.len(), "cannot wait for io_uring jobs at shutdown");
+                    // Leak the jobs rather than free memory the kernel may still use.
+                    std::mem::forget(std::mem::take(&mut self.jobs));
+                    return;
+                }
+            }
+            let done: Vec<(u64, i32)> = self
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (user_data, result) in done {
+                self.complete(user_data, result);
+            }
+            self.pending.clear();
         }
     }
 }

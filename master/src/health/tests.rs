@@ -815,3 +815,243 @@ fn a_short_replica_is_replaced_before_it_is_deleted_when_there_is_room() {
         vec![(id(3), h, ChunkVersion(2), DeleteReason::Short)]
     );
 }
+
+// ------------------------------------------------ corruption reports are hints
+
+use crate::health::{CorruptHint, Verified, VerifyRefusal};
+use stampfs_proto::Verification;
+
+fn clean(h: ChunkHandle, v: u64) -> Verification {
+    Verification::Clean {
+        replica: rep(h, v, F),
+    }
+}
+
+fn handed_out(st: &MasterState, path: &str, now: u64) -> Vec<ChunkserverId> {
+    let loc = st
+        .locations(path, A, &ClusterKey::from_bytes([1; 32]), now)
+        .expect("locations");
+    let mut ids: Vec<ChunkserverId> = loc.chunks[0]
+        .replicas
+        .iter()
+        .map(|r| r.chunkserver)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Four live servers and a closed one-chunk file `/f` on servers 1, 2 and 3.
+fn three_replicas() -> (MasterState, ChunkHandle) {
+    let mut st = servers(settings(), &[10, 10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    set(&mut st, hs[0], &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    (st, hs[0])
+}
+
+#[test]
+fn a_report_is_a_hint_and_a_replica_verified_clean_stays() {
+    let (mut st, h) = three_replicas();
+    assert_eq!(
+        st.corrupt_hint(h, id(2), NOW),
+        CorruptHint::Verify {
+            addr: "127.0.0.1:9002".into(),
+            version: ChunkVersion(1)
+        }
+    );
+    // Nothing changed yet: still handed out, counted, healthy; nothing planned.
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(2), id(3)]);
+    assert!(pass(&mut st, NOW).is_empty());
+    assert!(st.fsck(None, NOW).expect("fsck").healthy);
+    assert_eq!(st.health.corrupt_count(), 0);
+    assert_eq!(st.health.verifying(id(2)), 1);
+    // A flood of reports while it runs asks for nothing more.
+    for i in 0..1_000 {
+        assert_eq!(
+            st.corrupt_hint(h, id(2), NOW + i),
+            CorruptHint::Refused(VerifyRefusal::Running)
+        );
+    }
+    // Clean: it stays, and nothing is ordered.
+    assert_eq!(st.verified(h, id(2), &clean(h, 1)), Verified::Clean);
+    assert_eq!(st.health.verifying(id(2)), 0);
+    assert_eq!(handed_out(&st, "/f", NOW + 100), vec![id(1), id(2), id(3)]);
+    assert!(pass(&mut st, NOW + 100).is_empty());
+    assert!(st.fsck(None, NOW + 100).expect("fsck").healthy);
+    assert_eq!(st.health.corrupt_count(), 0);
+    // Within the interval, more reports are ignored; after it, one more verification.
+    assert_eq!(
+        st.corrupt_hint(h, id(2), NOW + 1_000),
+        CorruptHint::Refused(VerifyRefusal::Recent { ago_ms: 1_000 })
+    );
+    let later = NOW + VERIFY_INTERVAL_MS;
+    beat(&mut st, &[1, 2, 3, 4], later);
+    pass(&mut st, later);
+    assert!(matches!(
+        st.corrupt_hint(h, id(2), later),
+        CorruptHint::Verify { .. }
+    ));
+}
+
+#[test]
+fn a_replica_verified_corrupt_is_excluded_replaced_then_deleted_as_before() {
+    let (mut st, h) = three_replicas();
+    assert!(matches!(
+        st.corrupt_hint(h, id(2), NOW),
+        CorruptHint::Verify { .. }
+    ));
+    let found = Verification::Corrupt {
+        version: ChunkVersion(1),
+        offset: 65_536,
+    };
+    assert_eq!(
+        st.verified(h, id(2), &found),
+        Verified::Corrupt(CorruptReport::Excluded {
+            version: ChunkVersion(1)
+        })
+    );
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(3)]);
+    // A report naming it again: known already, nothing to verify.
+    assert_eq!(st.corrupt_hint(h, id(2), NOW), CorruptHint::AlreadyMarked);
+    let a = pass(&mut st, NOW);
+    assert!(deletes(&a).is_empty(), "not before it is replaced: {a:?}");
+    let c = copies(&a);
+    assert_eq!(c.len(), 1, "{a:?}");
+    assert_eq!(c[0].2, id(4), "server 2 may still hold it: not a target");
+    assert_ne!(c[0].1, id(2), "never a source");
+    assert_eq!(st.fsck(None, NOW).expect("fsck").total.corrupt_replicas, 1);
+    // Replaced; server 2 had moved it aside: its report drops the mark.
+    report(&mut st, 4, &[rep(h, 1, F)]);
+    report(&mut st, 2, &[]);
+    pass(&mut st, NOW + 100);
+    assert!(st.fsck(None, NOW + 100).expect("fsck").healthy);
+    assert_eq!(st.health.corrupt_count(), 0);
+}
+
+#[test]
+fn a_replica_absent_on_verification_is_excluded() {
+    let (mut st, h) = three_replicas();
+    // The chunkserver moved it aside itself (its own read or scrub) and reported it.
+    assert!(matches!(
+        st.corrupt_hint(h, id(3), NOW),
+        CorruptHint::Verify { .. }
+    ));
+    assert_eq!(
+        st.verified(h, id(3), &Verification::Absent),
+        Verified::Absent(CorruptReport::Excluded {
+            version: ChunkVersion(1)
+        })
+    );
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(2)]);
+    assert_eq!(copies(&pass(&mut st, NOW)).len(), 1);
+
+    // Its chunk report (which no longer lists it) may come before the answer: then the
+    // answer finds it gone, and the report alone made the chunk under-replicated.
+    let (mut st, h) = three_replicas();
+    assert!(matches!(
+        st.corrupt_hint(h, id(3), NOW),
+        CorruptHint::Verify { .. }
+    ));
+    report(&mut st, 3, &[]);
+    assert_eq!(
+        st.verified(h, id(3), &Verification::Absent),
+        Verified::Absent(CorruptReport::Gone)
+    );
+    assert_eq!(st.fsck(None, NOW).expect("fsck").total.under_replicated, 1);
+}
+
+#[test]
+fn verifications_are_bounded_per_chunkserver() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let n = MAX_VERIFIES_PER_SERVER + 4;
+    let (_, hs) = file(&mut st, "/many", n, true);
+    for h in &hs {
+        set(&mut st, *h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    }
+    beat(&mut st, &[1, 2, 3], NOW);
+    let verify = |st: &mut MasterState, h: ChunkHandle, s: u64| {
+        matches!(st.corrupt_hint(h, id(s), NOW), CorruptHint::Verify { .. })
+    };
+    // At most MAX_VERIFYING_PER_SERVER at once on one server; others are not held up.
+    for h in &hs[..MAX_VERIFYING_PER_SERVER] {
+        assert!(verify(&mut st, *h, 1));
+    }
+    assert_eq!(
+        st.corrupt_hint(hs[MAX_VERIFYING_PER_SERVER], id(1), NOW),
+        CorruptHint::Refused(VerifyRefusal::Busy)
+    );
+    assert!(verify(&mut st, hs[MAX_VERIFYING_PER_SERVER], 2));
+    // As they finish, more start, up to MAX_VERIFIES_PER_SERVER per interval.
+    let mut started = MAX_VERIFYING_PER_SERVER;
+    for (i, h) in hs.iter().enumerate() {
+        st.verified(*h, id(1), &clean(*h, 1));
+        let next = hs[(i + MAX_VERIFYING_PER_SERVER) % n];
+        if verify(&mut st, next, 1) {
+            started += 1;
+        }
+    }
+    assert_eq!(started, MAX_VERIFIES_PER_SERVER);
+    assert_eq!(st.health.verifying(id(1)), 0);
+    assert_eq!(
+        st.corrupt_hint(hs[n - 1], id(1), NOW),
+        CorruptHint::Refused(VerifyRefusal::Busy)
+    );
+    // Nothing was touched meanwhile.
+    assert!(st.fsck(None, NOW).expect("fsck").healthy);
+    // After the interval the budget is back.
+    let later = NOW + VERIFY_INTERVAL_MS;
+    beat(&mut st, &[1, 2, 3], later);
+    pass(&mut st, later);
+    assert!(matches!(
+        st.corrupt_hint(hs[n - 1], id(1), later),
+        CorruptHint::Verify { .. }
+    ));
+}
+
+#[test]
+fn reports_naming_no_live_replica_verify_nothing() {
+    let (mut st, h) = three_replicas();
+    assert_eq!(
+        st.corrupt_hint(ChunkHandle(999), id(1), NOW),
+        CorruptHint::UnknownChunk
+    );
+    assert_eq!(st.corrupt_hint(h, id(4), NOW), CorruptHint::NotAReplica);
+    assert_eq!(st.corrupt_hint(h, id(99), NOW), CorruptHint::NotAReplica);
+    // Server 3 stops beating.
+    beat(&mut st, &[1, 2, 4], 20_000);
+    assert_eq!(st.corrupt_hint(h, id(3), 20_000), CorruptHint::NotLive);
+    assert_eq!(st.health.verifying(id(3)), 0);
+}
+
+#[test]
+fn a_verification_without_an_answer_changes_nothing() {
+    let (mut st, h) = three_replicas();
+    assert!(matches!(
+        st.corrupt_hint(h, id(1), NOW),
+        CorruptHint::Verify { .. }
+    ));
+    st.verify_failed(h, id(1));
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(2), id(3)]);
+    assert!(pass(&mut st, NOW).is_empty());
+    assert!(matches!(
+        st.corrupt_hint(h, id(1), NOW + 10),
+        CorruptHint::Refused(VerifyRefusal::Recent { .. })
+    ));
+    // One whose task never answered is forgotten well past the timeouts.
+    assert!(matches!(
+        st.corrupt_hint(h, id(2), NOW),
+        CorruptHint::Verify { .. }
+    ));
+    let stuck = NOW + 2 * VERIFY_INTERVAL_MS.max(settings().replication_timeout_ms);
+    beat(&mut st, &[1, 2, 3, 4], stuck);
+    assert_eq!(
+        st.corrupt_hint(h, id(2), stuck - 1),
+        CorruptHint::Refused(VerifyRefusal::Running)
+    );
+    pass(&mut st, stuck);
+    assert_eq!(st.health.verifying(id(2)), 0);
+    assert!(matches!(
+        st.corrupt_hint(h, id(2), stuck),
+        CorruptHint::Verify { .. }
+    ));
+}

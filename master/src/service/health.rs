@@ -1,14 +1,19 @@
 //! The replica-health worker's pass and the health requests, as methods of [`Core`]:
 //! the decisions are in [`crate::health`], the state changes in the state machine.
 //! Commands reach chunkservers through their heartbeat replies
-//! ([`Core::heartbeat`](super::Core::heartbeat)).
+//! ([`Core::heartbeat`](super::Core::heartbeat)); verifications of replicas reported
+//! corrupt are asked directly, in the background, so the reporter is not kept waiting.
 
 use super::Core;
-use crate::error::Result;
-use crate::health::{Action, Pruned};
+use crate::error::{Error, Result};
+use crate::health::{Action, CorruptHint, Pruned, Verified, VerifyRefusal};
 use crate::lease::wall_ms;
 use crate::state::CorruptReport;
-use stampfs_proto::{ClusterReport, ClusterReportRequest, Fsck, FsckReport, ReportCorrupt};
+use stampfs_proto::{
+    ChunkHandle, ChunkserverId, ClusterReport, ClusterReportRequest, Fsck, FsckReport, RemoteError,
+    ReportCorrupt, RpcClient, Signed, Verification, VerifyReplica,
+};
+use std::sync::Arc;
 
 impl Core {
     /// One pass of the replica-health worker. Nothing happens until the chunkservers
@@ -73,20 +78,87 @@ impl Core {
         }
     }
 
+    /// `ReportCorrupt`: a hint from anyone (a reader, or the chunkserver itself). The
+    /// replica is not touched; its chunkserver is asked, in the background, to verify
+    /// it (within the limits of [`crate::health::Tracker::begin_verify`]).
     #[tracing::instrument(skip_all, fields(chunk = %req.handle, chunkserver = %req.chunkserver))]
-    pub async fn report_corrupt(&self, req: ReportCorrupt) -> Result<()> {
-        let outcome = self.state().report_corrupt(req.handle, req.chunkserver);
-        match outcome {
-            CorruptReport::Excluded { version } => {
-                tracing::warn!(%version, "replica reported corrupt: excluded; it will be replaced, then deleted")
+    pub async fn report_corrupt(self: &Arc<Self>, req: ReportCorrupt) -> Result<()> {
+        let now = self.clock.now_ms();
+        let hint = self.state().corrupt_hint(req.handle, req.chunkserver, now);
+        match hint {
+            CorruptHint::Verify { addr, version } => {
+                tracing::info!(%version, %addr, "replica reported corrupt: its chunkserver is asked to verify it");
+                self.spawn_verify(req.handle, req.chunkserver, addr);
             }
-            CorruptReport::AlreadyMarked => tracing::debug!("replica already known corrupt"),
-            CorruptReport::Gone => {
-                tracing::info!("replica reported corrupt is already gone from its chunkserver")
+            CorruptHint::Refused(VerifyRefusal::Running) => {
+                tracing::debug!("replica reported corrupt: a verification is running")
             }
-            CorruptReport::UnknownChunk => tracing::debug!("corrupt replica of an unknown chunk"),
+            CorruptHint::Refused(VerifyRefusal::Recent { ago_ms }) => {
+                tracing::debug!(
+                    ago_ms,
+                    "replica reported corrupt: verified recently; ignored"
+                )
+            }
+            // Debug only: a flood of reports must not become a flood of log lines.
+            CorruptHint::Refused(VerifyRefusal::Busy) => tracing::debug!(
+                "replica reported corrupt: its chunkserver has enough verifications; ignored"
+            ),
+            CorruptHint::AlreadyMarked => tracing::debug!("replica already known corrupt"),
+            CorruptHint::NotAReplica => {
+                tracing::debug!("replica reported corrupt is not listed on that chunkserver")
+            }
+            CorruptHint::NotLive => {
+                tracing::debug!("replica reported corrupt is on a chunkserver that is not live")
+            }
+            CorruptHint::UnknownChunk => tracing::debug!("corrupt replica of an unknown chunk"),
         }
         Ok(())
+    }
+
+    /// Asks `server` (at `addr`) to verify its replica of `handle` and applies the
+    /// answer, as a background task.
+    fn spawn_verify(self: &Arc<Self>, handle: ChunkHandle, server: ChunkserverId, addr: String) {
+        let core = self.clone();
+        self.tasks.spawn(async move {
+            let answer = tokio::select! {
+                _ = core.shutdown.cancelled() => Err(Error::ShuttingDown),
+                a = core.ask_verify(&addr, handle) => a,
+            };
+            if core.check_running().is_err() || matches!(answer, Err(Error::ShuttingDown)) {
+                return;
+            }
+            let mut st = core.state();
+            let found = match answer {
+                Ok(found) => found,
+                Err(e) => {
+                    st.verify_failed(handle, server);
+                    drop(st);
+                    tracing::warn!(chunk = %handle, chunkserver = %server, %addr, error = %e, "verification of a replica reported corrupt failed; the replica stays");
+                    return;
+                }
+            };
+            let outcome = st.verified(handle, server, &found);
+            drop(st);
+            log_verified(handle, server, &found, outcome);
+        });
+    }
+
+    /// One `VerifyReplica` round trip: connect within `--command-timeout`, answer within
+    /// `--replication-timeout` (the replica is read whole).
+    async fn ask_verify(&self, addr: &str, handle: ChunkHandle) -> Result<Verification> {
+        let req = Signed::new(&self.key, VerifyReplica { handle })?;
+        let mut conn = RpcClient::connect(addr, self.config.command_timeout).await?;
+        let limit = self
+            .config
+            .replication_timeout
+            .max(self.config.command_timeout);
+        match tokio::time::timeout(limit, conn.call(req)).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(RemoteError::Unavailable {
+                reason: format!("{addr} did not finish the verification within {limit:?}"),
+            }
+            .into()),
+        }
     }
 
     #[tracing::instrument(skip_all, fields(path = ?req.path))]
@@ -97,6 +169,41 @@ impl Core {
     #[tracing::instrument(skip_all)]
     pub async fn cluster_report(&self, _req: ClusterReportRequest) -> Result<ClusterReport> {
         self.read(|st, now| Ok(st.cluster_report(now))).await
+    }
+}
+
+fn log_verified(handle: ChunkHandle, server: ChunkserverId, found: &Verification, v: Verified) {
+    let r = match (v, found) {
+        (Verified::Clean, Verification::Clean { replica }) => {
+            tracing::info!(chunk = %handle, chunkserver = %server, version = %replica.version, length = replica.length, "replica reported corrupt verified clean by its chunkserver; it stays");
+            return;
+        }
+        (Verified::Clean, _) => return,
+        (Verified::Corrupt(r) | Verified::Absent(r), _) => r,
+    };
+    let found = match found {
+        Verification::Corrupt { version, offset } => format!(
+            "verified corrupt at offset {offset} (version {version}) and moved aside by its chunkserver"
+        ),
+        _ => "absent from its chunkserver (moved aside or deleted)".to_string(),
+    };
+    log_excluded(handle, server, r, &found);
+}
+
+fn log_excluded(handle: ChunkHandle, server: ChunkserverId, r: CorruptReport, found: &str) {
+    match r {
+        CorruptReport::Excluded { version } => {
+            tracing::warn!(chunk = %handle, chunkserver = %server, %version, found, "replica reported corrupt: excluded; it will be replaced, then deleted")
+        }
+        CorruptReport::AlreadyMarked => {
+            tracing::debug!(chunk = %handle, chunkserver = %server, found, "replica already known corrupt")
+        }
+        CorruptReport::Gone => {
+            tracing::info!(chunk = %handle, chunkserver = %server, found, "replica reported corrupt is already gone from its chunkserver")
+        }
+        CorruptReport::UnknownChunk => {
+            tracing::debug!(chunk = %handle, chunkserver = %server, found, "corrupt replica of an unknown chunk")
+        }
     }
 }
 

@@ -1,17 +1,17 @@
-//! Replica health as methods of [`MasterState`]: corruption reports, the health
-//! worker's pass (prune, plan, queue; the rules are in [`crate::health`]), trash
-//! purging, and the fsck and cluster reports.
+//! Replica health as methods of [`MasterState`]: corruption reports (hints to verify,
+//! then verified results), the health worker's pass (prune, plan, queue; the rules are
+//! in [`crate::health`]), trash purging, and the fsck and cluster reports.
 
 use super::{MasterState, Record};
 use crate::chunk_table::server_index;
 use crate::error::Result;
-use crate::health::{self, Action, Pruned};
+use crate::health::{self, Action, CorruptHint, Pruned, Verified};
 use crate::namespace::{self, join, FileMeta, InodeKind, WriteState, ROOT};
 use crate::trash;
 use rand::Rng;
 use stampfs_proto::{
     ChunkHandle, ChunkProblem, ChunkVersion, ChunkserverId, ChunkserverState, ChunkserverStatus,
-    ClusterReport, FileHealth, FileState, FsckReport, HealthCounts, InodeId,
+    ClusterReport, FileHealth, FileState, FsckReport, HealthCounts, InodeId, Verification,
 };
 
 /// Most files listed in one fsck reply (the totals always cover everything).
@@ -31,9 +31,65 @@ pub enum CorruptReport {
 }
 
 impl MasterState {
-    /// A reader or chunkserver found `server`'s replica of `handle` corrupt: it is
-    /// never handed out again; re-replication replaces it and, if its chunkserver still
-    /// holds it, it is deleted afterwards.
+    /// A `ReportCorrupt` names `server`'s replica of `handle`: never acted on as such
+    /// (anyone can send one), but the replica's chunkserver may be asked to verify it.
+    pub fn corrupt_hint(
+        &mut self,
+        handle: ChunkHandle,
+        server: ChunkserverId,
+        now_ms: u64,
+    ) -> CorruptHint {
+        let Some(info) = self.chunks.get(handle) else {
+            return CorruptHint::UnknownChunk;
+        };
+        let Some(cs) = self.registry.get(server) else {
+            return CorruptHint::NotAReplica;
+        };
+        if !cs.replicas.contains(&handle) {
+            return CorruptHint::NotAReplica;
+        }
+        let Some(version) = info.replica(server).map(|r| r.version) else {
+            return if self.health.corrupt_of(handle).any(|(s, _)| s == server) {
+                CorruptHint::AlreadyMarked
+            } else {
+                CorruptHint::NotAReplica
+            };
+        };
+        if !cs.is_live(now_ms, self.settings.dead_after_ms) {
+            return CorruptHint::NotLive;
+        }
+        let addr = cs.addr.clone();
+        match self.health.begin_verify(handle, server, now_ms) {
+            Ok(()) => CorruptHint::Verify { addr, version },
+            Err(why) => CorruptHint::Refused(why),
+        }
+    }
+
+    /// The chunkserver answered the verification of its replica of `handle`: a clean
+    /// replica stays; a corrupt or absent one is excluded ([`Self::report_corrupt`]).
+    pub fn verified(
+        &mut self,
+        handle: ChunkHandle,
+        server: ChunkserverId,
+        found: &Verification,
+    ) -> Verified {
+        self.health.end_verify(handle, server);
+        match found {
+            Verification::Clean { .. } => Verified::Clean,
+            Verification::Corrupt { .. } => Verified::Corrupt(self.report_corrupt(handle, server)),
+            Verification::Absent => Verified::Absent(self.report_corrupt(handle, server)),
+        }
+    }
+
+    /// The verification of `server`'s replica of `handle` got no answer: nothing
+    /// changes (the replica is not verified again within the interval).
+    pub fn verify_failed(&mut self, handle: ChunkHandle, server: ChunkserverId) {
+        self.health.end_verify(handle, server);
+    }
+
+    /// `server`'s replica of `handle` is known corrupt (its chunkserver verified it so):
+    /// it is never handed out again; re-replication replaces it and, if its chunkserver
+    /// still holds it, it is deleted afterwards.
     pub fn report_corrupt(&mut self, handle: ChunkHandle, server: ChunkserverId) -> CorruptReport {
         let Some(info) = self.chunks.get_mut(handle) else {
             return CorruptReport::UnknownChunk;

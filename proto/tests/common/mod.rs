@@ -733,6 +733,41 @@ prop_compose! {
     }
 }
 
+prop_compose! {
+    pub fn arb_verify_replica()(handle in arb_handle()) -> VerifyReplica {
+        VerifyReplica { handle }
+    }
+}
+
+prop_compose! {
+    pub fn arb_signed_verify()(body in arb_verify_replica(), mac in any::<[u8; 32]>())
+        -> Signed<VerifyReplica> {
+        Signed { body, mac }
+    }
+}
+
+pub fn arb_verification() -> BoxedStrategy<Verification> {
+    prop_oneof![
+        arb_replica_report()
+            .prop_map(|replica| Verification::Clean { replica })
+            .boxed(),
+        (arb_version(), arb_u64())
+            .prop_map(|(version, offset)| Verification::Corrupt { version, offset })
+            .boxed(),
+        Just(Verification::Absent).boxed(),
+    ]
+    .boxed()
+}
+
+/// Exhaustive variant name of a [`Verification`].
+pub fn verification_variant(v: &Verification) -> &'static str {
+    match v {
+        Verification::Clean { .. } => "Clean",
+        Verification::Corrupt { .. } => "Corrupt",
+        Verification::Absent => "Absent",
+    }
+}
+
 pub fn arb_chunk_command() -> BoxedStrategy<ChunkCommand> {
     prop_oneof![
         (arb_handle(), arb_version(), any::<bool>())
@@ -807,6 +842,7 @@ pub fn arb_chunk_request() -> BoxedStrategy<ChunkRequest> {
             .prop_map(ChunkRequest::ReceiveReplica)
             .boxed(),
         arb_signed_command().prop_map(ChunkRequest::Command).boxed(),
+        arb_signed_verify().prop_map(ChunkRequest::Verify).boxed(),
     ]
     .boxed()
 }
@@ -819,6 +855,7 @@ pub fn chunk_request_variant(r: &ChunkRequest) -> &'static str {
         ChunkRequest::ReplicaInfo(_) => "ReplicaInfo",
         ChunkRequest::ReceiveReplica(_) => "ReceiveReplica",
         ChunkRequest::Command(_) => "Command",
+        ChunkRequest::Verify(_) => "Verify",
     }
 }
 

@@ -1,0 +1,259 @@
+//! Corruption reports are hints, with real processes: a client that reports GOOD
+//! replicas as corrupt (over and over) gets one verification per replica from their
+//! chunkservers and nothing else, while a replica whose bytes really were flipped on
+//! disk is found by the verification its report asks for, moved aside, and repaired.
+//! Verification requests not signed with the cluster key are refused.
+
+mod common;
+
+use common::{pattern, Opts, Proc, TestCluster};
+use serde_json::Value;
+use stampfs_chunkserver::header::DATA_OFFSET;
+use stampfs_proto::{
+    ChunkHandle, ChunkserverId, ClusterKey, RemoteError, ReportCorrupt, RpcClient, Signed,
+    Verification, VerifyReplica,
+};
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+/// A cluster with a fast health worker, fast heartbeats and the background scrub off
+/// (so only the verification a report asks for can find a flipped byte).
+fn cluster() -> TestCluster {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    TestCluster::with(Opts {
+        chunkservers: 3,
+        master_args: args(&["--health-interval", "200ms", "--replication-timeout", "10s"]),
+        chunkserver_args: args(&["--heartbeat", "200ms", "--scrub-rate", "0"]),
+    })
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Sends `ReportCorrupt { handle, chunkserver }` `times` times as a client would.
+fn report(c: &TestCluster, handle: ChunkHandle, chunkserver: u64, times: usize) {
+    runtime().block_on(async {
+        let mut master = RpcClient::connect(&c.master.addr, Duration::from_secs(5))
+            .await
+            .expect("connect to the master");
+        for _ in 0..times {
+            master
+                .call(ReportCorrupt {
+                    handle,
+                    chunkserver: ChunkserverId(chunkserver),
+                })
+                .await
+                .expect("report accepted");
+        }
+    });
+}
+
+fn handle_of(st: &Value) -> (String, ChunkHandle) {
+    let hex = st["chunks"][0]["handle"]
+        .as_str()
+        .expect("handle")
+        .to_string();
+    let h = u64::from_str_radix(&hex, 16).expect("hex handle");
+    (hex, ChunkHandle(h))
+}
+
+/// Sorted chunkserver ids the master hands out for the first chunk.
+fn replica_ids(st: &Value) -> Vec<u64> {
+    let mut ids: Vec<u64> = st["chunks"][0]["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| r["chunkserver"].as_u64().expect("id"))
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn id_of(p: &Proc) -> u64 {
+    std::fs::read_to_string(p.dir.join("chunkserver.id"))
+        .expect("id file")
+        .trim()
+        .parse()
+        .expect("id")
+}
+
+fn proc_of(c: &TestCluster, id: u64) -> &Proc {
+    c.chunkservers
+        .iter()
+        .find(|p| id_of(p) == id)
+        .expect("a chunkserver with that id")
+}
+
+fn fsck(c: &TestCluster) -> Value {
+    let out = c.run(&["fsck", "--json"]);
+    serde_json::from_slice(&out.stdout).expect("fsck --json")
+}
+
+fn lines_with(log: &str, all: &[&str]) -> usize {
+    log.lines()
+        .filter(|l| all.iter().all(|s| l.contains(s)))
+        .count()
+}
+
+#[test]
+fn reports_of_good_replicas_are_verified_and_change_nothing() {
+    let c = cluster();
+    let data = pattern(300_000, 11);
+    c.put_bytes("/good", &data, &[]);
+    let st = c.stat_json("/good");
+    let (hex, h) = handle_of(&st);
+    let ids = replica_ids(&st);
+    assert_eq!(ids.len(), 3);
+
+    // A buggy or hostile client names every replica corrupt, again and again.
+    for id in &ids {
+        report(&c, h, *id, 25);
+    }
+    wait_for("every replica verified clean", || {
+        let log = c.master.log_text();
+        ids.iter().all(|id| {
+            lines_with(
+                &log,
+                &["verified clean", &hex, &format!("chunkserver=cs{id}")],
+            ) == 1
+        })
+    });
+    // A few health passes later nothing has moved.
+    std::thread::sleep(Duration::from_secs(1));
+    let st = c.stat_json("/good");
+    assert_eq!(replica_ids(&st), ids, "every replica is still handed out");
+    let v = fsck(&c);
+    assert_eq!(v["healthy"], true, "{v}");
+    assert_eq!(v["total"]["corrupt_replicas"], 0, "{v}");
+    assert_eq!(v["total"]["under_replicated"], 0, "{v}");
+    assert_eq!(v["replications_in_flight"], 0, "{v}");
+    let r: Value = serde_json::from_slice(&c.ok(&["admin", "report", "--json"])).expect("json");
+    assert_eq!(r["chunks"]["healthy"], 1, "{r}");
+    for p in &c.chunkservers {
+        assert!(p.dir.join(format!("{hex}.chunk")).exists(), "{}", p.name);
+        assert!(
+            !p.dir.join(format!("{hex}.chunk.corrupt")).exists(),
+            "{}",
+            p.name
+        );
+        assert_eq!(
+            lines_with(&p.log_text(), &["verified clean", &hex]),
+            1,
+            "{} read the replica once for 25 reports",
+            p.name
+        );
+    }
+    let log = c.master.log_text();
+    for id in &ids {
+        assert_eq!(
+            lines_with(
+                &log,
+                &["asked to verify", &hex, &format!("chunkserver=cs{id}")]
+            ),
+            1,
+            "one verification per replica: cs{id}"
+        );
+    }
+    assert_eq!(lines_with(&log, &["excluded"]), 0, "nothing excluded");
+    assert_eq!(lines_with(&log, &["re-replication ordered"]), 0);
+    assert_eq!(lines_with(&log, &["replica deletion ordered"]), 0);
+    assert_eq!(c.cat("/good"), data);
+
+    // Only the master can ask for a verification: a request signed with another key is
+    // refused; one signed with the cluster key gets the answer.
+    let cs = &c.chunkservers[0];
+    let key = ClusterKey::load(&c.key_file()).expect("cluster key");
+    runtime().block_on(async {
+        let mut conn = RpcClient::connect(&cs.addr, Duration::from_secs(5))
+            .await
+            .expect("connect to a chunkserver");
+        let forged = Signed::new(&ClusterKey::generate(), VerifyReplica { handle: h })
+            .expect("sign");
+        let err = conn.call(forged).await.expect_err("forged request refused");
+        assert!(
+            matches!(
+                err,
+                stampfs_proto::Error::Remote(RemoteError::BadRequest { .. })
+            ),
+            "{err}"
+        );
+        let genuine = Signed::new(&key, VerifyReplica { handle: h }).expect("sign");
+        let found = conn.call(genuine).await.expect("verified");
+        assert!(
+            matches!(&found, Verification::Clean { replica } if replica.length == data.len() as u64),
+            "{found:?}"
+        );
+    });
+}
+
+/// Flips one byte of a replica file's data.
+fn flip(p: &Proc, hex: &str, at: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p.dir.join(format!("{hex}.chunk")))
+        .expect("open replica");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, DATA_OFFSET + at).expect("read");
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, DATA_OFFSET + at).expect("flip");
+    f.sync_all().expect("sync");
+}
+
+#[test]
+fn a_report_of_a_really_corrupt_replica_still_gets_it_repaired() {
+    let c = cluster();
+    let data = pattern(250_000, 12);
+    c.put_bytes("/bad", &data, &[]);
+    let st = c.stat_json("/bad");
+    let (hex, h) = handle_of(&st);
+    let ids = replica_ids(&st);
+    let bad = ids[1];
+    let p = proc_of(&c, bad);
+    flip(p, &hex, 200_000);
+
+    // Nobody reads it and the scrub is off: only the report's verification finds it.
+    report(&c, h, bad, 3);
+    wait_for("the corrupt replica moved aside and replaced", || {
+        p.dir.join(format!("{hex}.chunk.corrupt")).exists()
+            && p.dir.join(format!("{hex}.chunk")).exists()
+    });
+    wait_for("fsck healthy after the repair", || {
+        fsck(&c)["healthy"] == true
+    });
+    let st = c.stat_json("/bad");
+    assert_eq!(
+        replica_ids(&st),
+        ids,
+        "three replicas again, cs{bad} included"
+    );
+    assert_eq!(c.cat("/bad"), data);
+    let log = c.master.log_text();
+    assert_eq!(
+        lines_with(
+            &log,
+            &["verified corrupt", &hex, &format!("chunkserver=cs{bad}")]
+        ),
+        1,
+        "excluded on its chunkserver's word"
+    );
+    assert!(
+        lines_with(
+            &p.log_text(),
+            &["verification found a corrupt replica", &hex]
+        ) == 1,
+        "cs{bad} found it"
+    );
+}
