@@ -1329,8 +1329,16 @@ mod tests {
         assert!((s.ratio - 1.5).abs() < 1e-9);
         assert!(s.met);
         assert!((s.ratio_parallel.expect("parallel") - 0.5).abs() < 1e-9);
+        assert_eq!(s.met_parallel, Some(true));
+        // Missed against one raw write, met against the same-disk limit for r copies.
+        let s = SmallWrites::new(&[ms(5)], &[ms(2)], Some(&[ms(4)]));
+        assert!(!s.met);
+        assert_eq!(s.met_parallel, Some(true));
+        let s = SmallWrites::new(&[ms(7)], &[ms(2)], Some(&[ms(4)]));
+        assert_eq!(s.met_parallel, Some(false));
         let s = SmallWrites::new(&[ms(4)], &[ms(2)], None);
         assert!(!s.met);
+        assert_eq!(s.met_parallel, None);
         assert!(!SmallWrites::new(&[ms(1)], &[], None).met);
     }
 

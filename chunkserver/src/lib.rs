@@ -15,7 +15,9 @@
 //!   start-up scan and recovery, corrupt replicas moved aside.
 //! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
 //! - [`replication`]: copying a finalized replica to another chunkserver.
-//! - [`scrub`]: background checksum verification of every replica at a bounded rate.
+//! - [`scrub`]: background checksum verification of every replica at a bounded rate,
+//!   and the on-request check of one replica that the master asks for when a client
+//!   reports it corrupt (a client's report is only a hint).
 //! - [`deletion`]: paced deletion of replicas the master orders removed.
 //! - [`heartbeat`]: registration, heartbeats, chunk reports, master commands.
 //! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.

@@ -268,9 +268,9 @@ fn header_length_fields_cannot_make_bincode_allocate_beyond_its_limit() {
     }
 }
 
-/// The limit bounds each allocation, not the amplification: a few header bytes that
-/// claim exactly the limit make bincode reserve that much before it finds the bytes
-/// missing. This pins that the cap holds there too.
+/// A claim at the largest decode limit never allocates past it. (Since the limit is
+/// tiered by the header's own length, a few header bytes claiming that much now fail
+/// after a few KiB: see `decode_limits.rs`; this pins the outer cap.)
 #[test]
 fn a_claim_at_the_limit_allocates_at_most_the_limit() {
     let mut u64s = varint_u64(MAX_HEADER_LEN as u64 / 8);
