@@ -6,14 +6,12 @@
 
 mod common;
 
-use common::{pattern, Opts, Proc, TestCluster};
+use common::{flip, fsck_json, pattern, proc_of, Opts, TestCluster};
 use serde_json::Value;
-use stampfs_chunkserver::header::DATA_OFFSET;
 use stampfs_proto::{
     ChunkHandle, ChunkserverId, ClusterKey, RemoteError, ReportCorrupt, RpcClient, Signed,
     Verification, VerifyReplica,
 };
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 /// A cluster with a fast health worker, fast heartbeats and the background scrub off
@@ -81,26 +79,6 @@ fn replica_ids(st: &Value) -> Vec<u64> {
     ids
 }
 
-fn id_of(p: &Proc) -> u64 {
-    std::fs::read_to_string(p.dir.join("chunkserver.id"))
-        .expect("id file")
-        .trim()
-        .parse()
-        .expect("id")
-}
-
-fn proc_of(c: &TestCluster, id: u64) -> &Proc {
-    c.chunkservers
-        .iter()
-        .find(|p| id_of(p) == id)
-        .expect("a chunkserver with that id")
-}
-
-fn fsck(c: &TestCluster) -> Value {
-    let out = c.run(&["fsck", "--json"]);
-    serde_json::from_slice(&out.stdout).expect("fsck --json")
-}
-
 fn lines_with(log: &str, all: &[&str]) -> usize {
     log.lines()
         .filter(|l| all.iter().all(|s| l.contains(s)))
@@ -134,7 +112,7 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
     std::thread::sleep(Duration::from_secs(1));
     let st = c.stat_json("/good");
     assert_eq!(replica_ids(&st), ids, "every replica is still handed out");
-    let v = fsck(&c);
+    let v = fsck_json(&c, &[]).1;
     assert_eq!(v["healthy"], true, "{v}");
     assert_eq!(v["total"]["corrupt_replicas"], 0, "{v}");
     assert_eq!(v["total"]["under_replicated"], 0, "{v}");
@@ -198,20 +176,6 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
     });
 }
 
-/// Flips one byte of a replica file's data.
-fn flip(p: &Proc, hex: &str, at: u64) {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(p.dir.join(format!("{hex}.chunk")))
-        .expect("open replica");
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, DATA_OFFSET + at).expect("read");
-    b[0] ^= 0x5a;
-    f.write_all_at(&b, DATA_OFFSET + at).expect("flip");
-    f.sync_all().expect("sync");
-}
-
 #[test]
 fn a_report_of_a_really_corrupt_replica_still_gets_it_repaired() {
     let c = cluster();
@@ -231,7 +195,7 @@ fn a_report_of_a_really_corrupt_replica_still_gets_it_repaired() {
             && p.dir.join(format!("{hex}.chunk")).exists()
     });
     wait_for("fsck healthy after the repair", || {
-        fsck(&c)["healthy"] == true
+        fsck_json(&c, &[]).1["healthy"] == true
     });
     let st = c.stat_json("/bad");
     assert_eq!(

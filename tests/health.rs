@@ -6,11 +6,10 @@
 
 mod common;
 
-use common::{pattern, Opts, Proc, TestCluster};
+use common::{flip, fsck_json, id_of, pattern, proc_of, replica_file, Opts, Proc, TestCluster};
 use serde_json::Value;
-use stampfs_chunkserver::header::{Header, DATA_OFFSET, SLOT_SIZE};
+use stampfs_chunkserver::header::{Header, SLOT_SIZE};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// A cluster with a fast replica-health worker and short orphan grace.
@@ -45,19 +44,6 @@ fn wait_for(what: &str, c: &TestCluster, mut f: impl FnMut() -> bool) {
     let _ = c;
 }
 
-/// The chunkserver id persisted in a chunkserver's directory.
-fn id_of(p: &Proc) -> u64 {
-    std::fs::read_to_string(p.dir.join("chunkserver.id"))
-        .expect("id file")
-        .trim()
-        .parse()
-        .expect("id")
-}
-
-fn replica_file(p: &Proc, handle: &str) -> PathBuf {
-    p.dir.join(format!("{handle}.chunk"))
-}
-
 /// The version in a replica file's header, if the file exists.
 fn disk_version(p: &Proc, handle: &str) -> Option<u64> {
     let f = std::fs::File::open(replica_file(p, handle)).ok()?;
@@ -89,20 +75,6 @@ fn replicas(st: &Value, i: usize) -> Vec<(u64, u64)> {
             )
         })
         .collect()
-}
-
-fn fsck_json(c: &TestCluster, args: &[&str]) -> (Option<i32>, Value) {
-    let mut all = vec!["fsck", "--json"];
-    all.extend_from_slice(args);
-    let out = c.run(&all);
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "fsck --json is not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), v)
 }
 
 fn report_json(c: &TestCluster) -> Value {
@@ -218,27 +190,6 @@ fn a_dead_chunkservers_replicas_are_rebuilt_on_a_fourth() {
     }
     assert_eq!(c.cat("/g"), data);
     wait_for("fsck healthy", &c, || healthy(&c));
-}
-
-/// Flips one byte in the middle of a replica file's data.
-fn flip(p: &Proc, handle: &str, at: u64) {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(replica_file(p, handle))
-        .expect("open replica");
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, DATA_OFFSET + at).expect("read");
-    b[0] ^= 0x5a;
-    f.write_all_at(&b, DATA_OFFSET + at).expect("flip");
-    f.sync_all().expect("sync");
-}
-
-fn proc_of(c: &TestCluster, id: u64) -> &Proc {
-    c.chunkservers
-        .iter()
-        .find(|p| id_of(p) == id)
-        .expect("a chunkserver with that id")
 }
 
 #[test]

@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{Opts, TestCluster};
-use serde_json::Value;
+use common::{fsck_json, Opts, TestCluster};
 use stampfs_client::{Client, ClientConfig, CreateOptions};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -51,18 +50,6 @@ async fn read_all(client: &Client, path: &str) -> Vec<u8> {
     let mut got = Vec::new();
     r.read_to_end(&mut got).await.expect("read");
     got
-}
-
-fn fsck(c: &TestCluster) -> (Option<i32>, Value) {
-    let out = c.run(&["fsck", "--json"]);
-    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "fsck --json is not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), v)
 }
 
 /// Lines in every chunkserver's log containing `what`.
@@ -175,7 +162,7 @@ fn pausing_writer_keeps_its_replicas(stream_idle_close: Option<Duration>, pool_i
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     let report = loop {
-        let (code, v) = fsck(&c);
+        let (code, v) = fsck_json(&c, &[]);
         if code == Some(0) && v["healthy"] == true {
             break v;
         }

@@ -8,72 +8,19 @@
 //! bincode's limit (`MAX_HEADER_LEN`) for headers, and much less where the decoder
 //! promises that memory follows the bytes that actually arrived.
 
+mod counting;
+
 use bytes::Bytes;
+use counting::measure;
 use stampfs_proto::codec::{decode_value, PREFIX_LEN};
 use stampfs_proto::rpc::parse_reply;
 use stampfs_proto::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-/// The system allocator, plus a per-thread record of the largest request.
-struct Tracking;
-
-thread_local! {
-    /// Whether this thread's allocations are being measured.
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-    /// The largest allocation size seen while armed.
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    // `try_with`: never panic inside the allocator, even during thread teardown.
-    // Const-initialised `Cell`s need no allocation and no destructor.
-    let _ = ARMED.try_with(|armed| {
-        if armed.get() {
-            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
-        }
-    });
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged;
-// `note` only reads and writes thread-local `Cell<usize>`/`Cell<bool>` and never
-// allocates, so it cannot re-enter the allocator.
-unsafe impl GlobalAlloc for Tracking {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours, forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours, forwarded unchanged.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` through this allocator with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        // SAFETY: `ptr` was allocated by `System` through this allocator with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Tracking = Tracking;
 
 /// Runs `f` and returns its result and the largest single allocation it made on this
 /// thread.
 fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST.with(|l| l.set(0));
-    ARMED.with(|a| a.set(true));
-    let out = f();
-    ARMED.with(|a| a.set(false));
-    (out, LARGEST.with(|l| l.get()))
+    let (out, seen) = measure(f);
+    (out, seen.largest)
 }
 
 fn runtime() -> tokio::runtime::Runtime {

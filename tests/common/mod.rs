@@ -370,3 +370,56 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The chunkserver id persisted in a chunkserver's directory.
+pub fn id_of(p: &Proc) -> u64 {
+    std::fs::read_to_string(p.dir.join("chunkserver.id"))
+        .expect("id file")
+        .trim()
+        .parse()
+        .expect("id")
+}
+
+/// The chunkserver process with id `id`.
+pub fn proc_of(c: &TestCluster, id: u64) -> &Proc {
+    c.chunkservers
+        .iter()
+        .find(|p| id_of(p) == id)
+        .expect("a chunkserver with that id")
+}
+
+/// The replica file of chunk `handle` (16 hex digits) in a chunkserver's directory.
+pub fn replica_file(p: &Proc, handle: &str) -> PathBuf {
+    p.dir.join(format!("{handle}.chunk"))
+}
+
+/// Flips one byte of a replica's data (at data offset `at`) and syncs it.
+pub fn flip(p: &Proc, handle: &str, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let at = stampfs_chunkserver::header::DATA_OFFSET + at;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(replica_file(p, handle))
+        .expect("open replica");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).expect("read");
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, at).expect("flip");
+    f.sync_all().expect("sync");
+}
+
+/// `stampfs fsck --json ARGS`: its exit code and its JSON.
+pub fn fsck_json(c: &TestCluster, args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let mut all = vec!["fsck", "--json"];
+    all.extend_from_slice(args);
+    let out = c.run(&all);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "fsck --json is not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
