@@ -679,3 +679,113 @@ fn a_killed_mount_leaves_a_file_that_recover_closes() {
         "the recovered file is not a prefix of what was written"
     );
 }
+
+/// `df -B1 --output=size,used,avail` of the mount, in bytes.
+fn df(m: &MountGuard) -> (u64, u64, u64) {
+    // `timeout`: a statfs that hung on the master would otherwise hang the test.
+    let out = tool_ok(
+        "timeout",
+        &["20", "df", "-B1", "--output=size,used,avail", &m.p("")],
+    );
+    let text = String::from_utf8(out).expect("utf8");
+    let numbers: Vec<u64> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no values in df output:\n{text}"))
+        .split_whitespace()
+        .map(|n| n.parse().unwrap_or_else(|_| panic!("df: {n:?} in\n{text}")))
+        .collect();
+    assert_eq!(numbers.len(), 3, "df output:\n{text}");
+    (numbers[0], numbers[1], numbers[2])
+}
+
+#[test]
+fn df_shows_the_clusters_raw_capacity_and_it_fills_up() {
+    if !fuse_or_skip("df_shows_the_clusters_raw_capacity_and_it_fills_up") {
+        return;
+    }
+    // With --capacity each chunkserver reports exactly that much, and its replica
+    // bytes as used: the numbers do not move with whatever else is on this disk.
+    const CAPACITY: u64 = 1 << 30;
+    let c = TestCluster::with(Opts {
+        chunkserver_args: vec![
+            "--heartbeat".into(),
+            "200ms".into(),
+            "--capacity".into(),
+            "1GiB".into(),
+        ],
+        ..Opts::default()
+    });
+    let m = MountGuard::start(&c);
+
+    let (size, used, avail) = df(&m);
+    assert_eq!(size, 3 * CAPACITY, "raw capacity of three chunkservers");
+    assert!(used <= size, "used {used} > size {size}");
+    assert_eq!(used + avail, size, "free = total - used");
+
+    // 4 MiB written through the mount lands on `replication` chunkservers; once the
+    // heartbeats and the mount's 2 s cache have caught up, df shows it used.
+    let data = pattern(4 * MIB, 21);
+    std::fs::write(m.path("space.bin"), &data).expect("write through the mount");
+    wait_for(
+        || file_state(&c, "/space.bin") == "closed",
+        "the written file to be closed",
+    );
+    let replication = c.stat_json("/space.bin")["replication"]
+        .as_u64()
+        .expect("replication");
+    let want = replication * (4 * MIB) as u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = (size, used, avail);
+    while last.1 < want {
+        assert!(
+            Instant::now() < deadline,
+            "df never showed the {want} bytes of replicas as used; last (size, used, \
+             avail): {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        last = df(&m);
+    }
+    let (size2, used2, avail2) = last;
+    assert!(used2 > used, "used did not grow: {used} -> {used2}");
+    assert_eq!(size2, size);
+    assert!(used2 <= size2);
+    assert_eq!(used2 + avail2, size2);
+}
+
+/// `df` must answer while the master is frozen: the root's getattr falls back to its
+/// last known attributes and `statfs` to the last known capacity, each after about a
+/// second, instead of waiting for the client's 30 s request timeout.
+#[test]
+fn df_answers_while_the_master_is_frozen() {
+    if !fuse_or_skip("df_answers_while_the_master_is_frozen") {
+        return;
+    }
+    let c = TestCluster::with(Opts {
+        chunkserver_args: vec!["--capacity".into(), "1GiB".into()],
+        ..Opts::default()
+    });
+    let m = MountGuard::start(&c);
+    let (size, _, _) = df(&m);
+    assert_eq!(size, 3 << 30);
+    // Let the statfs cache expire, so the frozen master is really asked.
+    std::thread::sleep(Duration::from_secs(3));
+    c.master.stop();
+    let out = Command::new("timeout")
+        .args(["20", "df", "-B1", "--output=size", &m.p("")])
+        .output()
+        .expect("run df");
+    c.master.cont();
+    assert!(
+        out.status.success(),
+        "df on the mount failed or hung while the master was frozen: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("a size line");
+    assert_eq!(shown, 3 << 30, "the last known capacity");
+}

@@ -130,3 +130,91 @@ fn a_second_master_on_a_directory_in_use_refuses_to_start_and_names_the_holder()
     c.ok(&["stat", "/before"]);
     c.ok(&["stat", "/after"]);
 }
+
+#[test]
+fn a_second_chunkserver_on_a_directory_in_use_refuses_to_start_and_names_the_holder() {
+    let mut c = TestCluster::with(Opts {
+        chunkservers: 1,
+        ..Opts::default()
+    });
+    let cdir = c.chunkservers[0].dir.clone();
+    let addr_before = std::fs::read_to_string(cdir.join("addr")).expect("addr file");
+    let id_before = std::fs::read_to_string(cdir.join("chunkserver.id")).expect("id file");
+    c.put_bytes("/before", b"written before", &["--replication", "1"]);
+
+    let mut second = Command::new(BIN)
+        .args(["chunkserver", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(&cdir)
+        .args(["--master", &c.master.addr, "--cluster-key-file"])
+        .arg(c.key_file())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a second chunkserver");
+    // It must exit by itself; one that starts serving is killed and the test fails.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while second.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second chunkserver started on a directory in use");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = second
+        .wait_with_output()
+        .expect("second chunkserver output");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the second chunkserver must fail"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "chunkserver directory {} is in use by another chunkserver (pid {})",
+            cdir.display(),
+            c.chunkservers[0].pid()
+        )),
+        "the error names the directory and the running chunkserver: {err}"
+    );
+
+    // The first chunkserver lost nothing: its address and id files and its service.
+    assert_eq!(
+        std::fs::read_to_string(cdir.join("addr")).expect("addr file"),
+        addr_before
+    );
+    assert_eq!(
+        std::fs::read_to_string(cdir.join("chunkserver.id")).expect("id file"),
+        id_before
+    );
+    assert_eq!(c.cat("/before"), b"written before");
+    c.put_bytes("/after", b"written after", &["--replication", "1"]);
+
+    // A SIGKILLed chunkserver leaves no lock behind: the restart takes the directory
+    // over and serves both files.
+    c.chunkservers[0].kill();
+    c.chunkservers[0].restart();
+    c.wait_live(1);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for (path, want) in [
+        ("/before", &b"written before"[..]),
+        ("/after", &b"written after"[..]),
+    ] {
+        loop {
+            let out = c.run(&["cat", path]);
+            if out.status.success() {
+                assert_eq!(out.stdout, want, "{path}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cat {path} after the restart: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

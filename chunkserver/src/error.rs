@@ -5,7 +5,9 @@
 //! versions involved, so a fenced writer learns the version it presented and the
 //! current one.
 
+use stampfs_proto::dirlock::{describe_holder, DirLockError};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ErrorCode, RemoteError};
+use std::path::PathBuf;
 
 /// Errors of the chunkserver.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,18 @@ pub enum Error {
     /// The cluster key file could not be loaded (the chunkserver refuses to start).
     #[error("cannot load the cluster key: {0}")]
     ClusterKey(#[source] stampfs_proto::Error),
+    /// Another chunkserver (in any process) serves from this data directory; this one
+    /// refuses to start before it reads or changes anything there.
+    #[error(
+        "chunkserver directory {} is in use by another chunkserver ({}); two chunkservers must never share a directory",
+        .dir.display(),
+        describe_holder(.holder)
+    )]
+    DirLocked {
+        dir: PathBuf,
+        /// The pid the holder wrote into `DIR/LOCK`, if it has written it yet.
+        holder: Option<u32>,
+    },
     /// Framing, decoding or a typed error from a peer.
     #[error(transparent)]
     Proto(#[from] stampfs_proto::Error),
@@ -100,6 +114,7 @@ impl Error {
             Error::Unavailable { .. } => ErrorCode::Unavailable,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::ClusterKey(_) => ErrorCode::BadRequest,
+            Error::DirLocked { .. } => ErrorCode::Unavailable,
             Error::Proto(e) => e.code(),
         }
     }
@@ -145,6 +160,9 @@ impl Error {
             Error::Unavailable { reason } => RemoteError::Unavailable {
                 reason: reason.clone(),
             },
+            Error::DirLocked { .. } => RemoteError::Unavailable {
+                reason: self.to_string(),
+            },
             Error::Config { .. } | Error::ClusterKey(_) => RemoteError::BadRequest {
                 reason: self.to_string(),
             },
@@ -159,5 +177,52 @@ impl From<RemoteError> for Error {
     }
 }
 
+impl From<DirLockError> for Error {
+    fn from(e: DirLockError) -> Self {
+        match e {
+            DirLockError::Locked { dir, holder } => Error::DirLocked { dir, holder },
+            DirLockError::Io { path, source } => Error::io("lock", path, source),
+        }
+    }
+}
+
 /// Result with the chunkserver's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_lock_failure_names_the_directory_and_the_holder() {
+        let e = Error::from(DirLockError::Locked {
+            dir: "/srv/cs0".into(),
+            holder: Some(42),
+        });
+        assert!(
+            matches!(&e, Error::DirLocked { dir, holder: Some(42) } if dir.as_os_str() == "/srv/cs0"),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "chunkserver directory /srv/cs0 is in use by another chunkserver (pid 42)"
+            ),
+            "{text}"
+        );
+        assert_eq!(e.code(), ErrorCode::Unavailable);
+        assert_eq!(e.to_remote().code(), ErrorCode::Unavailable);
+        let e = Error::from(DirLockError::Locked {
+            dir: "/srv/cs0".into(),
+            holder: None,
+        });
+        assert!(e.to_string().contains("(pid not recorded yet)"), "{e}");
+        let e = Error::from(DirLockError::Io {
+            path: "/srv/cs0/LOCK".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+        assert!(matches!(e, Error::Io { op: "lock", .. }), "{e}");
+        assert!(e.to_string().starts_with("lock /srv/cs0/LOCK: "), "{e}");
+        assert_eq!(e.code(), ErrorCode::Io);
+    }
+}

@@ -21,8 +21,8 @@ use crate::{deletion, heartbeat, io, pipeline, replication, scrub};
 use bytes::Bytes;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
-    ChunkCommand, ChunkRequest, ChunkserverId, ClusterKey, FrameReader, FrameWriter, RemoteError,
-    ReplicaReport, Signed,
+    ChunkCommand, ChunkRequest, ChunkserverId, ClusterKey, DirLock, FrameReader, FrameWriter,
+    RemoteError, ReplicaReport, Signed,
 };
 use std::net::SocketAddr;
 use std::path::Path;
@@ -63,6 +63,11 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// Every spawned task, so shutdown can wait for them.
     pub tracker: TaskTracker,
+    /// The exclusive lock on the data directory (one chunkserver per directory). It is
+    /// released when the last task holding this state is gone: after `shutdown` waited
+    /// for them all, or, on a drop without it, once every cancelled task has stopped
+    /// touching the directory (or at once when the process ends).
+    _dir_lock: DirLock,
 }
 
 impl Shared {
@@ -155,13 +160,19 @@ fn load_id(dir: &Path) -> Result<Option<ChunkserverId>> {
     }
 }
 
-/// Starts a chunkserver: loads the cluster key, opens the store (scanning and verifying
-/// every replica), binds, writes `DIR/addr` atomically, and spawns the server and the
-/// heartbeat task. The master need not be running.
+/// Starts a chunkserver: loads the cluster key, locks the data directory, opens the
+/// store (scanning and verifying every replica), binds, writes `DIR/addr` atomically,
+/// and spawns the server and the heartbeat task. The master need not be running. Fails
+/// with [`Error::DirLocked`] when another chunkserver (in any process) holds the
+/// directory.
 pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     config.validate()?;
     let key = ClusterKey::load(&config.cluster_key_file).map_err(Error::ClusterKey)?;
     std::fs::create_dir_all(&config.dir).map_err(|e| Error::io("create", &config.dir, e))?;
+    // First, before anything reads or changes the directory: a second chunkserver must
+    // not recover, truncate or move aside the first one's replicas, nor overwrite its
+    // address or id file.
+    let dir_lock = DirLock::acquire(&config.dir)?;
     let engine = io::open_engine(config.io_engine)?;
     let engine_name = engine.name();
     let store = Arc::new(
@@ -189,6 +200,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         read_budget: Arc::new(Semaphore::new(READ_BUDGET)),
         cancel: CancellationToken::new(),
         tracker: TaskTracker::new(),
+        _dir_lock: dir_lock,
         config,
     });
     store::replace_file(

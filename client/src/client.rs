@@ -15,9 +15,9 @@ use crate::reader::FileReader;
 use crate::writer::FileWriter;
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
-    Append, ChunkRequest, ClientId, Create, Delete, FileLocations, FileStatus, GetLocations, List,
-    MasterRequest, Mkdir, Read, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease,
-    ReplicaInfo, RpcClient, Stat,
+    Append, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Create, Delete,
+    FileLocations, FileStatus, GetLocations, List, MasterRequest, Mkdir, Read, RecoverLease,
+    RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, Stat,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -385,6 +385,14 @@ impl Client {
             client: self.inner.id,
         })
         .await
+    }
+
+    /// The master's view of the cluster (what `stampfs admin report` shows): every
+    /// chunkserver with its state and the capacity and used bytes it last reported,
+    /// and chunk totals by health. The master walks the whole namespace to answer, so
+    /// callers that ask often should cache the answer.
+    pub async fn cluster_report(&self) -> Result<ClusterReport> {
+        self.call(ClusterReportRequest {}).await
     }
 
     /// Creates a file and returns its writer (the client now holds its write lease).

@@ -4,6 +4,7 @@
 //! the master's own failures (configuration, disk, a corrupt log). [`Error::code`]
 //! maps every variant to its wire code and [`Error::to_remote`] builds the reply.
 
+use stampfs_proto::dirlock::{describe_holder, DirLockError};
 use stampfs_proto::{ClientId, ErrorCode, RemoteError};
 use std::path::PathBuf;
 
@@ -181,11 +182,14 @@ impl Error {
     }
 }
 
-/// How a [`Error::DirLocked`] names the master holding the directory.
-fn describe_holder(holder: &Option<u32>) -> String {
-    match holder {
-        Some(pid) => format!("pid {pid}"),
-        None => "pid not recorded yet".into(),
+impl From<DirLockError> for Error {
+    fn from(e: DirLockError) -> Self {
+        match e {
+            DirLockError::Locked { dir, holder } => Error::DirLocked { dir, holder },
+            DirLockError::Io { path, source } => {
+                Error::io(format!("lock {}", path.display()), source)
+            }
+        }
     }
 }
 
@@ -220,6 +224,29 @@ mod tests {
         );
         let e = Error::NotEnoughReplicas { live: 1, needed: 2 };
         assert_eq!(e.to_remote().code(), ErrorCode::NotEnoughReplicas);
+    }
+
+    #[test]
+    fn a_directory_lock_failure_becomes_dir_locked() {
+        let e = Error::from(DirLockError::Locked {
+            dir: "/srv/m".into(),
+            holder: Some(42),
+        });
+        assert!(
+            matches!(&e, Error::DirLocked { dir, holder: Some(42) } if dir.as_os_str() == "/srv/m"),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "master directory /srv/m is in use by another master (pid 42); two masters must never share a directory"
+        );
+        assert_eq!(e.code(), ErrorCode::Unavailable);
+        let e = Error::from(DirLockError::Io {
+            path: "/srv/m/LOCK".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        assert!(e.to_string().starts_with("lock /srv/m/LOCK: "), "{e}");
     }
 
     #[test]

@@ -30,12 +30,16 @@
 
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Seek, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use tokio::sync::watch;
+
+/// The one-master-per-directory lock, shared with the chunkserver (see
+/// [`stampfs_proto::dirlock`]); [`Error`] maps its failure to [`Error::DirLocked`].
+pub use stampfs_proto::dirlock::{DirLock, LOCK_FILE};
 
 /// First bytes of every log segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"STMPLOG1";
@@ -49,64 +53,10 @@ const SEGMENT_PREFIX: &str = "oplog.";
 const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 const CHECKPOINT_HEADER: usize = 8 + 8 + 8 + 4;
-/// The lock file in the master's directory (see [`DirLock`]).
-pub const LOCK_FILE: &str = "LOCK";
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// An exclusive advisory lock on a master's directory: `flock(LOCK_EX | LOCK_NB)` on
-/// `DIR/LOCK`, with the holder's pid written into the file once it is locked (for the
-/// error a second master reports). The lock belongs to the open file description, so
-/// it excludes a second master in another process and in this one alike; it is
-/// released when this value is dropped or the process ends, however it ends. The file
-/// itself stays (removing it would let two processes lock two different files).
-#[derive(Debug)]
-pub struct DirLock {
-    /// The open `DIR/LOCK`; the lock lives exactly as long as this descriptor.
-    _file: File,
-}
-
-impl DirLock {
-    /// Locks `dir` (which must exist), or fails with [`Error::DirLocked`] naming the
-    /// directory and, when it has written it, the pid of the master holding it.
-    pub fn acquire(dir: &Path) -> Result<Self> {
-        let path = dir.join(LOCK_FILE);
-        let io = |e| Error::io(format!("lock {}", path.display()), e);
-        // No truncation on open: the file may hold the current holder's pid.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
-                return Err(Error::DirLocked {
-                    dir: dir.to_path_buf(),
-                    holder: holder_pid(&mut file),
-                });
-            }
-            Err(e) => return Err(io(e.into())),
-        }
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| writeln!(file, "{}", std::process::id()))
-            .map_err(io)?;
-        Ok(Self { _file: file })
-    }
-}
-
-/// The pid in a lock file; `None` when the holder has not written it yet.
-fn holder_pid(file: &mut File) -> Option<u32> {
-    let mut text = String::new();
-    file.rewind().ok()?;
-    file.take(32).read_to_string(&mut text).ok()?;
-    text.trim().parse().ok()
 }
 
 /// Fsyncs a directory, so that files created or renamed in it survive a crash.
@@ -708,47 +658,6 @@ fn write_batch(shared: &Shared, file: &mut File, items: Vec<Item>) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_directory_is_locked_once_and_released_on_drop() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let pid = std::process::id();
-        let first = DirLock::acquire(tmp.path()).expect("first lock");
-        let written = std::fs::read_to_string(tmp.path().join(LOCK_FILE)).expect("read");
-        assert_eq!(written, format!("{pid}\n"));
-        for _ in 0..2 {
-            match DirLock::acquire(tmp.path()) {
-                Err(Error::DirLocked { dir, holder }) => {
-                    assert_eq!(dir, tmp.path());
-                    assert_eq!(holder, Some(pid));
-                }
-                other => panic!("a second lock must fail, got {other:?}"),
-            }
-        }
-        // A failed attempt leaves the holder's pid alone.
-        let written = std::fs::read_to_string(tmp.path().join(LOCK_FILE)).expect("read");
-        assert_eq!(written, format!("{pid}\n"));
-        drop(first);
-        let again = DirLock::acquire(tmp.path()).expect("lock after release");
-        drop(again);
-        // A stale file (a longer pid from a dead holder) does not confuse the next one.
-        std::fs::write(tmp.path().join(LOCK_FILE), "4294967295\n").expect("write");
-        let _held = DirLock::acquire(tmp.path()).expect("lock over a stale file");
-        let written = std::fs::read_to_string(tmp.path().join(LOCK_FILE)).expect("read");
-        assert_eq!(written, format!("{pid}\n"));
-    }
-
-    #[test]
-    fn a_holder_without_a_pid_yet_is_reported_as_such() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let path = tmp.path().join(LOCK_FILE);
-        // Locked by hand, with nothing written: a holder caught between lock and write.
-        let f = File::create(&path).expect("create");
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("flock");
-        let e = DirLock::acquire(tmp.path()).expect_err("locked");
-        assert!(matches!(e, Error::DirLocked { holder: None, .. }), "{e}");
-        assert!(e.to_string().contains("pid not recorded yet"), "{e}");
-    }
 
     fn payload(lsn: u64) -> Vec<u8> {
         format!("record number {lsn}").into_bytes()

@@ -135,7 +135,7 @@ impl Core {
         }
     }
 
-    /// `Err(Halted)` once the master stopped serving (see [`Core::mutate`]).
+    /// `Err(Halted)` once the master stopped serving (see `Core::mutate`).
     pub fn check_running(&self) -> Result<()> {
         match self.halted.get() {
             Some(reason) => Err(Error::Halted {

@@ -10,8 +10,11 @@
 //! - [`codec`]: the length-limited, CRC-checked [`Frame`] and its readers and writers.
 //! - [`error`]: wire errors ([`RemoteError`], [`ErrorCode`]) and this crate's [`Error`].
 //! - [`path`]: namespace path validation.
+//! - [`dirlock`]: [`DirLock`], the exclusive lock a server holds on its data directory
+//!   (one master or chunkserver per directory).
 
 pub mod codec;
+pub mod dirlock;
 pub mod error;
 pub mod ids;
 pub mod msg;
@@ -23,6 +26,7 @@ pub mod units;
 pub use codec::{
     Frame, FrameReader, FrameSink, FrameWriter, MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN,
 };
+pub use dirlock::{DirLock, DirLockError};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
 pub use msg::*;

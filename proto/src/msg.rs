@@ -6,7 +6,7 @@
 //! - **client / peer / master → chunkserver**: [`ChunkRequest`]. A [`WriteSetup`] turns
 //!   its connection into a pipeline stream of [`Packet`]s answered by [`Ack`]s.
 //! - **master → chunkserver commands**: [`ChunkCommand`], always inside a
-//!   [`Signed`](crate::token::Signed) envelope, sent directly when the master must wait
+//!   [`Signed`] envelope, sent directly when the master must wait
 //!   for the result (version bumps) or in a [`HeartbeatReply`] otherwise. A
 //!   [`VerifyReplica`] (signed the same way) asks a chunkserver to check a replica
 //!   someone reported corrupt, and answers with a [`Verification`].

@@ -6,6 +6,7 @@
 //! hands the request and its `Reply*` object to a task on the tokio runtime, which
 //! replies when the cluster has answered. So a slow read never holds up an `ls`.
 
+use super::capacity::{Capacity, CapacityCache, Lookup};
 use super::errno::errno_for;
 use super::handles::{
     check_truncate, check_write, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteCheck,
@@ -40,6 +41,18 @@ const MAX_READ: u32 = 32 << 20;
 const READAHEAD: u32 = 1 << 20;
 /// How long an append waits for this mount's own earlier writer of the file to close.
 const OWN_WRITER_WAIT: Duration = Duration::from_secs(5);
+/// How long the cluster's capacity (and a failure to learn it) is reused by `statfs`:
+/// `df` in a loop asks the master at most this often.
+const CAPACITY_TTL: Duration = Duration::from_secs(2);
+/// How long a `statfs` waits for the master before answering with the last known
+/// capacity (or zeros): `df` never hangs on an unreachable master.
+const CAPACITY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a getattr of the mount's root waits for the master before answering with
+/// the root's last known attributes: the root always exists, and `df`, `ls -d` and shell
+/// prompts stat it, so they must not hang on an unreachable master.
+const ROOT_ATTR_WAIT: Duration = Duration::from_secs(1);
+/// Longest name component (`f_namemax`), as the master enforces it.
+const NAME_MAX: u32 = stampfs_proto::path::MAX_COMPONENT_LEN as u32;
 
 /// Locks a mutex that only guards plain bookkeeping: a panic elsewhere cannot leave it
 /// half-updated in a way worth refusing service for.
@@ -93,6 +106,11 @@ pub(crate) struct Shared {
     /// Woken whenever a write handle is closed and dropped: an append that found this
     /// mount's own earlier writer still holding the lease waits here for it.
     released: tokio::sync::Notify,
+    /// The cluster's capacity for `statfs`; locked briefly, never across an await.
+    capacity: Mutex<CapacityCache>,
+    /// The root's last attributes from the master (see [`ROOT_ATTR_WAIT`]); locked
+    /// briefly, never across an await.
+    root_attr: Mutex<Option<FileAttr>>,
 }
 
 impl Shared {
@@ -108,6 +126,8 @@ impl Shared {
             handles: Mutex::new(Handles::default()),
             tasks: TaskTracker::new(),
             released: tokio::sync::Notify::new(),
+            capacity: Mutex::new(CapacityCache::new(CAPACITY_TTL, CAPACITY_TIMEOUT)),
+            root_attr: Mutex::new(None),
         }
     }
 
@@ -203,8 +223,74 @@ impl Shared {
         reply.entry(&self.ttl, &attr, Generation(0));
     }
 
+    /// Asks the master for the cluster's capacity, for at most [`CAPACITY_TIMEOUT`];
+    /// on failure, the last known capacity (or zeros).
+    #[tracing::instrument(skip_all)]
+    async fn fetch_capacity(&self) -> Capacity {
+        let asked = tokio::time::timeout(CAPACITY_TIMEOUT, self.client.cluster_report()).await;
+        let now = Instant::now();
+        match asked {
+            Ok(Ok(report)) => lock(&self.capacity).fetched(Capacity::from_report(&report), now),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "statfs: cannot get the cluster's capacity from the master; \
+                     reporting the last known values (zeros if none)"
+                );
+                lock(&self.capacity).failed(now)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout = ?CAPACITY_TIMEOUT,
+                    "statfs: the master did not report the cluster's capacity in time; \
+                     reporting the last known values (zeros if none)"
+                );
+                lock(&self.capacity).failed(now)
+            }
+        }
+    }
+
     #[tracing::instrument(skip_all, fields(ino = ino.0))]
     async fn getattr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        if ino.0 != ROOT {
+            return self.fresh_attr(ino).await;
+        }
+        let last = *lock(&self.root_attr);
+        let fresh = match last {
+            Some(_) => tokio::time::timeout(ROOT_ATTR_WAIT, self.fresh_attr(ino))
+                .await
+                .unwrap_or(Err(Errno::ETIMEDOUT)),
+            None => self.fresh_attr(ino).await,
+        };
+        match (fresh, last) {
+            (Ok(attr), _) => {
+                *lock(&self.root_attr) = Some(attr);
+                Ok(attr)
+            }
+            (Err(e), Some(last)) => {
+                tracing::warn!(errno = ?e, "the master did not give the root's attributes in time; answering with the last known ones");
+                Ok(last)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// Fetches the root's attributes in the background (best effort), for
+    /// [`ROOT_ATTR_WAIT`]'s fallback.
+    pub(crate) fn prefetch_root_attr(self: &Arc<Self>) {
+        let sh = self.clone();
+        self.tasks.spawn_on(
+            async move {
+                if let Err(e) = sh.getattr(INodeNo(ROOT)).await {
+                    tracing::debug!(errno = ?e, "could not learn the root's attributes yet");
+                }
+            },
+            &self.rt,
+        );
+    }
+
+    /// The attributes of `ino` as the master has them now.
+    async fn fresh_attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
         let path = self.path_of(ino)?;
         let (st, size) = self.status_and_size(&path).await?;
         if st.inode.0 != ino.0 {
@@ -660,6 +746,19 @@ impl Shared {
     }
 }
 
+/// Answers a `statfs` with the cluster's raw capacity in [`BLKSIZE`] blocks (see
+/// [`super::capacity`]).
+///
+/// File counts are reported as 0 total and 0 free: stampfs has no inode table that
+/// can fill up (the master's namespace grows with its memory), and 0/0 is how Linux
+/// file systems without a fixed inode count (btrfs, many network and FUSE file
+/// systems) say "not counted"; `df -i` then shows zeros. Inventing a large free
+/// count would promise something the master never checks.
+fn reply_statfs(reply: ReplyStatfs, capacity: Capacity) {
+    let b = capacity.blocks(BLKSIZE);
+    reply.statfs(b.total, b.free, b.avail, 0, 0, BLKSIZE, NAME_MAX, BLKSIZE);
+}
+
 /// The fuser file system: thin callbacks over [`Shared`].
 pub(crate) struct StampFs {
     pub(crate) shared: Arc<Shared>,
@@ -1062,9 +1161,17 @@ impl fuser::Filesystem for StampFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // The master has no capacity request yet, so capacity and usage are unknown:
-        // reported as zero rather than invented.
-        reply.statfs(0, 0, 0, 0, 0, BLKSIZE, 255, BLKSIZE);
+        let lookup = lock(&self.shared.capacity).lookup(Instant::now());
+        match lookup {
+            Lookup::Answer(capacity) => reply_statfs(reply, capacity),
+            Lookup::Fetch => {
+                let sh = self.shared.clone();
+                self.spawn(async move {
+                    let capacity = sh.fetch_capacity().await;
+                    reply_statfs(reply, capacity);
+                });
+            }
+        }
     }
 
     fn getxattr(

@@ -29,12 +29,17 @@
 //! - **Crashes.** If the mount process dies, its leases lapse and the files it was
 //!   writing are closed by lease recovery (`stampfs recover PATH`, or the master on
 //!   its own after the hard limit), keeping every acknowledged byte.
-//! - `statfs` reports zero capacity: the master has no capacity request yet.
+//! - **`df`.** `statfs` reports the cluster's raw space, as HDFS's `dfs -df` and a
+//!   MooseFS mount do: the capacity and used bytes of the live chunkservers, summed
+//!   (every replica counts). It comes from the master's cluster report, cached for
+//!   2 s; when the master does not answer within 1 s, the last known values (or
+//!   zeros) are reported instead of an error. Inode counts are not reported (zero).
 //!
 //! [`FileWriter::hflush`]: crate::FileWriter::hflush
 //! [`FileWriter::hsync`]: crate::FileWriter::hsync
 //! [`FileReader`]: crate::FileReader
 
+mod capacity;
 mod errno;
 mod fs;
 mod handles;
@@ -113,6 +118,9 @@ impl Mount {
             tokio::runtime::Handle::current(),
             config.attr_ttl,
         ));
+        // Learn the root's attributes now, so that a getattr of the root can be answered
+        // from them later if the master is slow or gone (`df` must not hang).
+        shared.prefetch_root_attr();
         let fs = StampFs {
             shared: shared.clone(),
         };
