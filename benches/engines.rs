@@ -1,6 +1,8 @@
 //! Micro-benchmarks of the chunkserver's disk side: a replica header's version update
-//! (in memory, and durably through each I/O engine), and 64 KiB writes through each
-//! I/O engine (io_uring and threads), one at a time and as a batch.
+//! (in memory, and durably through each I/O engine), 64 KiB writes through each I/O
+//! engine (io_uring and threads), one at a time and as a batch, and the small-write
+//! path: 4 KiB + its checksum entry + fdatasync, raw and through each engine, into a
+//! growing file and over blocks already written.
 //!
 //! `cargo bench --bench engines`
 //!

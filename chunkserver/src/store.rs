@@ -18,11 +18,18 @@
 //!   sync, bump, truncate or finalize). Until then the previous header, whose length
 //!   is lower and also covered, is the one on disk: both are correct lower bounds;
 //! - other appends only write data and checksum entries;
-//! - at start-up a `Writing` replica's length is recovered from the file size and
-//!   validated block by block against the checksum table (cut at the first bad block,
-//!   never beyond the file); a recovered length below the header's durable length, or a
-//!   replica whose two header slots are both invalid, is renamed aside as `.corrupt`
-//!   and reported, never deleted.
+//! - a small hsync may also write zeros ahead of the data (`pad_range`), so later small
+//!   hsyncs overwrite blocks instead of growing the file; the zeros are never data, and
+//!   finalize cuts them;
+//! - a cut (truncate, or a stream set-up behind the replica's end) writes a *capped*
+//!   header first, so a crash in the middle of it cannot bring the cut bytes back
+//!   (see `Replica::cut_to`);
+//! - at start-up a `Writing` replica's length is recovered from the file and validated
+//!   block by block against the checksum table (cut at the first block the table does
+//!   not vouch for, never beyond the file, never past a capped header's length); a
+//!   recovered length below the header's durable length, or a replica whose two header
+//!   slots are both invalid, is renamed aside as `.corrupt` and reported, never
+//!   deleted. A finalized replica whose file is longer than its length is cut to it.
 
 use crate::checksum::{self, BlockCheck};
 use crate::error::{Error, Result};
@@ -970,6 +977,16 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
         replica
             .finish_cut()
             .map_err(io("finish an interrupted cut"))?;
+    }
+    if header.state == ReplicaState::Finalized && file_len > DATA_OFFSET + header.length {
+        // A crash between finalize's header and its cut left zeros (or a recovered
+        // tail) past the final length: finish the cut.
+        replica
+            .file
+            .set_len(DATA_OFFSET + header.length)
+            .and_then(|()| replica.file.sync_all())
+            .map_err(io("cut a finalized replica to its length"))?;
+        replica.padded = header.length;
     }
     Ok(replica)
 }

@@ -588,3 +588,40 @@ async fn small_hsyncs_write_zeros_ahead_which_never_count_as_data() {
         assert_eq!(&got[..], &more[..]);
     }
 }
+
+#[tokio::test]
+async fn a_finalized_replica_left_longer_than_its_length_is_cut_at_startup() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(10_000, 15);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data.clone()), true)
+                .await
+                .expect("hsync");
+            s.finalize(H, v(1), 10_000).await.expect("finalize");
+        }
+        // As if the crash came between finalize's header and its cut of the zeros.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(replica_file(dir.path(), H))
+            .expect("open");
+        f.set_len(DATA_OFFSET + (1 << 20)).expect("grow");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        let r = s.info(H).await.expect("info");
+        assert_eq!(
+            (r.length, r.state),
+            (10_000, ReplicaState::Finalized),
+            "{kind:?}"
+        );
+        let len = std::fs::metadata(replica_file(dir.path(), H))
+            .expect("meta")
+            .len();
+        assert_eq!(len, DATA_OFFSET + 10_000);
+        let (_, got) = s.read(H, v(1), 0, 1 << 20).await.expect("read");
+        assert_eq!(&got[..], &data[..]);
+    }
+}

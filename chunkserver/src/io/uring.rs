@@ -18,6 +18,12 @@
 //! still in the kernel, so a caller that stops waiting can never leave the kernel
 //! writing from or into freed memory. No buffers are registered (locked memory is
 //! scarce).
+//!
+//! The kernel ties a request to the thread that submitted it, and a thread that exits
+//! cancels (or waits for) its requests. Submitting on the runtime's worker threads,
+//! which live as long as the runtime, is therefore fine; a job submitted from a
+//! short-lived thread could end with `ECANCELED` (an I/O error for its caller, never a
+//! silent loss), which is why nothing here submits from the blocking pool.
 
 use super::{IoEngine, IoOp};
 use bytes::Bytes;
