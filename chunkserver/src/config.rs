@@ -61,15 +61,20 @@ pub struct ChunkserverConfig {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub connect_timeout: Duration,
     /// How long a pipeline waits for a downstream ack before declaring it lost (keep it
-    /// below the clients' ack timeout, 15 s, so the failed replica is named precisely).
+    /// below the clients' ack timeout, 15 s, so the failed replica is named precisely);
+    /// also how long a downstream may take no byte of the packets forwarded to it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub ack_timeout: Duration,
     /// How long a peer may stay silent before its connection is closed: a request/reply
     /// connection that sends no request, or a write stream whose upstream sends no
     /// packet while none of its packets waits for an ack (packets in flight are
-    /// governed by `--ack-timeout` instead). Every frame received (and, on a write
-    /// stream, every ack sent) restarts it. Frees the connection permit and the stream
-    /// of a frozen or vanished peer.
+    /// governed by `--ack-timeout` instead), or a replica copy whose sender sends no
+    /// packet. Every frame received (and, on a write stream, every ack sent) restarts
+    /// it. It also bounds writes: a peer that takes no byte of a reply, an ack or a
+    /// replica copy for this long has stopped reading and is treated as gone (every
+    /// byte it takes restarts the clock, so a slow reader of a large reply is not cut).
+    /// Frees the connection permit, the stream and the read budget of a frozen or
+    /// vanished peer.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub idle_timeout: Duration,
     /// Replications to other chunkservers running at once.

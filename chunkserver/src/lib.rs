@@ -20,6 +20,8 @@
 //!   reports it corrupt (a client's report is only a hint).
 //! - [`deletion`]: paced deletion of replicas the master orders removed.
 //! - [`heartbeat`]: registration, heartbeats, chunk reports, master commands.
+//! - [`stall`]: the bound on writes to a peer that stopped reading (a timeout on
+//!   progress, restarted by every byte it takes).
 //! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.
 //! - [`config`] and [`error`].
 
@@ -35,6 +37,7 @@ pub mod pipeline;
 pub mod replication;
 pub mod scrub;
 pub mod server;
+pub mod stall;
 pub mod store;
 
 pub use config::{ChunkserverConfig, IoEngineKind};

@@ -35,6 +35,15 @@
 //! clock restarts on every frame received and every ack sent, so only silence counts;
 //! while a packet is outstanding the ack timeout is what applies ([`idle_check`]).
 //!
+//! **Peers that stop reading.** Idleness is about what a peer sends; the other
+//! direction is bounded by progress ([`crate::stall`]): the acks (and the set-up reply)
+//! go to the upstream through the connection's [`StallGuard`], so an upstream that
+//! takes no byte of them for `--idle-timeout` is gone and the stream ends as on a broken socket (its packets'
+//! byte permits would otherwise stay held, and with them the stream, forever).
+//! Forwarded packets go downstream through a guard with `--ack-timeout`: a downstream
+//! that takes no byte for as long as an ack may take is lost like one whose ack did not
+//! come, and the stream goes on locally.
+//!
 //! **Throughput.** `write_local` takes whatever packets queued up while the previous
 //! write was on disk as one batch ([`Store::write_batch`](crate::store::Store::write_batch)):
 //! one hold of the per-chunk lock in which every packet still passes the version gate
@@ -46,6 +55,7 @@
 use crate::error::Error;
 use crate::header::MAX_CHUNK_SIZE;
 use crate::server::{Shared, StreamGuard};
+use crate::stall::{GuardedWriteHalf, StallGuard};
 use crate::store::PacketWrite;
 use bytes::Bytes;
 use stampfs_proto::rpc::{parse_reply, reply_frame, request_frame};
@@ -57,7 +67,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -236,14 +246,16 @@ fn check_packet(
 }
 
 /// Connects to `addr` and opens the stream there with `setup` (what `RpcClient`
-/// would do, keeping the raw write half for the [`FrameSink`]).
+/// would do, keeping the raw write half for the [`FrameSink`]). Writes to it fail once
+/// it has taken no byte for `stall` (see [`crate::stall`]).
 async fn open_downstream(
     addr: &str,
     setup: WriteSetup,
     timeout: Duration,
+    stall: Duration,
 ) -> stampfs_proto::Result<(
     FrameReader<OwnedReadHalf>,
-    FrameSink<OwnedWriteHalf>,
+    FrameSink<GuardedWriteHalf>,
     WriteSetupReply,
 )> {
     let unavailable =
@@ -253,9 +265,10 @@ async fn open_downstream(
         .map_err(|_| unavailable(format!("connecting to {addr} timed out")))?
         .map_err(|e| unavailable(format!("cannot connect to {addr}: {e}")))?;
     stream.set_nodelay(true)?;
+    let peer = stream.peer_addr()?;
     let (r, w) = stream.into_split();
     let mut reader = FrameReader::new(r);
-    let mut sink = FrameSink::new(w);
+    let mut sink = FrameSink::new(StallGuard::new(w, peer, stall));
     sink.feed_frame(&request_frame(1, setup, Bytes::new())?)?;
     sink.flush().await?;
     let frame = reader
@@ -268,7 +281,7 @@ async fn open_downstream(
 
 /// The downstream side after set-up.
 struct Downstream {
-    link: Option<(FrameReader<OwnedReadHalf>, FrameSink<OwnedWriteHalf>)>,
+    link: Option<(FrameReader<OwnedReadHalf>, FrameSink<GuardedWriteHalf>)>,
     accepted: Vec<ChunkserverId>,
     failed: Vec<(ChunkserverId, RemoteError)>,
 }
@@ -288,6 +301,7 @@ async fn connect_downstream(shared: &Shared, setup: &WriteSetup) -> Downstream {
                 downstream: rest,
             },
             timeout,
+            shared.config.ack_timeout,
         );
         let outcome = match tokio::time::timeout(budget, attempt).await {
             Ok(Ok(x)) => Ok(x),
@@ -325,7 +339,7 @@ pub(crate) async fn serve(
     id: u64,
     setup: WriteSetup,
     reader: FrameReader<OwnedReadHalf>,
-    mut writer: FrameWriter<OwnedWriteHalf>,
+    mut writer: FrameWriter<GuardedWriteHalf>,
     peer: SocketAddr,
 ) {
     let _active = StreamGuard::new(&shared.active_streams);
@@ -452,8 +466,8 @@ impl Stream {
         token: ChunkToken,
         offset: u64,
         reader: FrameReader<OwnedReadHalf>,
-        writer: FrameWriter<OwnedWriteHalf>,
-        link: Option<(FrameReader<OwnedReadHalf>, FrameSink<OwnedWriteHalf>)>,
+        writer: FrameWriter<GuardedWriteHalf>,
+        link: Option<(FrameReader<OwnedReadHalf>, FrameSink<GuardedWriteHalf>)>,
     ) {
         let (local_tx, local_rx) = mpsc::channel(QUEUE);
         let (ack_tx, ack_rx) = mpsc::channel(QUEUE);
@@ -665,7 +679,7 @@ impl Stream {
     /// the queued acks are flushed only before waiting for something not yet done.
     async fn ack_upstream(
         &self,
-        mut writer: FrameWriter<OwnedWriteHalf>,
+        mut writer: FrameWriter<GuardedWriteHalf>,
         mut rx: mpsc::Receiver<Pending>,
     ) {
         loop {
@@ -742,7 +756,7 @@ impl Stream {
 /// before waiting. `None` when the sender went away.
 async fn ready_or_flush<T>(
     mut rx: oneshot::Receiver<T>,
-    writer: &mut FrameWriter<OwnedWriteHalf>,
+    writer: &mut FrameWriter<GuardedWriteHalf>,
 ) -> stampfs_proto::Result<Option<T>> {
     match rx.try_recv() {
         Ok(v) => Ok(Some(v)),
@@ -756,7 +770,7 @@ async fn ready_or_flush<T>(
 
 /// Sends packets downstream in order, registering each one's ack expectation first.
 async fn forward(
-    mut writer: FrameSink<OwnedWriteHalf>,
+    mut writer: FrameSink<GuardedWriteHalf>,
     mut rx: mpsc::Receiver<ForwardJob>,
     expect: mpsc::Sender<Expectation>,
 ) {

@@ -11,9 +11,20 @@
 //! it into place (replacing an older-version replica) and answers one final [`Ack`]
 //! whose only entry is its own result. Both sides then wake their heartbeat task so the
 //! master hears about the change in the next chunk report.
+//!
+//! **A frozen peer** holds neither side forever; both apply `--idle-timeout`. The target
+//! ends the copy when no packet arrives for that long (the same rule as an idle write
+//! stream: every frame restarts the clock; the sender's 64 KiB packets make that "no
+//! bytes for that long" for any link faster than about 1 KiB/s), answers the error if
+//! it still can, and drops the unfinished [`Incoming`](crate::store::Incoming), which
+//! removes its temporary file, exactly as when the sender closes early. Every write to
+//! the peer, on both sides, goes through a [`StallGuard`]: a peer that takes no byte
+//! for the idle timeout is gone (see [`crate::stall`]); the source's copy then fails,
+//! gives back its `--max-replications` permit and is retried when the master asks again.
 
 use crate::error::{Error, Result};
 use crate::server::{Shared, StreamGuard};
+use crate::stall::{GuardedWriteHalf, StallGuard};
 use bytes::Bytes;
 use stampfs_proto::rpc::reply_frame;
 use stampfs_proto::{
@@ -23,7 +34,9 @@ use stampfs_proto::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use std::time::Duration;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
 
 /// Starts copying the replica in the background (bounded by `--max-replications`).
 pub(crate) fn spawn(
@@ -74,7 +87,7 @@ pub(crate) async fn send(
     let length = report.length;
     let token = ChunkToken::sign(&shared.key, handle, version, ClientId::MASTER);
     let timeout = shared.config.connect_timeout;
-    let mut client = RpcClient::connect(&target.addr, timeout).await?;
+    let mut client = connect(&target.addr, timeout, shared.config.idle_timeout).await?;
     let setup = tokio::time::timeout(timeout * 2, client.call(ReceiveReplica { token, length }))
         .await
         .map_err(|_| Error::Unavailable {
@@ -125,6 +138,26 @@ pub(crate) async fn send(
     }
 }
 
+/// An RPC connection to `addr` (within `timeout`) whose writes fail once the target
+/// has taken no byte for `stall`.
+async fn connect(
+    addr: &str,
+    timeout: Duration,
+    stall: Duration,
+) -> Result<RpcClient<OwnedReadHalf, GuardedWriteHalf>> {
+    let unavailable = |reason: String| Error::Unavailable { reason };
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| unavailable(format!("connecting to {addr} timed out")))?
+        .map_err(|e| unavailable(format!("cannot connect to {addr}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| unavailable(format!("connection to {addr} failed: {e}")))?;
+    let (r, w) = stream.into_split();
+    Ok(RpcClient::new(r, StallGuard::new(w, peer, stall)))
+}
+
 /// Serves a `ReceiveReplica` connection (this chunkserver is the target).
 #[tracing::instrument(skip_all, fields(chunk = %req.token.handle, version = %req.token.version, length = req.length, %peer))]
 pub(crate) async fn receive(
@@ -132,7 +165,7 @@ pub(crate) async fn receive(
     id: u64,
     req: ReceiveReplica,
     mut reader: FrameReader<OwnedReadHalf>,
-    mut writer: FrameWriter<OwnedWriteHalf>,
+    mut writer: FrameWriter<GuardedWriteHalf>,
     peer: SocketAddr,
 ) {
     let own = shared.own_id();
@@ -169,11 +202,22 @@ pub(crate) async fn receive(
         Err(_) => return,
     }
     let _active = StreamGuard::new(&shared.active_streams);
+    let idle_timeout = shared.config.idle_timeout;
     let mut last_seq = 0u64;
     let received: Result<ReplicaReport> = async {
         while incoming.received() < incoming.expected() {
+            // The idle clock runs only while waiting for the next packet, not while the
+            // previous one is written to disk.
             let frame = tokio::select! {
-                f = reader.read_frame() => f?,
+                f = tokio::time::timeout(idle_timeout, reader.read_frame()) => match f {
+                    Ok(f) => f?,
+                    Err(_) => {
+                        tracing::info!(%peer, ?idle_timeout, received = incoming.received(), "the sender fell silent; ending the copy");
+                        return Err(Error::Unavailable {
+                            reason: format!("no packet from the sender for {idle_timeout:?}"),
+                        });
+                    }
+                },
                 _ = shared.cancel.cancelled() => return Err(Error::Unavailable { reason: "shutting down".into() }),
             }
             .ok_or_else(|| Error::Unavailable {

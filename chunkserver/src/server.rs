@@ -13,9 +13,20 @@
 //! silence: a peer that sends no request for `--idle-timeout` after its last reply
 //! (frozen, vanished, or a half-open TCP connection) is disconnected, which frees its
 //! connection permit.
+//!
+//! The same timeout bounds the other direction: every reply (and every ack or frame a
+//! stream sends back on this connection) is written through a [`StallGuard`], so a
+//! peer that stops *reading* (SIGSTOP, a dead VM, a receive window that stays full)
+//! and takes no byte for `--idle-timeout`
+//! is treated as gone: the write fails, the guard logs the peer at info, and the
+//! connection ends as on a broken socket, giving back its connection permit and, for
+//! a read, its share of the read budget. The clock restarts whenever the peer takes
+//! some bytes, so a slow reader of a 16 MiB read reply is not cut (see
+//! [`crate::stall`]).
 
 use crate::config::ChunkserverConfig;
 use crate::error::{Error, Result};
+use crate::stall::StallGuard;
 use crate::store::{self, Store};
 use crate::{deletion, heartbeat, io, pipeline, replication, scrub};
 use bytes::Bytes;
@@ -270,10 +281,12 @@ async fn listen(shared: Arc<Shared>, listener: TcpListener, limit: Arc<Semaphore
 /// Serves one connection until EOF, a malformed frame, a finished stream, or shutdown.
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
+    let idle_timeout = shared.config.idle_timeout;
     let (r, w) = stream.into_split();
     let mut reader = FrameReader::new(r);
-    let mut writer = FrameWriter::new(w);
-    let idle_timeout = shared.config.idle_timeout;
+    // Every write to this peer, replies and stream acks alike, fails once the peer has
+    // taken no byte for the idle timeout (it stopped reading: gone).
+    let mut writer = FrameWriter::new(StallGuard::new(w, peer, idle_timeout));
     loop {
         // The idle clock runs only while waiting for the next request: from the moment
         // the previous reply was written until a whole frame has arrived.
@@ -303,7 +316,8 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 return;
             }
         };
-        // Read permits stay held until the reply has been written.
+        // Read permits stay held until the reply has been written (or its write has
+        // failed: a peer that stopped reading gives them back after the idle timeout).
         let mut _read_permit = None;
         let outcome = match request {
             ChunkRequest::WriteSetup(setup) => {
