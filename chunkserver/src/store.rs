@@ -219,8 +219,9 @@ impl Replica {
     /// 1. data sync, then a *capped* header with the new length + fsync: from here on
     ///    start-up recovery stops at `length` even though the cut bytes and their
     ///    checksums are still in the file;
-    /// 2. the cut block's checksum, every later table entry zeroed, ftruncate, fsync:
-    ///    the cut bytes are gone;
+    /// 2. the cut block's checksum and every later table entry zeroed, fdatasync, then
+    ///    ftruncate, fsync: the cut bytes are gone (the table first, so that no entry
+    ///    ever vouches for bytes the truncate removed);
     /// 3. the same header uncapped + fsync, so that hsyncs past `length` are recovered
     ///    again.
     ///
@@ -242,10 +243,16 @@ impl Replica {
             engine
                 .run(
                     self.file.clone(),
-                    vec![IoOp::Write {
-                        offset,
-                        data: Bytes::from(entries),
-                    }],
+                    // Synced before the truncate: a truncate that reached the disk
+                    // ahead of the table would leave an entry vouching for bytes
+                    // that are gone, and the replica would look corrupt.
+                    vec![
+                        IoOp::Write {
+                            offset,
+                            data: Bytes::from(entries),
+                        },
+                        IoOp::SyncData,
+                    ],
                 )
                 .await
                 .map_err(self.io("write checksums"))?;
@@ -978,6 +985,11 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
             .finish_cut()
             .map_err(io("finish an interrupted cut"))?;
     }
+    if header.state == ReplicaState::Writing && !header.capped {
+        replica
+            .forget_past_end(&table, file_len)
+            .map_err(io("drop what lies past the recovered length"))?;
+    }
     if header.state == ReplicaState::Finalized && file_len > DATA_OFFSET + header.length {
         // A crash between finalize's header and its cut left zeros (or a recovered
         // tail) past the final length: finish the cut.
@@ -992,6 +1004,38 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
 }
 
 impl Replica {
+    /// After start-up recovery of a `Writing` replica: checksum entries past the
+    /// recovered length (left by appends a crash cut short) are zeroed and the file is
+    /// cut to the length, so no later write can end up next to an old entry that
+    /// vouches for bytes nobody wrote at this length (zeros written ahead by a later
+    /// small hsync could otherwise match one). Writes only when something is there.
+    fn forget_past_end(&mut self, table: &[u32], file_len: u64) -> std::io::Result<()> {
+        let first = checksum::block_of(self.length) as usize;
+        let tail_stale =
+            self.length % BLOCK != 0 && table.get(first).is_some_and(|e| *e != self.tail_crc);
+        let later = if self.length % BLOCK == 0 {
+            first
+        } else {
+            first + 1
+        };
+        let stale = tail_stale || table.iter().skip(later).any(|e| *e != 0);
+        if stale {
+            if let Some((offset, entries)) = stale_table_entries(self.length, self.tail_crc) {
+                self.file.write_all_at(&entries, offset)?;
+                self.file.sync_data()?;
+            }
+        }
+        if file_len > DATA_OFFSET + self.length {
+            self.file.set_len(DATA_OFFSET + self.length)?;
+            self.padded = self.length;
+        }
+        if stale || file_len > DATA_OFFSET + self.length {
+            self.file.sync_all()?;
+            tracing::info!(chunk = %self.header.handle, length = self.length, "dropped what lay past the recovered length");
+        }
+        Ok(())
+    }
+
     /// Completes a cut that a crash interrupted after its capped header (see
     /// [`Replica::cut_to`]): the data ends at the header's length; the bytes and
     /// checksums past it are removed and the header is rewritten uncapped (blocking,
@@ -1009,6 +1053,7 @@ impl Replica {
         };
         if let Some((offset, entries)) = stale_table_entries(length, tail) {
             self.file.write_all_at(&entries, offset)?;
+            self.file.sync_data()?;
         }
         self.file.set_len(DATA_OFFSET + length)?;
         self.file.sync_all()?;

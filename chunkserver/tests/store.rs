@@ -625,3 +625,47 @@ async fn a_finalized_replica_left_longer_than_its_length_is_cut_at_startup() {
         assert_eq!(&got[..], &data[..]);
     }
 }
+
+#[tokio::test]
+async fn recovery_forgets_checksums_past_the_recovered_length() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = pattern(300_000, 16);
+        {
+            let s = open(dir.path(), kind).await;
+            s.bump_version(H, v(1), true).await.expect("create");
+            s.write(H, v(1), 0, Bytes::from(data[..100_000].to_vec()), true)
+                .await
+                .expect("hsync");
+            s.write(
+                H,
+                v(1),
+                100_000,
+                Bytes::from(data[100_000..].to_vec()),
+                false,
+            )
+            .await
+            .expect("append");
+        }
+        // A crash kept the appended checksums but not the appended bytes.
+        let path = replica_file(dir.path(), H);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.set_len(DATA_OFFSET + 100_000).expect("lose the tail");
+        drop(f);
+        let s = open(dir.path(), kind).await;
+        assert_eq!(s.info(H).await.expect("info").length, 100_000, "{kind:?}");
+        drop(s);
+        // Every entry past the recovered length is gone, the tail entry is the CRC of
+        // the recovered partial block.
+        let bytes = std::fs::read(&path).expect("read");
+        let table = &bytes[2 * SLOT_SIZE as usize..DATA_OFFSET as usize];
+        let entry = |i: usize| u32::from_le_bytes(table[4 * i..4 * i + 4].try_into().expect("4"));
+        let block = BLOCK as usize;
+        assert_eq!(entry(1), crc32fast::hash(&data[block..100_000]));
+        assert!((2..table.len() / 4).all(|i| entry(i) == 0), "{kind:?}");
+    }
+}

@@ -485,6 +485,40 @@ fn after_stream_end(end: StreamEnd, outstanding: bool, quiet_burst: bool) -> End
     }
 }
 
+/// Whether the head's refusal of a stream set-up ends the writer (after `StaleToken`,
+/// which fences it, was handled). A refusal about the head's own replica — missing,
+/// shorter than the acknowledged length after a crash, stale, corrupt, an I/O error —
+/// is that replica's failure: the writer goes on without it through a version bump,
+/// exactly as if the head were unreachable, so the bytes the other replicas hold are
+/// never lost to it. Only a refusal of the token itself (which every chunkserver of the
+/// cluster would give) or of the request's shape ends the writer.
+fn head_refusal_is_fatal(e: &RemoteError) -> bool {
+    match e {
+        RemoteError::BadToken { .. }
+        | RemoteError::FrameTooLarge { .. }
+        | RemoteError::MalformedFrame { .. }
+        | RemoteError::InvalidPath { .. } => true,
+        RemoteError::StaleToken { .. }
+        | RemoteError::ReplicaStale { .. }
+        | RemoteError::ChecksumMismatch { .. }
+        | RemoteError::NotFound { .. }
+        | RemoteError::BadRequest { .. }
+        | RemoteError::Internal { .. }
+        | RemoteError::Io { .. }
+        | RemoteError::Unavailable { .. }
+        | RemoteError::NoSpace { .. }
+        | RemoteError::AlreadyExists { .. }
+        | RemoteError::NotADirectory { .. }
+        | RemoteError::IsADirectory { .. }
+        | RemoteError::DirectoryNotEmpty { .. }
+        | RemoteError::LeaseConflict { .. }
+        | RemoteError::LeaseExpired { .. }
+        | RemoteError::RecoveryInProgress { .. }
+        | RemoteError::NotEnoughReplicas { .. }
+        | RemoteError::NotSupported { .. } => false,
+    }
+}
+
 /// The replicas a stream's end excludes.
 fn excluded(action: EndAction, head: Option<ChunkserverId>) -> Vec<ChunkserverId> {
     match action {
@@ -867,28 +901,36 @@ impl Streamer {
             };
             let timeout = self.client.config().request_timeout;
             let ack_timeout = self.client.config().ack_timeout;
-            let (mut stream, reply) =
-                match PipelineStream::open(&chunk.grant, chunk.acked, timeout, ack_timeout).await {
-                    Ok(s) => s,
-                    Err(SetupError::Head(id, e)) => {
-                        tracing::warn!(chunkserver = %id, error = %e, "pipeline head unreachable");
-                        bad.push(id);
-                        continue;
-                    }
-                    Err(SetupError::Rejected(RemoteError::StaleToken { current, .. })) => {
-                        return Err(self.fenced(Some(current)));
-                    }
-                    Err(SetupError::Rejected(RemoteError::ReplicaStale { .. })) => {
-                        bad.push(chunk.grant.pipeline[0].id);
-                        continue;
-                    }
-                    Err(SetupError::Rejected(e)) => {
-                        return Err(Error::Pipeline {
-                            path: self.path.clone(),
-                            reason: e.to_string(),
-                        })
-                    }
-                };
+            let (mut stream, reply) = match PipelineStream::open(
+                &chunk.grant,
+                chunk.acked,
+                timeout,
+                ack_timeout,
+            )
+            .await
+            {
+                Ok(s) => s,
+                Err(SetupError::Head(id, e)) => {
+                    tracing::warn!(chunkserver = %id, error = %e, "pipeline head unreachable");
+                    bad.push(id);
+                    continue;
+                }
+                Err(SetupError::Rejected(RemoteError::StaleToken { current, .. })) => {
+                    return Err(self.fenced(Some(current)));
+                }
+                Err(SetupError::Rejected(e)) if head_refusal_is_fatal(&e) => {
+                    return Err(Error::Pipeline {
+                        path: self.path.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+                Err(SetupError::Rejected(e)) => {
+                    let head = chunk.grant.pipeline[0].id;
+                    tracing::warn!(chunkserver = %head, error = %e, "pipeline head refused the stream");
+                    bad.push(head);
+                    continue;
+                }
+            };
             let stale = reply.failed.iter().find_map(|(_, r)| match r {
                 RemoteError::StaleToken { current, .. } => Some(*current),
                 _ => None,
@@ -1057,6 +1099,28 @@ async fn stream_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_refused_token_or_request_ends_the_writer_at_set_up() {
+        let handle = stampfs_proto::ChunkHandle(3);
+        assert!(head_refusal_is_fatal(&RemoteError::BadToken { handle }));
+        // The head's replica came back shorter than the acknowledged length (a crash
+        // lost its unsynced tail), vanished, or is corrupt: exclude it, keep writing.
+        for e in [
+            RemoteError::BadRequest {
+                reason: "write at 100 is not contiguous".into(),
+            },
+            RemoteError::NotFound {
+                what: "chunk".into(),
+            },
+            RemoteError::ChecksumMismatch { handle, offset: 0 },
+            RemoteError::Io {
+                reason: "EIO".into(),
+            },
+        ] {
+            assert!(!head_refusal_is_fatal(&e), "{e}");
+        }
+    }
 
     #[test]
     fn a_stream_closed_with_nothing_in_flight_is_reopened_not_blamed() {

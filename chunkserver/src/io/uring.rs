@@ -52,6 +52,8 @@ const MAX_XFER: usize = 1 << 30;
 /// Most iovecs in one vectored write (the kernel's `UIO_MAXIOV`); the rest continue
 /// as a short write.
 const MAX_IOVECS: usize = 1024;
+/// How soon the reaper retries a submission the kernel refused for the moment.
+const SUBMIT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 /// Writes larger than this go to the kernel's workers (`IOSQE_ASYNC`) instead of being
 /// copied inline on the submitting runtime thread.
 const INLINE_WRITE_MAX: usize = 256 << 10;
@@ -95,6 +97,9 @@ struct Shared {
     /// False once the reaper task has ended (engine dropped or its runtime shut
     /// down): new jobs are refused instead of waiting forever.
     reaping: AtomicBool,
+    /// Wakes the reaper to retry a submission the kernel refused for the moment
+    /// (nothing may be in flight to produce a completion that would wake it).
+    retry: tokio::sync::Notify,
 }
 
 /// The ring's raw descriptor, for the reactor (the ring itself owns it).
@@ -133,6 +138,7 @@ impl UringEngine {
                 inflight: 0,
             }),
             reaping: AtomicBool::new(true),
+            retry: tokio::sync::Notify::new(),
         });
         let stop = CancellationToken::new();
         runtime.spawn(reap(shared.clone(), stop.clone()));
@@ -163,7 +169,9 @@ impl UringEngine {
         ring.next_id += 1;
         ring.jobs.insert(id, job);
         ring.pending.push_back(id);
-        ring.pump();
+        if ring.pump() == Pumped::Stuck {
+            self.shared.retry.notify_one();
+        }
         Ok(())
     }
 }
@@ -195,23 +203,28 @@ async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
         }
     }
     let _reaping = Reaping(&shared.reaping);
+    let mut stuck = false;
     loop {
-        let mut ready = tokio::select! {
+        let ready = tokio::select! {
             _ = stop.cancelled() => break,
             ready = shared.fd.readable() => match ready {
-                Ok(r) => r,
+                Ok(r) => Some(r),
                 Err(e) => {
                     tracing::error!(error = %e, "io_uring descriptor failed in the reactor");
                     break;
                 }
             },
+            () = shared.retry.notified() => None,
+            () = tokio::time::sleep(SUBMIT_RETRY), if stuck => None,
         };
         let mut ring = shared.lock();
-        ring.pump();
+        stuck = ring.pump() == Pumped::Stuck;
         // Clear readiness only when nothing is left to reap; tokio keeps readiness
         // that arrived after it was observed, so no completion can be missed.
-        if ring.ring.completion().is_empty() {
-            ready.clear_ready();
+        if let Some(mut ready) = ready {
+            if ring.ring.completion().is_empty() {
+                ready.clear_ready();
+            }
         }
     }
     tracing::debug!("io_uring reaper stopped");
@@ -509,6 +522,15 @@ fn libc_ecanceled() -> i32 {
     rustix::io::Errno::CANCELED.raw_os_error()
 }
 
+/// What [`Ring::pump`] left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pumped {
+    /// Everything queued went to the kernel.
+    Done,
+    /// The kernel refused the submission for now; entries wait in the queue.
+    Stuck,
+}
+
 /// The ring and the jobs it owns.
 struct Ring {
     ring: IoUring,
@@ -534,17 +556,23 @@ impl std::fmt::Debug for Ring {
 impl Ring {
     /// Pushes what is waiting, enters the kernel without waiting, and settles every
     /// completion that is there; repeats while settling made more work (a short
-    /// transfer's continuation) that can be submitted.
-    fn pump(&mut self) {
+    /// transfer's continuation) that can be submitted. `Stuck` when the kernel refused
+    /// the submission and entries are left in the queue: the caller must make sure it
+    /// is retried, since no completion may come to trigger that.
+    fn pump(&mut self) -> Pumped {
         loop {
             self.push_pending();
+            let mut outcome = Pumped::Done;
             if let Err(e) = self.ring.submit() {
                 let code = e.raw_os_error();
                 let transient = code == Some(rustix::io::Errno::INTR.raw_os_error())
                     || code == Some(rustix::io::Errno::BUSY.raw_os_error())
                     || code == Some(rustix::io::Errno::AGAIN.raw_os_error());
                 if !transient {
-                    tracing::error!(error = %e, "io_uring submit failed; retried on the next completion or job");
+                    tracing::error!(error = %e, "io_uring submit failed; retrying");
+                }
+                if !self.ring.submission().is_empty() {
+                    outcome = Pumped::Stuck;
                 }
             }
             let done: Vec<(u64, i32)> = self
@@ -553,13 +581,13 @@ impl Ring {
                 .map(|c| (c.user_data(), c.result()))
                 .collect();
             if done.is_empty() {
-                return;
+                return outcome;
             }
             for (user_data, result) in done {
                 self.complete(user_data, result);
             }
             if self.pending.is_empty() {
-                return;
+                return outcome;
             }
         }
     }
