@@ -19,8 +19,10 @@
 //! 32..40  length: bytes of data known durable (exact for finalized replicas)
 //! 40..48  sequence number
 //! 48      state: 1 = Writing, 2 = Finalized
-//! 49      flags: bit 0 = capped (the data ends at `length` exactly, see below)
-//! 50..56  zero
+//! 49      flags: bit 0 = capped (the data ends at `length` exactly, see below),
+//!         bit 1 = bytes 50..54 hold the tail CRC
+//! 50..54  tail CRC: CRC32 of the data of the block that holds `length`, up to `length`
+//! 54..56  zero
 //! 56..60  CRC32 of bytes 0..56
 //! ```
 //!
@@ -34,6 +36,11 @@
 //! durable header). A *capped* header forbids that: it is written first when a replica
 //! is cut shorter, while the cut-off bytes and their checksums may still be in the
 //! file, so a crash in the middle of the cut can never bring them back.
+//!
+//! The *tail CRC* lets a header vouch for its own partial last block: the checksum
+//! table's entry for that block moves on with every later append (and may reach the
+//! disk before the appended bytes do), so after a crash only the header still knows
+//! the CRC of the data up to its length.
 
 use crate::error::{Error, Result};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState, CHECKSUM_BLOCK};
@@ -58,6 +65,7 @@ const CRC_AT: usize = 56;
 const STATE_WRITING: u8 = 1;
 const STATE_FINALIZED: u8 = 2;
 const FLAG_CAPPED: u8 = 1;
+const FLAG_TAIL: u8 = 2;
 
 const _: () = assert!(DATA_OFFSET % 4096 == 0);
 
@@ -78,6 +86,9 @@ pub struct Header {
     pub seq: u64,
     /// The data ends at `length` exactly: start-up recovery must not look past it.
     pub capped: bool,
+    /// CRC32 of the data from the start of the block holding `length` up to `length`
+    /// (0 when `length` is block aligned); `None` in headers written without it.
+    pub tail_crc: Option<u32>,
 }
 
 impl Header {
@@ -95,6 +106,7 @@ impl Header {
             length,
             seq: 1,
             capped: false,
+            tail_crc: None,
         }
     }
 
@@ -108,6 +120,16 @@ impl Header {
             length,
             seq: self.seq.wrapping_add(1),
             capped: false,
+            tail_crc: None,
+        }
+    }
+
+    /// This header with the tail CRC of its length.
+    #[must_use]
+    pub fn with_tail(self, tail_crc: u32) -> Self {
+        Self {
+            tail_crc: Some(tail_crc),
+            ..self
         }
     }
 
@@ -139,7 +161,9 @@ impl Header {
             ReplicaState::Writing => STATE_WRITING,
             ReplicaState::Finalized => STATE_FINALIZED,
         };
-        out[49] = u8::from(self.capped) * FLAG_CAPPED;
+        out[49] =
+            (u8::from(self.capped) * FLAG_CAPPED) | (u8::from(self.tail_crc.is_some()) * FLAG_TAIL);
+        out[50..54].copy_from_slice(&self.tail_crc.unwrap_or(0).to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         out
@@ -198,7 +222,7 @@ impl Header {
             other => return Err(corrupt(format!("unknown replica state {other}"))),
         };
         let flags = slot[49];
-        if flags & !FLAG_CAPPED != 0 {
+        if flags & !(FLAG_CAPPED | FLAG_TAIL) != 0 {
             return Err(corrupt(format!("unknown header flags {flags:#04x}")));
         }
         let length = u64_at(32);
@@ -212,6 +236,7 @@ impl Header {
             length,
             seq: u64_at(40),
             capped: flags & FLAG_CAPPED != 0,
+            tail_crc: (flags & FLAG_TAIL != 0).then(|| u32_at(50)),
         })
     }
 
@@ -274,9 +299,27 @@ mod tests {
     }
 
     #[test]
+    fn the_tail_crc_round_trips() {
+        let h = header().with_tail(0xdead_beef);
+        let bytes = h.encode();
+        assert_eq!(bytes[49], FLAG_TAIL);
+        assert_eq!(Header::decode(&bytes).expect("decodes"), h);
+        assert_eq!(
+            Header::decode(&h.capped().encode())
+                .expect("decodes")
+                .tail_crc,
+            Some(0xdead_beef)
+        );
+        assert_eq!(
+            h.next(ChunkVersion(7), ReplicaState::Writing, 1).tail_crc,
+            None
+        );
+    }
+
+    #[test]
     fn unknown_flags_are_rejected() {
         let mut b = header().encode();
-        b[49] = 0x82;
+        b[49] = 0x84;
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         assert!(Header::decode(&b).is_err());
