@@ -41,6 +41,25 @@
 //! table's entry for that block moves on with every later append (and may reach the
 //! disk before the appended bytes do), so after a crash only the header still knows
 //! the CRC of the data up to its length.
+//!
+//! An hsync's header is written after its flush and reaches the disk with the next
+//! one, so each hsync also writes a [`SyncRecord`] (length and tail CRC) *inside* its
+//! flush, at byte 2048 of the slot page of the header *before* it (the page that
+//! flush carries anyway, since that header was written after the previous flush; so
+//! the record costs no extra page):
+//!
+//! ```text
+//! 0..8    magic "STAMPSYN"
+//! 8..16   chunk handle
+//! 16..24  chunk version
+//! 24..32  length made durable by the hsync
+//! 32..40  sequence number (of the hsync's header)
+//! 40..44  tail CRC of that length
+//! 44..48  CRC32 of bytes 0..44
+//! ```
+//!
+//! Start-up recovery may extend a replica past its header to a record's length when
+//! the data bears the record out; a record never shortens a replica.
 
 use crate::error::{Error, Result};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState, CHECKSUM_BLOCK};
@@ -68,6 +87,86 @@ const FLAG_CAPPED: u8 = 1;
 const FLAG_TAIL: u8 = 2;
 
 const _: () = assert!(DATA_OFFSET % 4096 == 0);
+const _: () = assert!(HEAD_LEN as u64 <= RECORD_AT && RECORD_AT + RECORD_LEN as u64 <= SLOT_SIZE);
+
+/// Bytes of a header write (one sector; see [`Header::encode_head`]).
+pub const HEAD_LEN: usize = 512;
+/// Where a sync record sits inside a header slot page.
+pub const RECORD_AT: u64 = 2048;
+/// Bytes of an encoded sync record.
+pub const RECORD_LEN: usize = 48;
+const RECORD_MAGIC: &[u8; 8] = b"STAMPSYN";
+
+/// What one hsync made durable, written inside its own flush (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncRecord {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub length: u64,
+    /// The sequence number of the header the hsync writes after its flush.
+    pub seq: u64,
+    pub tail_crc: u32,
+}
+
+impl SyncRecord {
+    /// File offset of the record of the hsync whose header has sequence `seq`: in the
+    /// slot page of header `seq - 1`.
+    pub fn offset(seq: u64) -> u64 {
+        (seq.wrapping_add(1) % 2) * SLOT_SIZE + RECORD_AT
+    }
+
+    pub fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut out = [0u8; RECORD_LEN];
+        out[0..8].copy_from_slice(RECORD_MAGIC);
+        out[8..16].copy_from_slice(&self.handle.0.to_le_bytes());
+        out[16..24].copy_from_slice(&self.version.0.to_le_bytes());
+        out[24..32].copy_from_slice(&self.length.to_le_bytes());
+        out[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        out[40..44].copy_from_slice(&self.tail_crc.to_le_bytes());
+        let crc = crc32fast::hash(&out[..44]);
+        out[44..48].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// The record in `bytes`, or `None` when there is none (zeros, torn, garbage).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let b = bytes.get(..RECORD_LEN)?;
+        if &b[0..8] != RECORD_MAGIC {
+            return None;
+        }
+        let u64_at = |at: usize| {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(v)
+        };
+        let u32_at = |at: usize| {
+            let mut v = [0u8; 4];
+            v.copy_from_slice(&b[at..at + 4]);
+            u32::from_le_bytes(v)
+        };
+        if u32_at(44) != crc32fast::hash(&b[..44]) {
+            return None;
+        }
+        let length = u64_at(24);
+        (length <= MAX_CHUNK_SIZE).then(|| Self {
+            handle: ChunkHandle(u64_at(8)),
+            version: ChunkVersion(u64_at(16)),
+            length,
+            seq: u64_at(32),
+            tail_crc: u32_at(40),
+        })
+    }
+
+    /// The records in the two slot pages (`slots`: the file's first 8 KiB).
+    pub fn both(slots: &[u8]) -> Vec<Self> {
+        (0..2u64)
+            .filter_map(|seq| {
+                let at = Self::offset(seq) as usize;
+                slots.get(at..).and_then(Self::decode)
+            })
+            .collect()
+    }
+}
 
 /// Offset in the file of checksum table entry `block`.
 pub fn table_entry_offset(block: u64) -> u64 {
@@ -166,6 +265,15 @@ impl Header {
         out[50..54].copy_from_slice(&self.tail_crc.unwrap_or(0).to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// The bytes a store writes for this header: the first 512-byte sector of its
+    /// slot (the header proper is 60 bytes), so a header write never touches the sync
+    /// record further into the same slot page.
+    pub fn encode_head(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out.truncate(HEAD_LEN);
         out
     }
 
@@ -314,6 +422,39 @@ mod tests {
             h.next(ChunkVersion(7), ReplicaState::Writing, 1).tail_crc,
             None
         );
+    }
+
+    #[test]
+    fn sync_records_round_trip_and_anything_else_is_none() {
+        let r = SyncRecord {
+            handle: ChunkHandle(9),
+            version: ChunkVersion(4),
+            length: 123_456,
+            seq: 7,
+            tail_crc: 0xabcd,
+        };
+        let bytes = r.encode();
+        assert_eq!(SyncRecord::decode(&bytes), Some(r));
+        for i in 0..RECORD_LEN {
+            let mut b = bytes;
+            b[i] ^= 0x10;
+            assert_eq!(SyncRecord::decode(&b), None, "flip at {i}");
+        }
+        assert_eq!(SyncRecord::decode(&[0u8; RECORD_LEN]), None);
+        assert_eq!(SyncRecord::decode(&bytes[..10]), None);
+        // Records alternate between the two slot pages, away from the header bytes.
+        assert_eq!(SyncRecord::offset(7), RECORD_AT);
+        assert_eq!(SyncRecord::offset(8), SLOT_SIZE + RECORD_AT);
+        // ...in the page of the header before it, not of its own header.
+        let h = header();
+        assert_ne!(
+            SyncRecord::offset(h.seq) / SLOT_SIZE,
+            h.slot_offset() / SLOT_SIZE
+        );
+        let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
+        let at = SyncRecord::offset(r.seq) as usize;
+        slots[at..at + RECORD_LEN].copy_from_slice(&bytes);
+        assert_eq!(SyncRecord::both(&slots), vec![r]);
     }
 
     #[test]

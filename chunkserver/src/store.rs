@@ -36,16 +36,18 @@
 //!   are renamed aside as `.corrupt` and reported, never deleted. A finalized replica
 //!   whose file is longer than its length is cut to it.
 //!
-//! Known gap: after a power loss, an hsync whose header had not reached the disk yet
-//! is recovered only up to the start of its partial block when a later unsynced
-//! append's checksum entry for that block reached the disk without its bytes (a
-//! durable per-hsync record of the tail CRC, written in the hsync's own flush, would
-//! close it).
+//! - an hsync's flush also carries a *sync record* (length and tail CRC, see
+//!   [`crate::header`]): its header is written after the flush and may not reach the
+//!   disk before a power loss, and a later append's checksum entry for the partial
+//!   block may; recovery extends a replica past its header to a record's length when
+//!   the data bears the record out. Cuts erase the records.
 
 use crate::checksum::{self, BlockCheck};
 use crate::error::{Error, Result};
 use crate::gate;
-use crate::header::{self, Header, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, SLOT_SIZE, TABLE_LEN};
+use crate::header::{
+    self, Header, SyncRecord, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, RECORD_LEN, SLOT_SIZE, TABLE_LEN,
+};
 use crate::io::{IoEngine, IoOp};
 use bytes::Bytes;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaReport, ReplicaState, MAX_DATA_LEN};
@@ -136,7 +138,7 @@ impl Replica {
     ) -> Result<()> {
         pre.push(IoOp::Write {
             offset: next.slot_offset(),
-            data: Bytes::from(next.encode()),
+            data: Bytes::from(next.encode_head()),
         });
         pre.push(IoOp::SyncAll);
         engine
@@ -169,10 +171,23 @@ impl Replica {
                 data: Bytes::from_static(&ZEROS[..(to - from) as usize]),
             });
         }
+        // Inside this flush: what it makes durable, for recovery should the header
+        // (written after the flush) not reach the disk.
+        let record = SyncRecord {
+            handle: next.handle,
+            version: next.version,
+            length,
+            seq: next.seq,
+            tail_crc: tail,
+        };
+        pre.push(IoOp::Write {
+            offset: SyncRecord::offset(next.seq),
+            data: Bytes::copy_from_slice(&record.encode()),
+        });
         pre.push(IoOp::SyncData);
         pre.push(IoOp::Write {
             offset: next.slot_offset(),
-            data: Bytes::from(next.encode()),
+            data: Bytes::from(next.encode_head()),
         });
         engine
             .run(self.file.clone(), pre)
@@ -271,6 +286,14 @@ impl Replica {
                         IoOp::Write {
                             offset,
                             data: Bytes::from(entries),
+                        },
+                        IoOp::Write {
+                            offset: SyncRecord::offset(0),
+                            data: Bytes::from_static(&[0; RECORD_LEN]),
+                        },
+                        IoOp::Write {
+                            offset: SyncRecord::offset(1),
+                            data: Bytes::from_static(&[0; RECORD_LEN]),
                         },
                         IoOp::SyncData,
                     ],
@@ -789,7 +812,7 @@ impl Incoming {
                     },
                     IoOp::Write {
                         offset: header.slot_offset(),
-                        data: Bytes::from(header.encode()),
+                        data: Bytes::from(header.encode_head()),
                     },
                     IoOp::SyncAll,
                 ],
@@ -993,11 +1016,13 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
                     ),
                 });
             };
-            let base = header;
-            if base.capped {
-                (base.length, base_tail)
+            if header.capped {
+                (header.length, base_tail)
             } else {
-                extend_length(&file, on_disk, &table, base.length, base_tail).map_err(io("read"))?
+                let (length, tail) =
+                    past_header(&file, &table, on_disk, &header, base_tail, &slots)
+                        .map_err(io("read"))?;
+                extend_length(&file, on_disk, &table, length, tail).map_err(io("read"))?
             }
         }
     };
@@ -1084,15 +1109,20 @@ impl Replica {
         };
         if let Some((offset, entries)) = stale_table_entries(length, tail) {
             self.file.write_all_at(&entries, offset)?;
-            self.file.sync_data()?;
         }
+        for seq in 0..2 {
+            self.file
+                .write_all_at(&[0; RECORD_LEN], SyncRecord::offset(seq))?;
+        }
+        self.file.sync_data()?;
         self.file.set_len(DATA_OFFSET + length)?;
         self.file.sync_all()?;
         let next = self
             .header
             .next(self.header.version, self.header.state, length)
             .with_tail(tail);
-        self.file.write_all_at(&next.encode(), next.slot_offset())?;
+        self.file
+            .write_all_at(&next.encode_head(), next.slot_offset())?;
         self.file.sync_all()?;
         tracing::info!(chunk = %next.handle, length, "finished a cut interrupted by a crash");
         self.header = next;
@@ -1198,6 +1228,36 @@ fn vouches(file: &File, table: &[u32], on_disk: u64, h: &Header) -> std::io::Res
         }
     };
     Ok(ok.then_some(tail))
+}
+
+/// How far a `Writing` replica's sync records take it past its (vouched) header: the
+/// longest record of the same chunk and version that the data bears out, else the
+/// header's own length. Returns the length and its tail CRC.
+fn past_header(
+    file: &File,
+    table: &[u32],
+    on_disk: u64,
+    header: &Header,
+    tail: u32,
+    slots: &[u8],
+) -> std::io::Result<(u64, u32)> {
+    let mut records: Vec<SyncRecord> = SyncRecord::both(slots)
+        .into_iter()
+        .filter(|r| {
+            r.handle == header.handle && r.version == header.version && r.length > header.length
+        })
+        .collect();
+    records.sort_by_key(|r| std::cmp::Reverse(r.length));
+    for r in records {
+        let claim = header
+            .next(r.version, ReplicaState::Writing, r.length)
+            .with_tail(r.tail_crc);
+        if let Some(t) = vouches(file, table, on_disk, &claim)? {
+            tracing::info!(chunk = %r.handle, length = r.length, header = header.length, "an hsync's record carries the replica past its header");
+            return Ok((r.length, t));
+        }
+    }
+    Ok((header.length, tail))
 }
 
 /// The length of a `Writing` replica's valid data past a vouched `length` (with tail
@@ -1503,7 +1563,7 @@ impl Store {
                 vec![
                     IoOp::Write {
                         offset: header.slot_offset(),
-                        data: Bytes::from(header.encode()),
+                        data: Bytes::from(header.encode_head()),
                     },
                     IoOp::SyncAll,
                 ],
