@@ -43,7 +43,12 @@
 //!   running and [`MAX_VERIFIES_PER_SERVER`] started per interval on one chunkserver
 //!   ([`Tracker::begin_verify`]). A clean replica stays; one found corrupt (moved aside
 //!   by its chunkserver) or absent is treated as below. So a buggy or hostile client
-//!   can cost a few bounded reads, never a good replica.
+//!   can cost a few bounded reads, never a good replica. The answer counts only if it
+//!   can be about the replica asked about ([`judge_answer`]): the same chunkserver
+//!   still registered at the address asked (no other one there), the replica still at
+//!   the version asked about, and a `Corrupt` answer naming that version; otherwise it
+//!   is ignored, and the chunk reports and the chunkserver's scrub remain the safety
+//!   net.
 //! - **Corruption**: a replica verified corrupt leaves the replica list at once
 //!   ([`Tracker::mark_corrupt`]). A chunkserver that found it has moved it aside
 //!   already; one that still holds it is told to delete it once the chunk has enough
@@ -69,6 +74,7 @@ use crate::trash;
 use rand::Rng;
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ReplicaState,
+    Verification,
 };
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -221,10 +227,22 @@ impl Pending {
     }
 }
 
-/// A verification of a replica reported corrupt, started at `started_ms`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the master asked when it sent a `VerifyReplica`: the answer counts only for
+/// this (see [`judge_answer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Asked {
+    /// Where the request went: the chunkserver's registered address then.
+    pub addr: String,
+    /// The replica's version in the chunk table then.
+    pub version: ChunkVersion,
+    /// When the request went (master clock).
+    pub started_ms: u64,
+}
+
+/// A verification of a replica reported corrupt.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Check {
-    started_ms: u64,
+    asked: Asked,
     /// Still waiting for the chunkserver's answer.
     running: bool,
 }
@@ -272,6 +290,37 @@ pub enum Verified {
     Corrupt(CorruptReport),
     /// Its chunkserver does not hold it (moved aside earlier, or deleted).
     Absent(CorruptReport),
+    /// The answer may not be about the replica that was asked about: nothing changed.
+    Ignored(Ignored),
+}
+
+/// Why the answer to a verification is not acted on ([`judge_answer`]). Nothing is
+/// lost: the chunkserver's chunk reports and its background scrub still find (and
+/// report) a replica that is really gone or corrupt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ignored {
+    /// No verification of this replica is running (it was forgotten as stuck): the
+    /// master no longer knows what it asked.
+    NotAsked,
+    /// The chunkserver is no longer registered at the address the request went to (it
+    /// registered again elsewhere): whoever answered there may be another process.
+    Moved,
+    /// Another chunkserver, live at some time since the request went, is registered at
+    /// that address (a restart under a new id, a reused port): the answer may be its.
+    AddressShared { other: ChunkserverId },
+    /// The master's replica is no longer at the version asked about (bumped, or
+    /// reported again at another version).
+    ReplicaChanged {
+        asked: ChunkVersion,
+        now: ChunkVersion,
+    },
+    /// The answer speaks of another version of the replica than the one asked about.
+    OtherVersion {
+        asked: ChunkVersion,
+        found: ChunkVersion,
+    },
+    /// A clean answer about another chunk than the one asked about.
+    OtherChunk { found: ChunkHandle },
 }
 
 /// The health worker's soft state: corrupt replicas, verifications, commands in
@@ -350,33 +399,37 @@ impl Tracker {
     }
 
     /// A report names `server`'s replica of `handle` corrupt: starts tracking a
-    /// verification of it, or says why none starts now.
+    /// verification of it (the request goes to `addr`, about the replica at `version`),
+    /// or says why none starts now.
     pub fn begin_verify(
         &mut self,
         handle: ChunkHandle,
         server: ChunkserverId,
+        addr: &str,
+        version: ChunkVersion,
         now_ms: u64,
     ) -> Result<(), VerifyRefusal> {
         if let Some(c) = self.checks.get(&(handle, server)) {
             if c.running {
                 return Err(VerifyRefusal::Running);
             }
-            let ago_ms = now_ms.saturating_sub(c.started_ms);
+            let ago_ms = now_ms.saturating_sub(c.asked.started_ms);
             if ago_ms < VERIFY_INTERVAL_MS {
                 return Err(VerifyRefusal::Recent { ago_ms });
             }
         }
         // Finished checks matter only within the interval (this keeps the map small
         // even when the health worker, which also prunes it, is off).
-        self.checks
-            .retain(|_, c| c.running || now_ms.saturating_sub(c.started_ms) < VERIFY_INTERVAL_MS);
+        self.checks.retain(|_, c| {
+            c.running || now_ms.saturating_sub(c.asked.started_ms) < VERIFY_INTERVAL_MS
+        });
         let (mut running, mut started) = (0usize, 0usize);
         for ((_, s), c) in &self.checks {
             if *s != server {
                 continue;
             }
             running += usize::from(c.running);
-            started += usize::from(now_ms.saturating_sub(c.started_ms) < VERIFY_INTERVAL_MS);
+            started += usize::from(now_ms.saturating_sub(c.asked.started_ms) < VERIFY_INTERVAL_MS);
         }
         if running >= MAX_VERIFYING_PER_SERVER || started >= MAX_VERIFIES_PER_SERVER {
             return Err(VerifyRefusal::Busy);
@@ -384,7 +437,11 @@ impl Tracker {
         self.checks.insert(
             (handle, server),
             Check {
-                started_ms: now_ms,
+                asked: Asked {
+                    addr: addr.to_string(),
+                    version,
+                    started_ms: now_ms,
+                },
                 running: true,
             },
         );
@@ -393,15 +450,21 @@ impl Tracker {
 
     /// The verification of `server`'s replica of `handle` ended (whatever it found);
     /// the replica is not verified again within [`VERIFY_INTERVAL_MS`] of its start.
-    /// False when none was running.
-    pub fn end_verify(&mut self, handle: ChunkHandle, server: ChunkserverId) -> bool {
+    /// Returns what was asked; `None` when none was running.
+    pub fn finish_verify(&mut self, handle: ChunkHandle, server: ChunkserverId) -> Option<Asked> {
         match self.checks.get_mut(&(handle, server)) {
             Some(c) if c.running => {
                 c.running = false;
-                true
+                Some(c.asked.clone())
             }
-            _ => false,
+            _ => None,
         }
+    }
+
+    /// [`Tracker::finish_verify`], when what was asked does not matter (no answer came).
+    /// False when none was running.
+    pub fn end_verify(&mut self, handle: ChunkHandle, server: ChunkserverId) -> bool {
+        self.finish_verify(handle, server).is_some()
     }
 
     /// Verifications running on `server`.
@@ -618,7 +681,7 @@ pub fn prune(
     // marked running well past that lost its task, and is forgotten.
     let stuck_after = timeout.max(VERIFY_INTERVAL_MS).saturating_mul(2);
     tracker.checks.retain(|_, c| {
-        let age = now_ms.saturating_sub(c.started_ms);
+        let age = now_ms.saturating_sub(c.asked.started_ms);
         if c.running {
             age < stuck_after
         } else {
@@ -685,6 +748,69 @@ impl Examined {
     pub fn missing(&self) -> bool {
         self.live.is_empty()
     }
+}
+
+/// Whether the answer `found` to the verification of `server`'s replica of `handle`,
+/// asked as `asked`, may be acted on. Pure. The answer came from whoever listens at
+/// `asked.addr` now, and it speaks of the replica as it is now, so it counts only
+/// when:
+/// - `server` is still registered at `asked.addr`, and no other chunkserver registered
+///   at that address was live at any time since the request went (else
+///   [`Ignored::Moved`] or [`Ignored::AddressShared`]);
+/// - the answer names the chunk and the version asked about ([`Ignored::OtherChunk`],
+///   [`Ignored::OtherVersion`]; `Absent` names none);
+/// - the master's replica is still at that version ([`Ignored::ReplicaChanged`]). A
+///   replica the master no longer lists (its chunkserver stopped reporting it, or it
+///   is marked corrupt already) passes: acting on it changes nothing.
+pub fn judge_answer(
+    st: &MasterState,
+    handle: ChunkHandle,
+    server: ChunkserverId,
+    asked: &Asked,
+    found: &Verification,
+) -> Result<(), Ignored> {
+    if st.registry.get(server).map(|cs| cs.addr.as_str()) != Some(asked.addr.as_str()) {
+        return Err(Ignored::Moved);
+    }
+    let dead_after = st.settings.dead_after_ms;
+    let other = st
+        .registry
+        .iter()
+        .filter(|cs| cs.id != server && cs.addr == asked.addr)
+        .filter(|cs| cs.is_live(asked.started_ms, dead_after))
+        .map(|cs| cs.id)
+        .min();
+    if let Some(other) = other {
+        return Err(Ignored::AddressShared { other });
+    }
+    let found_version = match found {
+        Verification::Clean { replica } if replica.handle != handle => {
+            return Err(Ignored::OtherChunk {
+                found: replica.handle,
+            });
+        }
+        Verification::Clean { replica } => Some(replica.version),
+        Verification::Corrupt { version, .. } => Some(*version),
+        Verification::Absent => None,
+    };
+    if let Some(found) = found_version.filter(|v| *v != asked.version) {
+        return Err(Ignored::OtherVersion {
+            asked: asked.version,
+            found,
+        });
+    }
+    let now = st
+        .chunks
+        .get(handle)
+        .and_then(|info| info.replica(server))
+        .map(|r| r.version);
+    if let Some(now) = now.filter(|v| *v != asked.version) {
+        return Err(Ignored::ReplicaChanged {
+            asked: asked.version,
+            now,
+        });
+    }
+    Ok(())
 }
 
 /// Sorts `info`'s replicas of chunk `handle` by what the rules do with them.

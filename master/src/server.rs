@@ -7,6 +7,10 @@
 //! errors; each connection is one task answering its requests in order. A malformed
 //! frame closes that connection only. [`MasterHandle::shutdown`] stops accepting, lets
 //! handlers finish the request they are in, stops the workers and flushes the log.
+//! The directory lock is released only once nothing of this master writes into the
+//! directory any more: the handle is gone, the log writer thread joined, and no
+//! checkpoint write or trim is in flight (a dropped handle leaves a running one to
+//! finish first).
 
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
@@ -52,10 +56,14 @@ pub struct MasterHandle {
     tasks: TaskTracker,
     /// `shutdown` ran: dropping the handle must not halt the log.
     stopped: bool,
-    /// The exclusive lock on the directory, held while this master serves from it and
-    /// released when the handle drops: after `shutdown` flushed the log, or at once on
-    /// a drop without it (a simulated crash, like the process ending).
-    _dir_lock: oplog::DirLock,
+    /// The exclusive lock on the directory, held while this master serves from it.
+    /// Besides this handle, only work that writes into the directory holds it: the log
+    /// writer thread is joined before the handle lets go (by `shutdown`, or by `drop`),
+    /// and a checkpoint holds its own reference until its write and trim are done
+    /// (`Core::dir_guard`). So the lock is released once the handle is gone and no such
+    /// work runs: when `shutdown` returns (it waited for the checkpoint worker), or on
+    /// a drop without it (a simulated crash) once a checkpoint in flight has finished.
+    _dir_lock: Arc<oplog::DirLock>,
 }
 
 impl MasterHandle {
@@ -100,7 +108,8 @@ impl MasterHandle {
 
 impl Drop for MasterHandle {
     /// Dropping a handle without [`MasterHandle::shutdown`] is a crash: the listener
-    /// and handlers stop, and records not yet durable are dropped.
+    /// and handlers stop, and records not yet durable are dropped. The directory stays
+    /// locked until a checkpoint in flight has finished writing and trimming.
     fn drop(&mut self) {
         if !self.stopped {
             self.shutdown.cancel();
@@ -178,7 +187,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     // First, before anything reads or changes the directory: a second master must not
     // remove the first one's address file, truncate its log tail on replay, or append.
-    let dir_lock = oplog::DirLock::acquire(&dir)?;
+    let dir_lock = Arc::new(oplog::DirLock::acquire(&dir)?);
     // A stale address from an earlier run must not be mistaken for this one.
     remove_addr_file(&dir);
     let (key, created) = ClusterKey::load_or_create(&config.key_file())?;
@@ -189,13 +198,18 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     let settings = Settings::from_config(&config);
     let replay_dir = dir.clone();
     let now = clock.now_ms();
-    let (state, checkpoint_lsn) =
-        tokio::task::spawn_blocking(move || recover(&replay_dir, settings, now))
-            .await
-            .map_err(|e| Error::Replay {
-                lsn: 0,
-                reason: format!("replay task failed: {e}"),
-            })??;
+    // Replay may truncate a torn tail: it keeps the directory locked even if this
+    // start is abandoned (its future dropped) before it ends.
+    let replay_lock = dir_lock.clone();
+    let (state, checkpoint_lsn) = tokio::task::spawn_blocking(move || {
+        let _dir_lock = replay_lock;
+        recover(&replay_dir, settings, now)
+    })
+    .await
+    .map_err(|e| Error::Replay {
+        lsn: 0,
+        reason: format!("replay task failed: {e}"),
+    })??;
     let log = Oplog::open(&dir, state.last_lsn + 1)?;
     let listener = TcpListener::bind(&config.listen)
         .await
@@ -215,6 +229,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         checkpoint_lsn,
         tasks.clone(),
         shutdown.clone(),
+        &dir_lock,
     ));
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
@@ -275,16 +290,19 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
             }
         },
     ));
-    write_addr_file(&core.config.dir, addr)?;
-    tracing::info!(%addr, dir = %core.config.dir.display(), "master ready");
-    Ok(MasterHandle {
+    let handle = MasterHandle {
         addr,
         core,
         shutdown,
         tasks,
         stopped: false,
         _dir_lock: dir_lock,
-    })
+    };
+    // A failure from here drops the handle: the tasks stop and the log halts before
+    // the directory is unlocked.
+    write_addr_file(&handle.core.config.dir, addr)?;
+    tracing::info!(%addr, dir = %handle.core.config.dir.display(), "master ready");
+    Ok(handle)
 }
 
 /// The shape of every background worker: run `tick` every `period` until shutdown.

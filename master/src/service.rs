@@ -19,7 +19,7 @@ use crate::commands::CommandSender;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::lease::{wall_ms, Clock};
-use crate::oplog::{self, lock, Oplog};
+use crate::oplog::{self, lock, DirLock, Oplog};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
@@ -29,7 +29,7 @@ use stampfs_proto::{
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -37,6 +37,20 @@ use tokio_util::task::TaskTracker;
 mod health;
 mod recovery;
 pub use recovery::Recoveries;
+
+/// Fail point that stalls (a blocking thread) for as long as `name` is enabled: a test
+/// catches the work in flight there. Compiled to nothing without `fail-points`.
+#[cfg(feature = "fail-points")]
+fn stall_point(name: &str) {
+    if crate::fail::is_enabled(name) {
+        tracing::warn!(point = name, "fail point hit: stalling while it is enabled");
+        while crate::fail::is_enabled(name) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+#[cfg(not(feature = "fail-points"))]
+fn stall_point(_name: &str) {}
 
 /// Per-file async locks for the multi-step write operations.
 #[derive(Debug, Default)]
@@ -90,6 +104,12 @@ pub struct Core {
     /// Cancelled with `halted`: wakes requests waiting for a durability that will
     /// never come.
     halt: CancellationToken,
+    /// The directory lock, weakly. [`MasterHandle`](crate::server::MasterHandle) holds
+    /// it while the master runs; work that writes into the directory outside the log
+    /// writer thread (a checkpoint: its write and its trim) holds it too, from start to
+    /// end ([`Core::dir_guard`]). So the lock outlives a dropped handle until that work
+    /// is done, and once the handle is gone no such work starts.
+    dir_lock: Weak<DirLock>,
 }
 
 impl std::fmt::Debug for Core {
@@ -103,7 +123,9 @@ impl std::fmt::Debug for Core {
 
 impl Core {
     /// A core serving `state`; background recoveries are spawned on `tasks` and stop
-    /// when `shutdown` is cancelled.
+    /// when `shutdown` is cancelled. `dir_lock` is the directory's lock: the caller
+    /// holds it; the core keeps a weak reference, which checkpoints upgrade for as long
+    /// as they write into the directory.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: MasterConfig,
@@ -114,6 +136,7 @@ impl Core {
         checkpoint_lsn: u64,
         tasks: TaskTracker,
         shutdown: CancellationToken,
+        dir_lock: &Arc<DirLock>,
     ) -> Self {
         let commands = CommandSender::new(key.clone(), config.command_timeout);
         Self {
@@ -132,7 +155,16 @@ impl Core {
             shutdown,
             halted: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),
+            dir_lock: Arc::downgrade(dir_lock),
         }
+    }
+
+    /// The directory lock, for work that writes into the directory outside the log
+    /// writer: held until that work ends (moved into its blocking closure, so even a
+    /// runtime that drops the awaiting task keeps it), the lock is not released under
+    /// it. Fails with `ShuttingDown` once the master's handle is gone.
+    fn dir_guard(&self) -> Result<Arc<DirLock>> {
+        self.dir_lock.upgrade().ok_or(Error::ShuttingDown)
     }
 
     /// `Err(Halted)` once the master stopped serving (see `Core::mutate`).
@@ -555,6 +587,9 @@ impl Core {
     /// false when nothing changed since the last one.
     pub async fn checkpoint(&self) -> Result<bool> {
         let _one = self.checkpointing.lock().await;
+        // Held from here until the trim is done: a master started on this directory
+        // after the handle is dropped never replays under this checkpoint's trim.
+        let dir_lock = self.dir_guard()?;
         let (lsn, bytes) = {
             let st = self.state();
             // A halted master's state is ahead of its log: never checkpoint it.
@@ -573,7 +608,9 @@ impl Core {
         let dir = self.config.dir.clone();
         let size = bytes.len();
         let removed = tokio::task::spawn_blocking(move || -> Result<usize> {
+            let _dir_lock = dir_lock;
             oplog::write_checkpoint(&dir, lsn, &bytes)?;
+            stall_point("checkpoint-before-trim");
             oplog::trim(&dir, lsn + 1)
         })
         .await

@@ -1055,3 +1055,246 @@ fn a_verification_without_an_answer_changes_nothing() {
         CorruptHint::Verify { .. }
     ));
 }
+
+// ------------------------------------------------ answers count only for what was asked
+
+use crate::health::{judge_answer, Asked, Ignored};
+
+fn corrupt_at(v: u64) -> Verification {
+    Verification::Corrupt {
+        version: ChunkVersion(v),
+        offset: 0,
+    }
+}
+
+/// Asks server `s` to verify its replica of `h` (it must be started).
+fn ask(st: &mut MasterState, h: ChunkHandle, s: u64, now: u64) {
+    assert!(
+        matches!(st.corrupt_hint(h, id(s), now), CorruptHint::Verify { .. }),
+        "a verification of cs{s}'s replica starts"
+    );
+}
+
+/// Registers a chunkserver the master never saw at `addr` (a restart under a new id, or
+/// another process on a reused port); returns its id.
+fn newcomer(st: &mut MasterState, addr: &str, now: u64) -> ChunkserverId {
+    st.register(
+        &Register {
+            id: None,
+            addr: addr.into(),
+            capacity: 100 * GIB,
+            used: 0,
+            replicas: vec![],
+        },
+        now,
+    )
+    .expect("register")
+}
+
+/// Nothing happened to the replica: still listed, handed out, not marked, and not
+/// verified again within the interval (the verification did end).
+fn untouched(st: &mut MasterState, h: ChunkHandle, s: u64, now: u64) {
+    assert!(handed_out(st, "/f", now).contains(&id(s)));
+    assert_eq!(st.health.corrupt_count(), 0);
+    assert_eq!(st.health.verifying(id(s)), 0);
+    assert!(matches!(
+        st.corrupt_hint(h, id(s), now),
+        CorruptHint::Refused(VerifyRefusal::Recent { .. })
+    ));
+}
+
+#[test]
+fn an_absent_from_another_chunkserver_at_the_address_asked_is_ignored() {
+    let (mut st, h) = three_replicas();
+    ask(&mut st, h, 3, NOW);
+    // cs3's process is gone; another one (a new id) registers on its port and answers.
+    let other = newcomer(&mut st, "127.0.0.1:9003", NOW + 10);
+    assert_eq!(
+        st.verified(h, id(3), &Verification::Absent),
+        Verified::Ignored(Ignored::AddressShared { other })
+    );
+    untouched(&mut st, h, 3, NOW + 10);
+    assert!(pass(&mut st, NOW + 10).is_empty());
+
+    // The same when the newcomer registered before the request went, and for a
+    // corrupt answer too.
+    let (mut st, h) = three_replicas();
+    let other = newcomer(&mut st, "127.0.0.1:9003", NOW);
+    ask(&mut st, h, 3, NOW + 10);
+    assert_eq!(
+        st.verified(h, id(3), &corrupt_at(1)),
+        Verified::Ignored(Ignored::AddressShared { other })
+    );
+    untouched(&mut st, h, 3, NOW + 10);
+}
+
+#[test]
+fn an_answer_after_the_chunkserver_registered_elsewhere_is_ignored() {
+    let (mut st, h) = three_replicas();
+    ask(&mut st, h, 2, NOW);
+    // cs2 restarted on another port: whoever answered at the old one is not cs2.
+    st.register(
+        &Register {
+            id: Some(id(2)),
+            addr: "127.0.0.1:9902".into(),
+            capacity: 100 * GIB,
+            used: 10 * GIB,
+            replicas: vec![rep(h, 1, F)],
+        },
+        NOW + 10,
+    )
+    .expect("register again");
+    assert_eq!(
+        st.verified(h, id(2), &Verification::Absent),
+        Verified::Ignored(Ignored::Moved)
+    );
+    untouched(&mut st, h, 2, NOW + 10);
+
+    // Back at the address asked (the same chunkserver, restarted on its directory):
+    // its answer counts again.
+    let (mut st, h) = three_replicas();
+    ask(&mut st, h, 2, NOW);
+    st.register(
+        &Register {
+            id: Some(id(2)),
+            addr: "127.0.0.1:9002".into(),
+            capacity: 100 * GIB,
+            used: 10 * GIB,
+            replicas: vec![rep(h, 1, F)],
+        },
+        NOW + 10,
+    )
+    .expect("register again");
+    assert_eq!(
+        st.verified(h, id(2), &corrupt_at(1)),
+        Verified::Corrupt(CorruptReport::Excluded {
+            version: ChunkVersion(1)
+        })
+    );
+    assert_eq!(handed_out(&st, "/f", NOW + 10), vec![id(1), id(3)]);
+}
+
+#[test]
+fn a_chunkserver_long_dead_at_the_address_does_not_hide_the_one_there_now() {
+    let (mut st, h) = three_replicas();
+    // cs3 died long ago; cs5 took its port and holds a replica.
+    let later = NOW + 2 * settings().dead_after_ms;
+    beat(&mut st, &[1, 2, 4], later);
+    let five = newcomer(&mut st, "127.0.0.1:9003", later);
+    report(&mut st, five.0, &[rep(h, 1, F)]);
+    ask(&mut st, h, five.0, later);
+    assert_eq!(
+        st.verified(h, five, &corrupt_at(1)),
+        Verified::Corrupt(CorruptReport::Excluded {
+            version: ChunkVersion(1)
+        })
+    );
+    assert_eq!(st.health.corrupt_count(), 1);
+}
+
+#[test]
+fn an_answer_about_another_version_is_ignored() {
+    // A corrupt answer naming another version than the one asked about.
+    let (mut st, h) = three_replicas();
+    ask(&mut st, h, 1, NOW);
+    assert_eq!(
+        st.verified(h, id(1), &corrupt_at(2)),
+        Verified::Ignored(Ignored::OtherVersion {
+            asked: ChunkVersion(1),
+            found: ChunkVersion(2)
+        })
+    );
+    untouched(&mut st, h, 1, NOW);
+
+    // The replica moved to another version while the request was out: neither a
+    // corrupt answer (even at the version asked) nor an absent one counts.
+    for found in [corrupt_at(1), Verification::Absent] {
+        let (mut st, h) = three_replicas();
+        ask(&mut st, h, 1, NOW);
+        set(&mut st, h, &[(1, 2, F)]);
+        assert_eq!(
+            st.verified(h, id(1), &found),
+            Verified::Ignored(Ignored::ReplicaChanged {
+                asked: ChunkVersion(1),
+                now: ChunkVersion(2)
+            }),
+            "{found:?}"
+        );
+        assert_eq!(st.health.corrupt_count(), 0);
+        assert_eq!(
+            st.chunks
+                .get(h)
+                .and_then(|i| i.replica(id(1)))
+                .map(|r| r.version),
+            Some(ChunkVersion(2)),
+            "the replica stays listed"
+        );
+    }
+
+    // Clean answers about another version or another chunk are not taken as clean.
+    let (mut st, h) = three_replicas();
+    ask(&mut st, h, 1, NOW);
+    assert_eq!(
+        st.verified(h, id(1), &clean(h, 3)),
+        Verified::Ignored(Ignored::OtherVersion {
+            asked: ChunkVersion(1),
+            found: ChunkVersion(3)
+        })
+    );
+    ask(&mut st, h, 2, NOW);
+    let elsewhere = ChunkHandle(h.0 + 1000);
+    assert_eq!(
+        st.verified(h, id(2), &clean(elsewhere, 1)),
+        Verified::Ignored(Ignored::OtherChunk { found: elsewhere })
+    );
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(2), id(3)]);
+}
+
+#[test]
+fn an_answer_nobody_asked_for_is_ignored() {
+    let (mut st, h) = three_replicas();
+    // Never asked (or forgotten as stuck): nothing to compare the answer with.
+    assert_eq!(
+        st.verified(h, id(1), &Verification::Absent),
+        Verified::Ignored(Ignored::NotAsked)
+    );
+    assert_eq!(handed_out(&st, "/f", NOW), vec![id(1), id(2), id(3)]);
+    // A second answer to one request: only the first counts.
+    ask(&mut st, h, 2, NOW);
+    assert_eq!(st.verified(h, id(2), &clean(h, 1)), Verified::Clean);
+    assert_eq!(
+        st.verified(h, id(2), &corrupt_at(1)),
+        Verified::Ignored(Ignored::NotAsked)
+    );
+    assert_eq!(st.health.corrupt_count(), 0);
+}
+
+#[test]
+fn judge_answer_is_a_pure_check_of_the_answer_against_what_was_asked() {
+    let (st, h) = three_replicas();
+    let asked = Asked {
+        addr: "127.0.0.1:9002".into(),
+        version: ChunkVersion(1),
+        started_ms: NOW,
+    };
+    assert_eq!(judge_answer(&st, h, id(2), &asked, &corrupt_at(1)), Ok(()));
+    assert_eq!(
+        judge_answer(&st, h, id(2), &asked, &Verification::Absent),
+        Ok(())
+    );
+    assert_eq!(judge_answer(&st, h, id(2), &asked, &clean(h, 1)), Ok(()));
+    // Asked at another chunkserver's address, or of one never registered.
+    assert_eq!(
+        judge_answer(&st, h, id(3), &asked, &Verification::Absent),
+        Err(Ignored::Moved)
+    );
+    assert_eq!(
+        judge_answer(&st, h, id(99), &asked, &Verification::Absent),
+        Err(Ignored::Moved)
+    );
+    // A replica the master no longer lists: acting on it changes nothing, so it passes.
+    assert_eq!(
+        judge_answer(&st, ChunkHandle(999), id(2), &asked, &Verification::Absent),
+        Ok(())
+    );
+}

@@ -139,7 +139,7 @@ impl Core {
             };
             let outcome = st.verified(handle, server, &found);
             drop(st);
-            log_verified(handle, server, &found, outcome);
+            log_verified(handle, server, &addr, &found, outcome);
         });
     }
 
@@ -172,13 +172,25 @@ impl Core {
     }
 }
 
-fn log_verified(handle: ChunkHandle, server: ChunkserverId, found: &Verification, v: Verified) {
+fn log_verified(
+    handle: ChunkHandle,
+    server: ChunkserverId,
+    addr: &str,
+    found: &Verification,
+    v: Verified,
+) {
     let r = match (v, found) {
         (Verified::Clean, Verification::Clean { replica }) => {
             tracing::info!(chunk = %handle, chunkserver = %server, version = %replica.version, length = replica.length, "replica reported corrupt verified clean by its chunkserver; it stays");
             return;
         }
         (Verified::Clean, _) => return,
+        (Verified::Ignored(why), _) => {
+            // Debug only: the chunk reports and the scrub act on a replica that is
+            // really gone or corrupt.
+            tracing::debug!(chunk = %handle, chunkserver = %server, %addr, ?found, ?why, "answer to a verification ignored: it may not be about the replica asked about");
+            return;
+        }
         (Verified::Corrupt(r) | Verified::Absent(r), _) => r,
     };
     let found = match found {

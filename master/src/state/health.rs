@@ -5,7 +5,7 @@
 use super::{MasterState, Record};
 use crate::chunk_table::server_index;
 use crate::error::Result;
-use crate::health::{self, Action, CorruptHint, Pruned, Verified};
+use crate::health::{self, Action, CorruptHint, Ignored, Pruned, Verified};
 use crate::namespace::{self, join, FileMeta, InodeKind, WriteState, ROOT};
 use crate::trash;
 use rand::Rng;
@@ -59,7 +59,10 @@ impl MasterState {
             return CorruptHint::NotLive;
         }
         let addr = cs.addr.clone();
-        match self.health.begin_verify(handle, server, now_ms) {
+        match self
+            .health
+            .begin_verify(handle, server, &addr, version, now_ms)
+        {
             Ok(()) => CorruptHint::Verify { addr, version },
             Err(why) => CorruptHint::Refused(why),
         }
@@ -67,13 +70,21 @@ impl MasterState {
 
     /// The chunkserver answered the verification of its replica of `handle`: a clean
     /// replica stays; a corrupt or absent one is excluded ([`Self::report_corrupt`]).
+    /// An answer that may not be about the replica asked about (another chunkserver at
+    /// that address, the replica at another version since, a `Corrupt` naming another
+    /// version: [`health::judge_answer`]) changes nothing but ending the verification.
     pub fn verified(
         &mut self,
         handle: ChunkHandle,
         server: ChunkserverId,
         found: &Verification,
     ) -> Verified {
-        self.health.end_verify(handle, server);
+        let Some(asked) = self.health.finish_verify(handle, server) else {
+            return Verified::Ignored(Ignored::NotAsked);
+        };
+        if let Err(why) = health::judge_answer(self, handle, server, &asked, found) {
+            return Verified::Ignored(why);
+        }
         match found {
             Verification::Clean { .. } => Verified::Clean,
             Verification::Corrupt { .. } => Verified::Corrupt(self.report_corrupt(handle, server)),
