@@ -25,6 +25,14 @@ fn replica_file(dir: &Path, h: ChunkHandle) -> std::path::PathBuf {
     dir.join(format!("{h}.chunk"))
 }
 
+/// Writes `data[range]` at its own offset under version 1 (synced when `sync`).
+async fn put(s: &Store, data: &[u8], range: std::ops::Range<usize>, sync: bool) {
+    let at = range.start as u64;
+    s.write(H, v(1), at, Bytes::copy_from_slice(&data[range]), sync)
+        .await
+        .expect("write");
+}
+
 #[tokio::test]
 async fn version_bump_survives_restart() {
     init_tracing();
@@ -490,15 +498,7 @@ async fn a_cut_interrupted_by_a_crash_never_brings_the_cut_bytes_back() {
         let s = open(dir.path(), kind).await;
         assert_eq!(s.info(H).await.expect("info").length, 100_000);
         // Appends after the finished cut are recovered past the header again.
-        s.write(
-            H,
-            v(1),
-            100_000,
-            Bytes::from(data[100_000..150_000].to_vec()),
-            false,
-        )
-        .await
-        .expect("append");
+        put(&s, &data, 100_000..150_000, false).await;
         drop(s);
         let s = open(dir.path(), kind).await;
         assert_eq!(s.info(H).await.expect("info").length, 150_000);
@@ -635,18 +635,8 @@ async fn recovery_forgets_checksums_past_the_recovered_length() {
         {
             let s = open(dir.path(), kind).await;
             s.bump_version(H, v(1), true).await.expect("create");
-            s.write(H, v(1), 0, Bytes::from(data[..100_000].to_vec()), true)
-                .await
-                .expect("hsync");
-            s.write(
-                H,
-                v(1),
-                100_000,
-                Bytes::from(data[100_000..].to_vec()),
-                false,
-            )
-            .await
-            .expect("append");
+            put(&s, &data, 0..100_000, true).await;
+            put(&s, &data, 100_000..data.len(), false).await;
         }
         // A crash kept the appended checksums but not the appended bytes.
         let path = replica_file(dir.path(), H);
@@ -679,28 +669,10 @@ async fn an_hsync_whose_header_missed_the_disk_is_recovered_from_its_sync_record
         {
             let s = open(dir.path(), kind).await;
             s.bump_version(H, v(1), true).await.expect("create");
-            s.write(H, v(1), 0, Bytes::from(data[..50_000].to_vec()), true)
-                .await
-                .expect("hsync 1");
-            s.write(
-                H,
-                v(1),
-                50_000,
-                Bytes::from(data[50_000..100_000].to_vec()),
-                true,
-            )
-            .await
-            .expect("hsync 2");
+            put(&s, &data, 0..50_000, true).await;
+            put(&s, &data, 50_000..100_000, true).await;
             // An append moves block 1's checksum entry past the hsynced length.
-            s.write(
-                H,
-                v(1),
-                100_000,
-                Bytes::from(data[100_000..].to_vec()),
-                false,
-            )
-            .await
-            .expect("append");
+            put(&s, &data, 100_000..data.len(), false).await;
         }
         // Power loss: the second hsync's header (written after its flush) and the
         // appended bytes never reached the disk; the moved checksum entry did.
