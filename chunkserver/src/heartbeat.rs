@@ -141,7 +141,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 
 async fn call<Q: Rpc>(shared: &Shared, client: &mut RpcClient, req: Q) -> Result<Q::Response> {
     let limit = (shared.config.connect_timeout * 2).max(Duration::from_secs(10));
-    tokio::time::timeout(limit, client.call(req))
+    stampfs_proto::pause::timeout(limit, client.call(req))
         .await
         .map_err(|_| Error::Unavailable {
             reason: "the master did not answer in time".into(),

@@ -303,7 +303,7 @@ async fn connect_downstream(shared: &Shared, setup: &WriteSetup) -> Downstream {
             timeout,
             shared.config.ack_timeout,
         );
-        let outcome = match tokio::time::timeout(budget, attempt).await {
+        let outcome = match stampfs_proto::pause::timeout(budget, attempt).await {
             Ok(Ok(x)) => Ok(x),
             Ok(Err(e)) => Err(e.to_remote()),
             Err(_) => Err(RemoteError::Unavailable {
@@ -800,7 +800,7 @@ async fn read_downstream(
     ack_timeout: Duration,
 ) {
     while let Some((seq, result)) = expect.recv().await {
-        let frame = match tokio::time::timeout(ack_timeout, reader.read_frame()).await {
+        let frame = match stampfs_proto::pause::timeout(ack_timeout, reader.read_frame()).await {
             Ok(Ok(Some(f))) => f,
             Ok(Ok(None)) => {
                 tracing::warn!(seq, "downstream closed the pipeline");

@@ -88,11 +88,12 @@ pub(crate) async fn send(
     let token = ChunkToken::sign(&shared.key, handle, version, ClientId::MASTER);
     let timeout = shared.config.connect_timeout;
     let mut client = connect(&target.addr, timeout, shared.config.idle_timeout).await?;
-    let setup = tokio::time::timeout(timeout * 2, client.call(ReceiveReplica { token, length }))
-        .await
-        .map_err(|_| Error::Unavailable {
-            reason: format!("{} did not answer the replica offer", target.id),
-        })??;
+    let setup =
+        stampfs_proto::pause::timeout(timeout * 2, client.call(ReceiveReplica { token, length }))
+            .await
+            .map_err(|_| Error::Unavailable {
+                reason: format!("{} did not answer the replica offer", target.id),
+            })??;
     tracing::debug!(accepted = ?setup.accepted, "target accepted the replica");
     let (mut reader, mut writer) = client.into_parts();
     let mut offset = 0u64;
@@ -117,7 +118,7 @@ pub(crate) async fn send(
         seq += 1;
     }
     writer.flush().await?;
-    let frame = tokio::time::timeout(shared.config.ack_timeout, reader.read_frame())
+    let frame = stampfs_proto::pause::timeout(shared.config.ack_timeout, reader.read_frame())
         .await
         .map_err(|_| Error::Unavailable {
             reason: format!("{} did not confirm the replica", target.id),
@@ -209,7 +210,7 @@ pub(crate) async fn receive(
             // The idle clock runs only while waiting for the next packet, not while the
             // previous one is written to disk.
             let frame = tokio::select! {
-                f = tokio::time::timeout(idle_timeout, reader.read_frame()) => match f {
+                f = stampfs_proto::pause::timeout(idle_timeout, reader.read_frame()) => match f {
                     Ok(f) => f?,
                     Err(_) => {
                         tracing::info!(%peer, ?idle_timeout, received = incoming.received(), "the sender fell silent; ending the copy");

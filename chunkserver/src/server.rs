@@ -291,7 +291,7 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         // The idle clock runs only while waiting for the next request: from the moment
         // the previous reply was written until a whole frame has arrived.
         let frame = tokio::select! {
-            f = tokio::time::timeout(idle_timeout, reader.read_frame()) => f,
+            f = stampfs_proto::pause::timeout(idle_timeout, reader.read_frame()) => f,
             _ = shared.cancel.cancelled() => return,
         };
         let frame = match frame {

@@ -33,7 +33,8 @@ pub struct ClientConfig {
     pub packet_size: usize,
     /// Bytes in flight (sent, not yet acknowledged) per writer.
     pub window: usize,
-    /// How often held write leases are renewed. Keep well under the master's soft limit.
+    /// How often held write leases are renewed at most; the client renews at a quarter
+    /// of the master's soft limit when that is shorter (the renewal reply carries it).
     pub lease_renew_interval: Duration,
     /// Connect timeout for every connection.
     pub connect_timeout: Duration,
@@ -217,13 +218,14 @@ impl Client {
                 RpcClient::connect(&self.inner.master, self.inner.config.connect_timeout).await?
             }
         };
-        let reply = tokio::time::timeout(self.inner.config.request_timeout, conn.call(req))
-            .await
-            .map_err(|_| {
-                Error::Remote(RemoteError::Unavailable {
-                    reason: format!("master {} did not answer in time", self.inner.master),
-                })
-            })?;
+        let reply =
+            stampfs_proto::pause::timeout(self.inner.config.request_timeout, conn.call(req))
+                .await
+                .map_err(|_| {
+                    Error::Remote(RemoteError::Unavailable {
+                        reason: format!("master {} did not answer in time", self.inner.master),
+                    })
+                })?;
         match reply {
             Ok(resp) => {
                 self.put_master(conn);
@@ -275,7 +277,7 @@ impl Client {
                     None,
                 ),
             };
-            let reply = tokio::time::timeout(
+            let reply = stampfs_proto::pause::timeout(
                 config.request_timeout,
                 conn.call_with_data(req.clone(), bytes::Bytes::new()),
             )
@@ -464,26 +466,38 @@ impl Client {
             return;
         }
         let weak = Arc::downgrade(&self.inner);
-        let every = self.inner.config.lease_renew_interval;
+        let configured = self.inner.config.lease_renew_interval;
         *renewer = Some(tokio::spawn(async move {
+            // The first tick is immediate: the reply tells the master's soft limit, and
+            // the period follows it from then on.
+            let mut every = configured;
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 let client = Client { inner };
-                let held = client
-                    .inner
-                    .leases
-                    .lock()
-                    .map(|l| !l.is_empty())
-                    .unwrap_or(false);
-                if !held {
+                let held = client.inner.leases.lock().map(|l| l.len()).unwrap_or(0);
+                if held == 0 {
                     continue;
                 }
                 let id = client.inner.id;
-                if let Err(e) = client.call(RenewLease { client: id }).await {
-                    tracing::warn!(error = %e, "lease renewal failed");
+                match client.call(RenewLease { client: id }).await {
+                    Ok(terms) => {
+                        if terms.renewed == 0 {
+                            tracing::warn!(held, "lease renewal renewed nothing: the master no longer counts this client as a writer (lease recovery took its files); their next writes will be refused");
+                        }
+                        let period = renew_period(configured, terms.soft_limit_ms);
+                        if period != every {
+                            every = period;
+                            tick = tokio::time::interval_at(
+                                tokio::time::Instant::now() + every,
+                                every,
+                            );
+                            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
                 }
             }
         }));
@@ -500,6 +514,15 @@ impl Client {
             }
         }
     }
+}
+
+/// How often to renew leases under a master whose soft limit is `soft_limit_ms`: a
+/// quarter of it (so three renewals in a row may be lost or late before another
+/// client may take a file over), never more often than every 50 ms, and never less
+/// often than `configured`.
+pub(crate) fn renew_period(configured: Duration, soft_limit_ms: u64) -> Duration {
+    let quarter = Duration::from_millis(soft_limit_ms / 4);
+    configured.min(quarter).max(Duration::from_millis(50))
 }
 
 /// Chunkserver requests allowed through the connection pool, and so retried once on a
@@ -609,6 +632,19 @@ mod tests {
 
     fn io(kind: ErrorKind) -> stampfs_proto::Error {
         stampfs_proto::Error::Io(std::io::Error::from(kind))
+    }
+
+    #[test]
+    fn leases_are_renewed_at_a_quarter_of_the_soft_limit() {
+        let s = Duration::from_secs(1);
+        assert_eq!(renew_period(s, 1_000), Duration::from_millis(250));
+        assert_eq!(
+            renew_period(s, 60_000),
+            s,
+            "never less often than configured"
+        );
+        assert_eq!(renew_period(s, 100), Duration::from_millis(50), "floor");
+        assert_eq!(renew_period(s, 0), Duration::from_millis(50));
     }
 
     #[test]

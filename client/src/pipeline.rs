@@ -187,7 +187,7 @@ impl PipelineStream {
             sync,
         };
         self.last_activity = Instant::now();
-        match tokio::time::timeout(
+        match stampfs_proto::pause::timeout(
             self.ack_timeout,
             self.writer.feed(&Frame::new(&packet, data)?, crc),
         )
@@ -200,7 +200,7 @@ impl PipelineStream {
 
     /// Pushes queued packets onto the socket.
     pub(crate) async fn flush(&mut self) -> Result<()> {
-        match tokio::time::timeout(self.ack_timeout, self.writer.flush()).await {
+        match stampfs_proto::pause::timeout(self.ack_timeout, self.writer.flush()).await {
             Ok(res) => res.map_err(Error::from),
             Err(_) => Err(self.stalled("accept data")),
         }
@@ -210,7 +210,7 @@ impl PipelineStream {
     /// and every item was taken. A [`StreamEnd::Broken`] end when none arrives within
     /// the ack timeout.
     pub(crate) async fn next_ack(&mut self) -> Option<Incoming> {
-        let item = match tokio::time::timeout(self.ack_timeout, self.acks.recv()).await {
+        let item = match stampfs_proto::pause::timeout(self.ack_timeout, self.acks.recv()).await {
             Ok(item) => item,
             Err(_) => Some(Incoming::End(
                 StreamEnd::Broken,

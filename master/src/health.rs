@@ -513,6 +513,39 @@ impl Tracker {
         }
     }
 
+    /// `server` registered again (it restarted, or the master asked it to): the
+    /// commands already delivered to it may have died with the process (a deletion
+    /// waiting in its paced queue, a copy it was sending or receiving). Forgets them,
+    /// so the next pass re-decides from the fresh report it just sent instead of
+    /// waiting out `--replication-timeout`. Commands still queued for its next
+    /// heartbeat stay. Every command is idempotent and bounded by a version, so one
+    /// that did run and is ordered again changes nothing.
+    pub fn forget_server(&mut self, server: ChunkserverId) {
+        let queued: Vec<ChunkCommand> = self
+            .outbox
+            .get(&server)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default();
+        self.pending
+            .retain(|(s, _), p| *s != server || queued.contains(&p.command));
+        let lost: Vec<Copy> = self
+            .copies
+            .iter()
+            .filter(|c| {
+                c.target == server
+                    || (c.source == server
+                        && !queued.iter().any(|cmd| {
+                            matches!(cmd, ChunkCommand::Replicate { handle, version, target }
+                                if *handle == c.handle && *version == c.version && target.id == c.target)
+                        }))
+            })
+            .cloned()
+            .collect();
+        for c in lost {
+            self.drop_copy(&c);
+        }
+    }
+
     /// Queues `cmd` for `server` unless the same command is already queued.
     pub fn enqueue(&mut self, server: ChunkserverId, cmd: ChunkCommand) -> bool {
         let q = self.outbox.entry(server).or_default();

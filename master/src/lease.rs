@@ -13,24 +13,41 @@
 
 use stampfs_proto::{ClientId, InodeId};
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Milliseconds since the master started: the time base of leases and heartbeats.
+/// How long a master that resumed from a pause runs before it judges anyone: the
+/// heartbeats and renewals that queued up in its sockets while it was frozen are read
+/// first. (Seen time already leaves the pause out; this covers the messages that were
+/// due during it.)
+pub const RESUME_SETTLE: Duration = Duration::from_secs(1);
+
+/// Milliseconds since the master started, in *seen* time ([`stampfs_proto::pause`]):
+/// the time base of leases, heartbeats and every other deadline the master judges.
+/// A stretch during which the master itself was not running (SIGSTOP, a VM freeze) is
+/// not counted, so a master that wakes up does not find every chunkserver silent and
+/// every lease expired by time it never saw.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
-    start: Instant,
+    origin_ms: u64,
 }
 
 impl Clock {
     pub fn new() -> Self {
         Self {
-            start: Instant::now(),
+            origin_ms: stampfs_proto::pause::seen_ms(),
         }
     }
 
-    /// Milliseconds since [`Clock::new`].
+    /// Seen milliseconds since [`Clock::new`].
     pub fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        stampfs_proto::pause::seen_ms().saturating_sub(self.origin_ms)
+    }
+
+    /// Whether the master ran without a pause for at least `settle`: judgements that
+    /// take something away (a chunkserver declared dead, a lease expired) wait until
+    /// what queued up during a pause (heartbeats, renewals) has been read.
+    pub fn settled(&self, settle: Duration) -> bool {
+        stampfs_proto::pause::settled(settle)
     }
 }
 

@@ -30,10 +30,14 @@
 //! Lease recovery ([`recovery`]) reads replica lengths only from the bump's replies,
 //! so every length that counts comes from a replica that already fences the old writer.
 //! Invariant 5: recovery starts from the version the writer was last *granted*
-//! (`Record::Granted`, logged after a bump succeeded), never from one minted for a bump
-//! that failed, so the replicas holding the acknowledged bytes always count; and a
-//! replica reported shorter than the committed length (a bump applied late) is never
-//! served, copied or allowed to vote on a length.
+//! (`Record::GrantedPipeline`, logged after a bump succeeded), never from one minted
+//! for a bump that failed, so the replicas holding the acknowledged bytes always count;
+//! only the replicas of that granted pipeline vote on the length (one that applied a
+//! bump late is not in it); a replica reported shorter than the committed length is
+//! never served, copied or allowed to vote; and a file whose replicas cannot be reached
+//! is fenced and waits in recovery, never closed at the master's committed length while
+//! a pipeline replica may still exist. Every deadline is in seen time
+//! ([`lease::Clock`]), so a master that was frozen judges no one by its own pause.
 //!
 //! Fail-stop: if a committed record cannot be handed to the log, the state is ahead of
 //! the log for good; the master then refuses every request with an `Internal` error

@@ -39,6 +39,18 @@ pub enum WriteState {
     },
 }
 
+impl WriteState {
+    /// The version lease recovery starts from: the granted one of an open file, the
+    /// holder's of a file in recovery; `None` when closed.
+    pub fn floor(&self) -> Option<ChunkVersion> {
+        match self {
+            WriteState::Open { granted, .. } => Some(*granted),
+            WriteState::Recovering { old_version, .. } => Some(*old_version),
+            WriteState::Closed => None,
+        }
+    }
+}
+
 /// A file's metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct FileMeta {

@@ -28,14 +28,38 @@
 //! 5. log `RecoveryCommitted`: the chunk's committed length, the file closed.
 //!
 //! A file that is open without an open last chunk (no chunk yet, or its last chunk is
-//! full: the writer died between chunks) is closed at its committed length. A last
-//! chunk with no live replica at a recoverable version, still at the version its
-//! replicas hold, does not hang the file: it is closed at the chunk's committed length
-//! and the chunk is listed as missing
-//! ([`crate::state::MasterState::missing_chunks`]). Once a version was minted past
-//! the granted one, closing would leave the chunk at a version no replica holds (all
-//! of them stale for good), so the file stays in recovery and the worker retries,
-//! backing off, until a replica holding the granted version is reachable again.
+//! full: the writer died between chunks) is closed at its committed length: the
+//! writer committed a full chunk's length itself with `AddChunk` (which also has its
+//! replicas finalized), so everything it had acknowledged is within that length.
+//!
+//! **No reachable replica.** When no live replica of the last chunk holds a
+//! recoverable version, recovery never closes the file at the master's committed
+//! length, which knows nothing of what was hflushed or hsynced since: the replicas that
+//! are unreachable now may hold acknowledged bytes. The rule ([`decide`]):
+//! - an open file is **fenced** all the same: a fresh version is minted and logged
+//!   (`RecoveryStarted`), the holder's lease is gone (its `AddChunk`, `UpdatePipeline`
+//!   and `Close` get `LeaseExpired`), and the file stays `Recovering`;
+//! - a file in recovery **waits**: the worker retries with back-off, and at once when
+//!   a chunkserver holding a replica registers or comes back to life;
+//! - it closes at the committed length only when the replicas are **proven gone**
+//!   ([`proven_gone`]): every chunkserver the master ever handed an id to has
+//!   registered with it since it started (so its full chunk report is in the table),
+//!   and none lists a replica at a recoverable version. The chunk is then reported
+//!   missing; the version was minted first, so nothing accepts the old writer again.
+//!
+//! Proof sketch that no acknowledged byte is cut: a byte acknowledged to the writer is
+//! on every replica of its pipeline (invariant 5), each of them at a version at least
+//! the granted one. Such a replica is listed in the chunk table from the bump reply
+//! that put it in the pipeline or, after a master restart, from its chunkserver's
+//! registration report; it leaves the table only when its chunkserver reports it
+//! gone or at another version, or when a seal at a newer version failed. So while any
+//! pipeline replica may still exist, either it is listed (recovery waits for it or
+//! bumps it) or its chunkserver has not registered since the restart (recovery
+//! waits). A bump makes the replica refuse the old writer before its length is read,
+//! so the length read is final, and the minimum over bumped pipeline replicas is at
+//! least every acknowledged offset. Writes the old writer got acknowledged while the
+//! master could not reach the replicas are on those replicas too, and counted the
+//! same way when they are bumped.
 //!
 //! **A failed reopen.** An `append` whose bump reaches too few replicas has already
 //! logged the new version; the file goes to recovery from the version the closed file
@@ -143,17 +167,27 @@ pub enum Start {
     HolderChanged { holder: ClientId },
     /// Open without an open last chunk: close at the committed length.
     CloseAtCommitted,
-    /// No live replica holds the last chunk at a recoverable version, and the chunk is
-    /// still at the version its replicas hold: close at the chunk's committed length
-    /// and report the chunk missing.
-    Missing { old_version: ChunkVersion },
-    /// No live replica holds the last chunk at a recoverable version, and a version
-    /// was minted past `old_version` (an earlier attempt, a failed reopen or pipeline
-    /// update): closing would leave the chunk at a version no replica holds, so the
-    /// file stays in (or goes to) recovery until one is reachable.
+    /// No live replica holds the last chunk at a recoverable version and the file is
+    /// still open: mint `version` (log it; the holder's lease is gone) and wait in
+    /// recovery for a replica to be reachable.
+    Fence {
+        holder: ClientId,
+        old_version: ChunkVersion,
+        version: ChunkVersion,
+    },
+    /// No live replica holds the last chunk at a recoverable version, and the file is
+    /// in recovery already (its holder fenced by a version past `old_version`): wait.
     Unreachable {
         holder: ClientId,
         old_version: ChunkVersion,
+    },
+    /// Every replica of the last chunk is proven gone ([`proven_gone`]): close at the
+    /// chunk's committed length and report the chunk missing, at `version` (minted
+    /// first when `mint`).
+    Lost {
+        old_version: ChunkVersion,
+        version: ChunkVersion,
+        mint: bool,
     },
     /// Mint `version` (log it), push it to `targets`, then seal.
     Bump {
@@ -166,12 +200,14 @@ pub enum Start {
 
 /// Decides how to recover a file from its write state, chunk size and last chunk.
 /// `expired` is the holder the trigger saw expire ([`Trigger::expired_holder`]);
-/// `live` gives the address of a live chunkserver.
+/// `holders` is what the master knows of who may hold the writer's bytes; `live`
+/// gives the address of a live chunkserver.
 pub fn decide(
     write: WriteState,
     expired: Option<ClientId>,
     chunk_size: u64,
     last: Option<&ChunkInfo>,
+    holders: &Holders<'_>,
     live: impl Fn(ChunkserverId) -> Option<String>,
 ) -> Start {
     let (holder, old_version, info) = match (write, last) {
@@ -193,15 +229,32 @@ pub fn decide(
             Some(info),
         ) => (holder, old_version, info),
     };
-    let targets = recoverable_targets(info, old_version, live);
+    let targets = recoverable_targets(info, old_version, holders.pipeline, live);
     if targets.is_empty() {
-        if info.version > old_version {
+        // Fenced in the log already: in recovery, at a version past the writer's.
+        let fenced = matches!(write, WriteState::Recovering { .. }) && info.version > old_version;
+        if proven_gone(info, old_version, holders) {
+            return Start::Lost {
+                old_version,
+                version: if fenced {
+                    info.version
+                } else {
+                    info.version.next()
+                },
+                mint: !fenced,
+            };
+        }
+        if fenced {
             return Start::Unreachable {
                 holder,
                 old_version,
             };
         }
-        return Start::Missing { old_version };
+        return Start::Fence {
+            holder,
+            old_version,
+            version: info.version.next(),
+        };
     }
     Start::Bump {
         holder,
@@ -211,21 +264,59 @@ pub fn decide(
     }
 }
 
+/// What the master knows of who may hold a writer's acknowledged bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Holders<'a> {
+    /// The chunkservers of the granted pipeline (`Record::GrantedPipeline`); `None`
+    /// when it is not known (a grant logged before pipelines were): then any
+    /// chunkserver may.
+    pub pipeline: Option<&'a [ChunkserverId]>,
+    /// The chunkservers (ever handed an id) that have not registered with this master
+    /// since it started: their replicas are not in the chunk table yet.
+    pub unreported: &'a [ChunkserverId],
+}
+
+impl Holders<'_> {
+    /// Whether `id` may hold the writer's bytes.
+    fn may_hold(&self, id: ChunkserverId) -> bool {
+        self.pipeline.is_none_or(|p| p.contains(&id))
+    }
+}
+
+/// Whether every replica that may hold bytes the writer had acknowledged is known to
+/// be gone: no replica of `info` at a recoverable version (`from..=current`, not
+/// short) is listed on a chunkserver that may hold them (live or dead), and every such
+/// chunkserver has reported its replicas to this master since it started, so no
+/// unlisted replica can still exist.
+pub fn proven_gone(info: &ChunkInfo, from: ChunkVersion, holders: &Holders<'_>) -> bool {
+    let listed = info.replicas.iter().any(|r| {
+        r.version >= from
+            && r.version <= info.version
+            && !r.short
+            && holders.may_hold(r.server_id())
+    });
+    !listed && !holders.unreported.iter().any(|id| holders.may_hold(*id))
+}
+
 /// The live replicas of `info` that hold the writer's data: at a version between
-/// `from` (the version the writer was granted) and the master's current one. Replicas
-/// below `from` missed an earlier bump and are stale; replicas known to be shorter
-/// than the committed length (a bump applied late, see
+/// `from` (the version the writer was granted) and the master's current one, and in
+/// the granted `pipeline` when it is known. Replicas below `from` missed an earlier
+/// bump and are stale; replicas outside the pipeline took a bump the master had given
+/// up on (it was applied late) and never got the writer's bytes; replicas known to be
+/// shorter than the committed length (a bump applied late, see
 /// [`crate::chunk_table::Replica::short`]) lack committed bytes. Ordered by
 /// chunkserver id.
 pub fn recoverable_targets(
     info: &ChunkInfo,
     from: ChunkVersion,
+    pipeline: Option<&[ChunkserverId]>,
     live: impl Fn(ChunkserverId) -> Option<String>,
 ) -> Vec<ChunkserverAddr> {
     let mut out: Vec<ChunkserverAddr> = info
         .replicas
         .iter()
         .filter(|r| r.version >= from && r.version <= info.version && !r.short)
+        .filter(|r| pipeline.is_none_or(|p| p.contains(&r.server_id())))
         .filter_map(|r| {
             live(r.server_id()).map(|addr| ChunkserverAddr {
                 id: r.server_id(),
@@ -316,6 +407,17 @@ mod tests {
         hard_ms: 600,
     };
 
+    /// Every chunkserver has reported; the pipeline is not known.
+    const ALL: Holders<'static> = Holders {
+        pipeline: None,
+        unreported: &[],
+    };
+    /// Chunkserver 9 has not registered since the master started.
+    const UNREPORTED: Holders<'static> = Holders {
+        pipeline: None,
+        unreported: &[ChunkserverId(9)],
+    };
+
     fn live_except(dead: &'static [u64]) -> impl Fn(ChunkserverId) -> Option<String> {
         move |id| (!dead.contains(&id.0)).then(|| format!("127.0.0.1:{}", 9000 + id.0))
     }
@@ -400,6 +502,7 @@ mod tests {
             Some(A),
             CHUNK,
             Some(&c),
+            &ALL,
             live_except(&[4]),
         );
         let Start::Bump {
@@ -432,7 +535,7 @@ mod tests {
             version,
             targets,
             ..
-        } = decide(write, None, CHUNK, Some(&c), live_except(&[]))
+        } = decide(write, None, CHUNK, Some(&c), &ALL, live_except(&[]))
         else {
             panic!("expected a bump");
         };
@@ -447,12 +550,12 @@ mod tests {
             granted: ChunkVersion(2),
         };
         assert_eq!(
-            decide(write, None, CHUNK, None, live_except(&[])),
+            decide(write, None, CHUNK, None, &ALL, live_except(&[])),
             Start::CloseAtCommitted
         );
         let full = chunk(2, CHUNK, &[(1, 2)]);
         assert_eq!(
-            decide(write, None, CHUNK, Some(&full), live_except(&[])),
+            decide(write, None, CHUNK, Some(&full), &ALL, live_except(&[])),
             Start::CloseAtCommitted,
             "the writer died between chunks"
         );
@@ -462,6 +565,7 @@ mod tests {
                 None,
                 CHUNK,
                 Some(&full),
+                &ALL,
                 live_except(&[])
             ),
             Start::Closed
@@ -476,6 +580,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&full),
+                &ALL,
                 live_except(&[])
             ),
             Start::HolderChanged { holder: B }
@@ -483,24 +588,119 @@ mod tests {
     }
 
     #[test]
-    fn a_last_chunk_without_live_replicas_is_missing_not_hung() {
+    fn an_open_file_without_a_reachable_replica_is_fenced_and_waits() {
+        // The master sees no live current replica (its servers are dead, or it was
+        // itself frozen): the replicas may hold hsynced bytes the committed length
+        // knows nothing of. The holder is fenced by a fresh version; nothing closes.
         let write = WriteState::Open {
             client: A,
             granted: ChunkVersion(3),
         };
         let c = chunk(3, 100, &[(1, 3), (2, 2)]);
+        for holders in [ALL, UNREPORTED] {
+            assert_eq!(
+                decide(write, Some(A), CHUNK, Some(&c), &holders, live_except(&[1])),
+                Start::Fence {
+                    holder: A,
+                    old_version: ChunkVersion(3),
+                    version: ChunkVersion(4)
+                },
+                "the only current replica is dead; the other is stale"
+            );
+        }
+        // Once fenced, the file in recovery waits without minting again.
+        let recovering = WriteState::Recovering {
+            holder: A,
+            old_version: ChunkVersion(3),
+        };
+        let fenced = chunk(4, 100, &[(1, 3), (2, 2)]);
         assert_eq!(
-            decide(write, Some(A), CHUNK, Some(&c), live_except(&[1])),
-            Start::Missing {
+            decide(
+                recovering,
+                None,
+                CHUNK,
+                Some(&fenced),
+                &ALL,
+                live_except(&[1])
+            ),
+            Start::Unreachable {
+                holder: A,
                 old_version: ChunkVersion(3)
-            },
-            "the only current replica is dead; the other is stale"
+            }
         );
-        let none = chunk(3, 0, &[]);
+    }
+
+    #[test]
+    fn a_chunk_closes_missing_only_when_every_replica_is_proven_gone() {
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(3),
+        };
+        // Nothing listed, but a chunkserver has not reported since the master started
+        // (a restart forgot the replica lists): it may hold the writer's bytes.
+        let none = chunk(3, 100, &[]);
         assert!(matches!(
-            decide(write, None, CHUNK, Some(&none), live_except(&[])),
-            Start::Missing { .. }
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&none),
+                &UNREPORTED,
+                live_except(&[])
+            ),
+            Start::Fence { .. }
         ));
+        // Every chunkserver reported, and none holds it: the chunk is lost. The
+        // version is still raised first.
+        assert_eq!(
+            decide(write, Some(A), CHUNK, Some(&none), &ALL, live_except(&[])),
+            Start::Lost {
+                old_version: ChunkVersion(3),
+                version: ChunkVersion(4),
+                mint: true
+            }
+        );
+        // Only a stale and a short replica are listed: neither holds the bytes.
+        let mut c = chunk(3, 100, &[(2, 2)]);
+        c.set_replica(3, ChunkVersion(3), ReplicaState::Writing);
+        c.record_report(
+            3,
+            &stampfs_proto::ReplicaReport {
+                handle: stampfs_proto::ChunkHandle(1),
+                version: ChunkVersion(3),
+                length: 10,
+                state: ReplicaState::Writing,
+            },
+        );
+        assert!(proven_gone(&c, ChunkVersion(3), &ALL));
+        // A current replica on a dead chunkserver is not gone.
+        let dead = chunk(3, 100, &[(1, 3)]);
+        assert!(!proven_gone(&dead, ChunkVersion(3), &ALL));
+        assert!(matches!(
+            decide(write, Some(A), CHUNK, Some(&dead), &ALL, live_except(&[1])),
+            Start::Fence { .. }
+        ));
+        // A file already fenced in recovery closes at the version it has.
+        let recovering = WriteState::Recovering {
+            holder: A,
+            old_version: ChunkVersion(3),
+        };
+        let fenced = chunk(4, 100, &[]);
+        assert_eq!(
+            decide(
+                recovering,
+                None,
+                CHUNK,
+                Some(&fenced),
+                &ALL,
+                live_except(&[])
+            ),
+            Start::Lost {
+                old_version: ChunkVersion(3),
+                version: ChunkVersion(4),
+                mint: false
+            }
+        );
     }
 
     #[test]
@@ -516,7 +716,7 @@ mod tests {
             version,
             targets,
             ..
-        } = decide(write, Some(A), CHUNK, Some(&c), live_except(&[]))
+        } = decide(write, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
         else {
             panic!("expected a bump");
         };
@@ -528,7 +728,8 @@ mod tests {
         );
         // The bump reached one replica before the master gave up: it counts too.
         let c = chunk(6, 0, &[(1, 6), (2, 5), (3, 4)]);
-        let Start::Bump { targets, .. } = decide(write, Some(A), CHUNK, Some(&c), live_except(&[]))
+        let Start::Bump { targets, .. } =
+            decide(write, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
         else {
             panic!("expected a bump");
         };
@@ -543,7 +744,7 @@ mod tests {
             granted: ChunkVersion(6),
         };
         let Start::Bump { targets, .. } =
-            decide(granted, Some(A), CHUNK, Some(&c), live_except(&[]))
+            decide(granted, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
         else {
             panic!("expected a bump");
         };
@@ -560,10 +761,11 @@ mod tests {
             granted: ChunkVersion(5),
         };
         assert_eq!(
-            decide(open, Some(A), CHUNK, Some(&c), live_except(&[1, 2])),
-            Start::Unreachable {
+            decide(open, Some(A), CHUNK, Some(&c), &ALL, live_except(&[1, 2])),
+            Start::Fence {
                 holder: A,
-                old_version: ChunkVersion(5)
+                old_version: ChunkVersion(5),
+                version: ChunkVersion(7)
             }
         );
         let recovering = WriteState::Recovering {
@@ -571,7 +773,14 @@ mod tests {
             old_version: ChunkVersion(5),
         };
         assert_eq!(
-            decide(recovering, None, CHUNK, Some(&c), live_except(&[1, 2])),
+            decide(
+                recovering,
+                None,
+                CHUNK,
+                Some(&c),
+                &ALL,
+                live_except(&[1, 2])
+            ),
             Start::Unreachable {
                 holder: A,
                 old_version: ChunkVersion(5)
@@ -579,8 +788,62 @@ mod tests {
         );
         // When they are back, they are recovered.
         assert!(matches!(
-            decide(recovering, None, CHUNK, Some(&c), live_except(&[2])),
+            decide(recovering, None, CHUNK, Some(&c), &ALL, live_except(&[2])),
             Start::Bump { .. }
+        ));
+    }
+
+    #[test]
+    fn a_replica_outside_the_granted_pipeline_never_votes() {
+        // The writer was granted version 5 with pipeline {1, 2}; chunkserver 3 was
+        // frozen during the bump, applied it late and reports version 5 with fewer
+        // bytes. Letting it vote would cut bytes acknowledged by 1 and 2.
+        let c = chunk(5, 0, &[(1, 5), (2, 5), (3, 5)]);
+        let pipeline = [ChunkserverId(1), ChunkserverId(2)];
+        let holders = Holders {
+            pipeline: Some(&pipeline),
+            unreported: &[],
+        };
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(5),
+        };
+        let Start::Bump { targets, .. } =
+            decide(write, Some(A), CHUNK, Some(&c), &holders, live_except(&[]))
+        else {
+            panic!("expected a bump");
+        };
+        assert_eq!(ids(&targets), vec![1, 2]);
+        // Only the outsider is reachable: the writer is fenced and the file waits for
+        // the pipeline instead of taking the outsider's length.
+        assert!(matches!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&c),
+                &holders,
+                live_except(&[1, 2])
+            ),
+            Start::Fence { .. }
+        ));
+        // The pipeline's servers reported without it: gone, whatever others hold
+        // or whoever else has not reported.
+        let others = [ChunkserverId(7)];
+        let only_outsider = chunk(5, 0, &[(3, 5)]);
+        let holders = Holders {
+            pipeline: Some(&pipeline),
+            unreported: &others,
+        };
+        assert!(proven_gone(&only_outsider, ChunkVersion(5), &holders));
+        let unreported_member = [ChunkserverId(2)];
+        assert!(!proven_gone(
+            &only_outsider,
+            ChunkVersion(5),
+            &Holders {
+                pipeline: Some(&pipeline),
+                unreported: &unreported_member,
+            }
         ));
     }
 
@@ -597,7 +860,7 @@ mod tests {
             },
         );
         assert!(c.replica(ChunkserverId(3)).expect("recorded").short);
-        let targets = recoverable_targets(&c, ChunkVersion(5), live_except(&[]));
+        let targets = recoverable_targets(&c, ChunkVersion(5), None, live_except(&[]));
         assert_eq!(ids(&targets), vec![1, 2]);
     }
 

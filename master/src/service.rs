@@ -24,8 +24,8 @@ use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
-    List, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease, Signed, Stat,
-    UpdatePipeline, WriteGrant,
+    LeaseTerms, List, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease, Signed,
+    Stat, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -419,7 +419,8 @@ impl Core {
                 needed: bump.needed as u32,
             });
         }
-        self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, now))
+        let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
+        self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))
             .await?;
         Ok(AppendReply {
             status: plan.status,
@@ -449,6 +450,9 @@ impl Core {
                 needed: plan.bump.needed as u32,
             });
         }
+        let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
+        self.mutate_durable(|st, now, _| st.grant_made(&plan.bump, req.client, &ids, now))
+            .await?;
         Ok(self.grant(&plan.bump, req.client, pipeline))
     }
 
@@ -467,7 +471,8 @@ impl Core {
                 needed: plan.needed as u32,
             });
         }
-        self.mutate_durable(|st, now, _| st.grant_made(&plan, req.client, now))
+        let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
+        self.mutate_durable(|st, now, _| st.grant_made(&plan, req.client, &ids, now))
             .await?;
         Ok(self.grant(&plan, req.client, pipeline))
     }
@@ -485,10 +490,16 @@ impl Core {
     }
 
     #[tracing::instrument(skip_all, fields(client = %req.client))]
-    pub async fn renew_lease(&self, req: RenewLease) -> Result<()> {
+    pub async fn renew_lease(&self, req: RenewLease) -> Result<LeaseTerms> {
         let now = self.clock.now_ms();
-        self.state().renew(req.client, now);
-        Ok(())
+        let mut st = self.state();
+        let renewed = st.renew(req.client, now);
+        let limits = st.settings.limits;
+        Ok(LeaseTerms {
+            renewed: u32::try_from(renewed).unwrap_or(u32::MAX),
+            soft_limit_ms: limits.soft_ms,
+            hard_limit_ms: limits.hard_ms,
+        })
     }
 
     // ------------------------------------------------------------ chunkservers
@@ -652,6 +663,9 @@ impl Core {
     /// Logs chunkservers that died or came back. (Leases past their hard limit are the
     /// recovery worker's: [`Core::recovery_pass`].)
     pub fn monitor(&self) {
+        if !self.clock.settled(crate::lease::RESUME_SETTLE) {
+            return;
+        }
         let now = self.clock.now_ms();
         let mut back = Vec::new();
         {

@@ -40,8 +40,8 @@ pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
-/// files) is still read and upgraded.
-const SNAPSHOT_FORMAT: u32 = 2;
+/// files) and format 2 (no granted pipelines) are still read and upgraded.
+const SNAPSHOT_FORMAT: u32 = 3;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -144,6 +144,29 @@ pub enum Record {
     /// are reachable; until then the file stays in recovery (nobody may write it, and
     /// replica health leaves its last chunk alone).
     RecoveryQueued { inode: InodeId },
+    /// The grant of `version` on the last chunk `handle` of the open file `inode` goes
+    /// out with exactly `servers` as its pipeline (the replicas that took the bump).
+    /// Like `Granted` it raises the floor of lease recovery to `version`; it also names
+    /// who may vote on the length: a replica outside the pipeline (a bump applied late,
+    /// after the master gave up on it) never held the writer's acknowledged bytes.
+    /// Logged after the bump, before the grant, for new chunks, reopens and pipeline
+    /// updates alike.
+    GrantedPipeline {
+        inode: InodeId,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        servers: Vec<ChunkserverId>,
+    },
+}
+
+/// The pipeline an open file's last chunk was granted with (see
+/// `Record::GrantedPipeline`): persisted, so that lease recovery after a master
+/// restart still knows which replicas hold the writer's acknowledged bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Pipeline {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+    pub servers: Vec<ChunkserverId>,
 }
 
 /// The configuration the state machine's decisions use.
@@ -212,6 +235,9 @@ pub struct MasterState {
     /// Chunkserver ids ever handed out, with their last registered address.
     pub servers: BTreeMap<ChunkserverId, String>,
     next_server: u64,
+    /// The granted pipeline of each open file's last chunk (persisted; an entry goes
+    /// when its file closes, gets a new last chunk or is deleted).
+    pub pipelines: BTreeMap<InodeId, Pipeline>,
     /// Soft: registered chunkservers.
     pub registry: Registry,
     /// Soft: lease timers of open files.
@@ -266,6 +292,7 @@ impl MasterState {
             chunks: ChunkTable::default(),
             servers: BTreeMap::new(),
             next_server: 1,
+            pipelines: BTreeMap::new(),
             registry: Registry::default(),
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),
@@ -286,6 +313,7 @@ impl MasterState {
             &self.chunks,
             &self.servers,
             self.next_server,
+            &self.pipelines,
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -296,6 +324,15 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+        );
+        type SnapV2 = (
             u32,
             u64,
             Namespace,
@@ -316,17 +353,24 @@ impl MasterState {
         };
         let (format, _): (u32, usize) =
             bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-        let (last_lsn, ns, chunks, servers, next_server) = match format {
+        // Checkpoints older than format 3 know no granted pipelines: lease recovery of
+        // a file open at the time lets every replica at a recoverable version vote.
+        let (last_lsn, ns, chunks, servers, next_server, pipelines) = match format {
             SNAPSHOT_FORMAT => {
-                let ((_, last_lsn, ns, chunks, servers, next_server), _): (Snap, usize) =
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines), _): (Snap, usize) =
                     bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-                (last_lsn, ns, chunks, servers, next_server)
+                (last_lsn, ns, chunks, servers, next_server, pipelines)
+            }
+            2 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV2, usize) =
+                    bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                (last_lsn, ns, chunks, servers, next_server, BTreeMap::new())
             }
             1 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV1, usize) =
                     bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 let ns = ns.upgrade(|h| chunks.get(h).map_or(ChunkVersion(0), |c| c.version));
-                (last_lsn, ns, chunks, servers, next_server)
+                (last_lsn, ns, chunks, servers, next_server, BTreeMap::new())
             }
             other => {
                 return Err(Error::Codec {
@@ -340,6 +384,7 @@ impl MasterState {
         st.chunks = chunks;
         st.servers = servers;
         st.next_server = next_server;
+        st.pipelines = pipelines;
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()
@@ -469,6 +514,7 @@ impl MasterState {
                         granted,
                     }
                 });
+                self.pipelines.remove(inode);
                 self.leases.acquire(*inode, *client, now_ms);
             }
             Record::AddChunk {
@@ -507,6 +553,7 @@ impl MasterState {
                         *granted = *version;
                     }
                 });
+                self.pipelines.remove(inode);
             }
             Record::AbandonChunk { inode, handle } => {
                 let f = self
@@ -530,6 +577,7 @@ impl MasterState {
                         *g = granted;
                     }
                 });
+                self.pipelines.remove(inode);
             }
             Record::SetVersion { handle, version } => self.set_version(*handle, *version)?,
             Record::Close {
@@ -552,6 +600,7 @@ impl MasterState {
                 self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
+                self.pipelines.remove(inode);
             }
             Record::Rename {
                 src_parent,
@@ -636,6 +685,7 @@ impl MasterState {
                 self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
+                self.pipelines.remove(inode);
             }
             Record::Granted {
                 inode,
@@ -663,6 +713,8 @@ impl MasterState {
                         *granted = *version;
                     }
                 });
+                // A grant from before pipelines were logged: its pipeline is unknown.
+                self.pipelines.remove(inode);
             }
             Record::RecoveryQueued { inode } => {
                 let f = self
@@ -680,6 +732,45 @@ impl MasterState {
                 });
                 self.leases.release(*inode);
                 self.recovering.insert(*inode);
+            }
+            Record::GrantedPipeline {
+                inode,
+                handle,
+                version,
+                servers,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let WriteState::Open { granted, .. } = f.write else {
+                    return Err(format!("{inode} is not open"));
+                };
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                let current = self.last_version(f);
+                if *version < granted || *version > current {
+                    return Err(format!(
+                        "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
+                    ));
+                }
+                if servers.is_empty() || servers.len() > usize::from(u8::MAX) {
+                    return Err(format!("a pipeline of {} chunkservers", servers.len()));
+                }
+                self.touch_file(*inode, 0, |f| {
+                    if let WriteState::Open { granted, .. } = &mut f.write {
+                        *granted = *version;
+                    }
+                });
+                self.pipelines.insert(
+                    *inode,
+                    Pipeline {
+                        handle: *handle,
+                        version: *version,
+                        servers: servers.clone(),
+                    },
+                );
             }
         }
         self.last_lsn = lsn;
@@ -725,6 +816,7 @@ impl MasterState {
             if let InodeKind::File(f) = inode.kind {
                 self.leases.release(ino);
                 self.recovering.remove(&ino);
+                self.pipelines.remove(&ino);
                 for h in f.chunks {
                     self.forget_chunk(h);
                 }
@@ -940,6 +1032,7 @@ impl MasterState {
         self.registry
             .register(id, &req.addr, req.capacity, req.used, now_ms);
         let s = self.apply_report(id, &req.replicas);
+        self.health.forget_server(id);
         tracing::info!(chunkserver = %id, addr = %req.addr, replicas = req.replicas.len(), current = s.current, stale = s.stale, ahead = s.ahead, short = s.short, orphans = s.orphans, "chunkserver registered");
         Ok(id)
     }
@@ -1041,6 +1134,23 @@ impl MasterState {
             && self.chunks.next_handle() == other.chunks.next_handle()
             && self.servers == other.servers
             && self.next_server == other.next_server
+            && self.pipelines == other.pipelines
+    }
+
+    /// The servers of the granted pipeline of `inode`'s last chunk `handle` at
+    /// `floor` (the granted version, or the holder's version in recovery); `None`
+    /// when the master does not know it (a grant logged before pipelines were, or one
+    /// not made yet).
+    pub fn pipeline_of(
+        &self,
+        inode: InodeId,
+        handle: ChunkHandle,
+        floor: ChunkVersion,
+    ) -> Option<&[ChunkserverId]> {
+        self.pipelines
+            .get(&inode)
+            .filter(|p| p.handle == handle && p.version == floor)
+            .map(|p| p.servers.as_slice())
     }
 
     /// The id the next registering chunkserver gets.

@@ -12,6 +12,8 @@
 //! - [`path`]: namespace path validation.
 //! - [`dirlock`]: [`DirLock`], the exclusive lock a server holds on its data directory
 //!   (one master or chunkserver per directory).
+//! - [`pause`]: the pause-aware clock every deadline is measured on (a process that
+//!   was frozen does not judge others by time it did not see).
 
 pub mod codec;
 pub mod dirlock;
@@ -19,6 +21,7 @@ pub mod error;
 pub mod ids;
 pub mod msg;
 pub mod path;
+pub mod pause;
 pub mod rpc;
 pub mod token;
 pub mod units;

@@ -200,6 +200,16 @@ pub struct RenewLease {
     pub client: ClientId,
 }
 
+/// The answer to [`RenewLease`]: how many of the client's leases were renewed, and
+/// the master's limits, so that the client renews well within the soft limit
+/// whatever it is configured to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct LeaseTerms {
+    pub renewed: u32,
+    pub soft_limit_ms: u64,
+    pub hard_limit_ms: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct GetLocations {
     pub path: String,

@@ -46,7 +46,7 @@ rpc! {
     MasterRequest::AddChunk(AddChunk) -> WriteGrant;
     MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant;
     MasterRequest::Close(Close) -> FileStatus;
-    MasterRequest::RenewLease(RenewLease) -> ();
+    MasterRequest::RenewLease(RenewLease) -> LeaseTerms;
     MasterRequest::GetLocations(GetLocations) -> FileLocations;
     MasterRequest::List(List) -> Vec<FileStatus>;
     MasterRequest::Stat(Stat) -> FileStatus;

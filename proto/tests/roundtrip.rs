@@ -63,6 +63,7 @@ frame_round_trips! {
     update_pipeline: arb_update_pipeline();
     close: arb_close();
     renew_lease: arb_renew_lease();
+    lease_terms: arb_lease_terms();
     get_locations: arb_get_locations();
     list: arb_list();
     stat: arb_stat();
@@ -184,7 +185,7 @@ mod rpc {
         add_chunk: arb_add_chunk() => arb_write_grant();
         update_pipeline: arb_update_pipeline() => arb_write_grant();
         close: arb_close() => arb_file_status();
-        renew_lease: arb_renew_lease() => Just(());
+        renew_lease: arb_renew_lease() => arb_lease_terms();
         get_locations: arb_get_locations() => arb_file_locations();
         list: arb_list() => prop::collection::vec(arb_file_status(), 0..4);
         stat: arb_stat() => arb_file_status();

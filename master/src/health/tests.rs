@@ -265,6 +265,72 @@ fn a_stale_replica_is_deleted_within_its_version_then_replaced() {
 }
 
 #[test]
+fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (ino, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    set(&mut st, h, &[(1, 1, F), (2, 1, F), (3, 1, F)]);
+    st.append(
+        &Append {
+            path: "/f".into(),
+            client: B,
+        },
+        ino,
+        0,
+        1,
+    )
+    .expect("append");
+    st.close(
+        &Close {
+            path: "/f".into(),
+            client: B,
+            last: None,
+        },
+        ino,
+        0,
+        1,
+    )
+    .expect("close");
+    set(&mut st, h, &[(1, 2, F), (2, 2, F), (3, 1, F)]);
+    beat(&mut st, &[1, 2, 3], NOW);
+    assert_eq!(deletes(&pass(&mut st, NOW)).len(), 1);
+    // Delivered in a heartbeat reply; then server 3 is killed before it deletes.
+    assert_eq!(st.health.take_commands(id(3), 10).len(), 1);
+    assert!(deletes(&pass(&mut st, NOW + 100)).is_empty(), "in flight");
+    // It comes back still holding the stale replica and registers again: the
+    // deletion is ordered again on the next pass, not after the replication timeout.
+    st.register(
+        &Register {
+            id: Some(id(3)),
+            addr: "127.0.0.1:9003".into(),
+            capacity: 100 * GIB,
+            used: 10 * GIB,
+            replicas: vec![rep(h, 1, F)],
+        },
+        NOW + 200,
+    )
+    .expect("register");
+    assert_eq!(
+        deletes(&pass(&mut st, NOW + 300)),
+        vec![(id(3), h, ChunkVersion(1), DeleteReason::Stale)]
+    );
+    // A command still waiting for its heartbeat reply is not ordered twice.
+    st.register(
+        &Register {
+            id: Some(id(3)),
+            addr: "127.0.0.1:9003".into(),
+            capacity: 100 * GIB,
+            used: 10 * GIB,
+            replicas: vec![rep(h, 1, F)],
+        },
+        NOW + 400,
+    )
+    .expect("register");
+    assert!(deletes(&pass(&mut st, NOW + 500)).is_empty());
+    assert_eq!(st.health.queued(id(3)), 1);
+}
+
+#[test]
 fn the_last_chunk_of_an_open_or_recovering_file_is_never_touched() {
     let mut st = servers(settings(), &[10, 10, 10, 10]);
     let (_, hs) = file(&mut st, "/open", 2, false);
@@ -717,7 +783,8 @@ fn appended_without_server_3(st: &mut MasterState) -> ChunkHandle {
             (id(2), rep_len(h, 2, 100, W)),
         ],
     );
-    st.grant_made(&bump, B, 0).expect("granted");
+    st.grant_made(&bump, B, &[id(1), id(2)], 0)
+        .expect("granted");
     st.close(
         &Close {
             path: "/f".into(),

@@ -18,9 +18,10 @@ use std::sync::Arc;
 impl Core {
     /// One pass of the replica-health worker. Nothing happens until the chunkservers
     /// had `dead_after` to register after a master start (before that, every chunk
-    /// looks under-replicated).
+    /// looks under-replicated), nor within [`crate::lease::RESUME_SETTLE`] of the
+    /// master resuming from a pause (heartbeats queued meanwhile are read first).
     pub async fn health_pass(&self) {
-        if self.check_running().is_err() {
+        if self.check_running().is_err() || !self.clock.settled(crate::lease::RESUME_SETTLE) {
             return;
         }
         let now = self.clock.now_ms();

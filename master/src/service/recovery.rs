@@ -7,6 +7,7 @@
 
 use super::Core;
 use crate::error::{Error, Result};
+use crate::lease::RESUME_SETTLE;
 use crate::namespace::{self, join};
 use crate::oplog::lock;
 use crate::recovery::{id_list, recovered_length, RetrySchedule, Trigger, RECOVER_WAIT};
@@ -83,8 +84,10 @@ impl Core {
     /// The recovery worker's pass: starts recovery of every lease past its hard limit,
     /// and resumes files left in recovery (after a restart, once their chunkservers
     /// had `dead_after` to register; after a failed attempt, once its retry is due).
+    /// A master that just resumed from a pause waits [`RESUME_SETTLE`] first: renewals
+    /// that queued up while it was frozen are read before any lease is judged expired.
     pub fn recovery_pass(self: &Arc<Self>) {
-        if self.check_running().is_err() {
+        if self.check_running().is_err() || !self.clock.settled(RESUME_SETTLE) {
             return;
         }
         let now = self.clock.now_ms();
@@ -132,6 +135,12 @@ impl Core {
                         holder = %holder,
                         "lease recovery not needed: the file changed hands"
                     ),
+                    Closing::Renewed { holder } => tracing::info!(
+                        path = %outcome.path,
+                        %trigger,
+                        holder = %holder,
+                        "lease recovery not needed: the holder renewed its lease meanwhile"
+                    ),
                     Closing::AtCommitted => tracing::info!(
                         path = %outcome.path,
                         %trigger,
@@ -142,24 +151,42 @@ impl Core {
                         path = %outcome.path,
                         %trigger,
                         handle = %handle,
-                        version = %version,
+                        new_version = %version,
                         length = outcome.length,
-                        "lease recovery: no live replica holds the last chunk at its version; \
-                         file closed at its committed length and the chunk is MISSING"
+                        "lease recovery: every replica of the last chunk is gone (each \
+                         chunkserver reported without it); file closed at its committed \
+                         length and the chunk is MISSING"
                     ),
                 }
                 return Ok(outcome);
             }
-            RecoveryBegin::Waiting { outcome, handle } => {
-                tracing::warn!(
-                    path = %outcome.path,
-                    %trigger,
-                    handle = %handle,
-                    old_version = ?outcome.old_version,
-                    version = ?outcome.new_version,
-                    "lease recovery: no live replica holds the writer's granted version; \
-                     the file stays in recovery until one is reachable"
-                );
+            RecoveryBegin::Waiting {
+                outcome,
+                handle,
+                fenced,
+            } => {
+                if fenced {
+                    tracing::warn!(
+                        path = %outcome.path,
+                        %trigger,
+                        handle = %handle,
+                        old_version = ?outcome.old_version,
+                        new_version = ?outcome.new_version,
+                        "lease recovery: no live replica holds the writer's version; the \
+                         writer's lease is revoked under a new version and the file stays \
+                         in recovery until a replica is reachable"
+                    );
+                } else {
+                    tracing::warn!(
+                        path = %outcome.path,
+                        %trigger,
+                        handle = %handle,
+                        old_version = ?outcome.old_version,
+                        version = ?outcome.new_version,
+                        "lease recovery: no live replica holds the writer's version yet; \
+                         the file stays in recovery until one is reachable"
+                    );
+                }
                 return Err(Error::NotEnoughReplicas { live: 0, needed: 1 });
             }
             RecoveryBegin::Bump(plan) => plan,

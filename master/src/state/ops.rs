@@ -651,10 +651,17 @@ impl MasterState {
         })
     }
 
-    /// The bump of `plan` (a reopen or a pipeline update) reached enough replicas: logs
-    /// [`Record::Granted`], so that lease recovery of the file only considers replicas
-    /// at the granted version from now on. Must be durable before the grant leaves.
-    pub fn grant_made(&mut self, plan: &BumpPlan, client: ClientId, now_ms: u64) -> Result<()> {
+    /// The bump of `plan` (a new chunk, a reopen or a pipeline update) reached enough
+    /// replicas, `pipeline`: logs [`Record::GrantedPipeline`], so that lease recovery
+    /// of the file only lets those replicas vote on the length from now on (and only
+    /// at the granted version or above). Must be durable before the grant leaves.
+    pub fn grant_made(
+        &mut self,
+        plan: &BumpPlan,
+        client: ClientId,
+        pipeline: &[ChunkserverId],
+        now_ms: u64,
+    ) -> Result<()> {
         let f = self.ns.file(plan.inode).ok_or_else(|| Error::NotFound {
             path: plan.path.clone(),
         })?;
@@ -665,10 +672,11 @@ impl MasterState {
             });
         }
         self.commit(
-            Record::Granted {
+            Record::GrantedPipeline {
                 inode: plan.inode,
                 handle: plan.handle,
                 version: plan.version,
+                servers: pipeline.to_vec(),
             },
             now_ms,
         )?;

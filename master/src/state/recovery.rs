@@ -5,6 +5,7 @@
 
 use super::{MasterState, Record};
 use crate::error::{Error, Result};
+use crate::lease::Takeover;
 use crate::namespace::{self, join, FileMeta, WriteState};
 use crate::recovery::{self, OnAppend, Start, Trigger};
 use stampfs_proto::{
@@ -48,10 +49,14 @@ pub enum Closing {
     AlreadyClosed,
     /// Another client than the expired holder holds the file now: left alone.
     HolderChanged { holder: ClientId },
+    /// The expired holder renewed its lease before the recovery took the file lock:
+    /// left alone.
+    Renewed { holder: ClientId },
     /// Open without an open last chunk: closed at its committed length.
     AtCommitted,
-    /// The last chunk had no live replica at a recoverable version: closed at the
-    /// chunk's committed length, the chunk listed as missing.
+    /// Every replica of the last chunk is proven gone
+    /// ([`crate::recovery::proven_gone`]): closed at the chunk's committed length
+    /// under a freshly minted `version`, the chunk listed as missing.
     Missing {
         handle: ChunkHandle,
         version: ChunkVersion,
@@ -68,12 +73,13 @@ pub enum RecoveryBegin {
     },
     /// `RecoveryStarted` is committed: push the bump and seal.
     Bump(RecoveryPlan),
-    /// No replica holding the granted version is reachable, and the chunk is past it:
-    /// the file stays in recovery (it was put there if it was open) and the attempt is
-    /// retried later.
+    /// No replica holding the granted version is reachable: the file stays in
+    /// recovery and the attempt is retried later. `fenced`: this attempt took the file
+    /// from its holder (it was open) and minted a version past the holder's.
     Waiting {
         outcome: RecoveryOutcome,
         handle: ChunkHandle,
+        fenced: bool,
     },
 }
 
@@ -114,6 +120,16 @@ impl MasterState {
         }
     }
 
+    /// Chunkservers ever handed an id that have not registered since this master
+    /// started: their replicas are not in the chunk table.
+    fn unreported_servers(&self) -> Vec<ChunkserverId> {
+        self.servers
+            .keys()
+            .filter(|id| self.registry.get(**id).is_none())
+            .copied()
+            .collect()
+    }
+
     /// The path of a file for recovery (its inode may have been renamed since).
     fn recovery_file(&self, inode: InodeId) -> Result<(String, &FileMeta)> {
         let path = self.ns.path_of(inode).ok_or_else(|| Error::NotFound {
@@ -139,14 +155,41 @@ impl MasterState {
     ) -> Result<RecoveryBegin> {
         let (path, f) = self.recovery_file(inode)?;
         let write = f.write;
+        // The trigger was judged before the file lock: a holder that renewed since
+        // (its renewal was queued behind the judgement) keeps its file.
+        if let (Some(expired), WriteState::Open { client, .. }) = (trigger.expired_holder(), write)
+        {
+            if let Takeover::Conflict { holder, .. } =
+                self.leases.takeover(inode, now_ms, self.settings.limits)
+            {
+                if holder == expired && client == expired {
+                    return Ok(RecoveryBegin::Done {
+                        outcome: self.recovery_outcome(inode, path)?,
+                        how: Closing::Renewed { holder },
+                    });
+                }
+            }
+        }
         let handle = f.chunks.last().copied();
         let last = handle.and_then(|h| self.chunks.get(h));
         let dead_after = self.settings.dead_after_ms;
-        let start = recovery::decide(write, trigger.expired_holder(), f.chunk_size, last, |id| {
-            self.registry
-                .live_addr(id, now_ms, dead_after)
-                .map(str::to_string)
-        });
+        let unreported = self.unreported_servers();
+        let holders = recovery::Holders {
+            pipeline: handle.and_then(|h| self.pipeline_of(inode, h, write.floor()?)),
+            unreported: &unreported,
+        };
+        let start = recovery::decide(
+            write,
+            trigger.expired_holder(),
+            f.chunk_size,
+            last,
+            &holders,
+            |id| {
+                self.registry
+                    .live_addr(id, now_ms, dead_after)
+                    .map(str::to_string)
+            },
+        );
         let current = last.map(|i| i.version);
         let committed = last.map_or(0, |i| i.length);
         match start {
@@ -172,45 +215,75 @@ impl MasterState {
                     how: Closing::AtCommitted,
                 })
             }
-            Start::Missing { old_version } => {
-                let (Some(handle), Some(version)) = (handle, current) else {
-                    return Err(Error::bad_request("a missing chunk without a chunk"));
+            Start::Lost {
+                old_version,
+                version,
+                mint,
+            } => {
+                let Some(handle) = handle else {
+                    return Err(Error::bad_request("a lost chunk without a chunk"));
                 };
-                let length = last.map(|i| i.length).unwrap_or(0);
-                let rec = match write {
-                    WriteState::Recovering { .. } => Record::RecoveryCommitted {
+                if mint {
+                    self.commit(
+                        Record::RecoveryStarted {
+                            inode,
+                            handle,
+                            old_version,
+                            version,
+                        },
+                        now_ms,
+                    )?;
+                }
+                self.commit(
+                    Record::RecoveryCommitted {
                         inode,
                         handle,
                         version,
-                        length,
+                        length: committed,
                         mtime_ms,
                     },
-                    _ => Record::Close {
-                        inode,
-                        last: None,
-                        mtime_ms,
-                    },
-                };
-                self.commit(rec, now_ms)?;
+                    now_ms,
+                )?;
                 self.missing_chunks.insert(handle);
                 let mut outcome = self.recovery_outcome(inode, path)?;
                 outcome.old_version = Some(old_version);
-                outcome.new_version = (version != old_version).then_some(version);
+                outcome.new_version = Some(version);
                 Ok(RecoveryBegin::Done {
                     outcome,
                     how: Closing::Missing { handle, version },
+                })
+            }
+            Start::Fence {
+                holder: _,
+                old_version,
+                version,
+            } => {
+                let Some(handle) = handle else {
+                    return Err(Error::bad_request("a fence without a chunk"));
+                };
+                self.commit(
+                    Record::RecoveryStarted {
+                        inode,
+                        handle,
+                        old_version,
+                        version,
+                    },
+                    now_ms,
+                )?;
+                Ok(RecoveryBegin::Waiting {
+                    outcome: self.recovery_outcome(inode, path)?,
+                    handle,
+                    fenced: true,
                 })
             }
             Start::Unreachable { .. } => {
                 let Some(handle) = handle else {
                     return Err(Error::bad_request("an unreachable chunk without a chunk"));
                 };
-                if matches!(write, WriteState::Open { .. }) {
-                    self.commit(Record::RecoveryQueued { inode }, now_ms)?;
-                }
                 Ok(RecoveryBegin::Waiting {
                     outcome: self.recovery_outcome(inode, path)?,
                     handle,
+                    fenced: false,
                 })
             }
             Start::Bump {
@@ -379,9 +452,10 @@ impl MasterState {
             let present = f
                 .chunks
                 .last()
-                .and_then(|h| self.chunks.get(*h))
-                .map(|info| {
-                    recovery::recoverable_targets(info, old_version, |id| {
+                .and_then(|h| Some((*h, self.chunks.get(*h)?)))
+                .map(|(h, info)| {
+                    let pipeline = self.pipeline_of(*ino, h, old_version);
+                    recovery::recoverable_targets(info, old_version, pipeline, |id| {
                         self.registry
                             .live_addr(id, now_ms, dead_after)
                             .map(str::to_string)
@@ -482,7 +556,8 @@ mod tests {
             .map(|t| (t.id, report(p.bump.handle, 1, 0, ReplicaState::Writing)))
             .collect();
         st.record_replicas(p.bump.handle, &acks);
-        let ids = p.bump.targets.iter().map(|t| t.id).collect();
+        let ids: Vec<ChunkserverId> = p.bump.targets.iter().map(|t| t.id).collect();
+        st.grant_made(&p.bump, A, &ids, 0).expect("granted");
         (ino, p.bump.handle, ids)
     }
 
@@ -736,11 +811,52 @@ mod tests {
         };
         assert_eq!(how, Closing::AlreadyClosed);
 
-        // Every chunkserver died: the chunk is missing, the file closes at its
-        // committed length, the version is not raised.
-        let (ino, h, _) = open_file(&mut st);
-        let RecoveryBegin::Done { outcome, how } = st
+        // Every chunkserver is dead (or the master only thinks so): their replicas may
+        // hold acknowledged bytes, so the file does not close. The holder is fenced by
+        // a fresh version and the file waits in recovery.
+        let (ino, h, ids) = open_file(&mut st);
+        let RecoveryBegin::Waiting {
+            outcome, fenced, ..
+        } = st
             .begin_recovery(ino, Trigger::HardLimit { holder: A }, 20_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected to wait");
+        };
+        assert!(fenced);
+        assert_eq!(
+            (outcome.closed, outcome.old_version, outcome.new_version),
+            (false, Some(ChunkVersion(1)), Some(ChunkVersion(2)))
+        );
+        assert!(st.missing_chunks.is_empty());
+        assert!(st.leases.get(ino).is_none(), "the holder's lease is gone");
+        assert_eq!(st.stat("/f").expect("stat").state, FileState::Recovering);
+        // A second attempt while still unreachable waits without minting again.
+        let RecoveryBegin::Waiting { fenced, .. } = st
+            .begin_recovery(ino, Trigger::Resume, 21_000, 2)
+            .expect("again")
+        else {
+            panic!("expected to wait");
+        };
+        assert!(!fenced);
+        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(2));
+        // Every chunkserver comes back without the replica (their disks were lost):
+        // now it is proven gone, and the file closes at its committed length.
+        for (i, id) in ids.iter().enumerate() {
+            st.register(
+                &Register {
+                    id: Some(*id),
+                    addr: format!("127.0.0.1:{}", 9000 + i),
+                    capacity: 1 << 40,
+                    used: 0,
+                    replicas: vec![],
+                },
+                22_000,
+            )
+            .expect("register");
+        }
+        let RecoveryBegin::Done { outcome, how } = st
+            .begin_recovery(ino, Trigger::Resume, 22_000, 3)
             .expect("begin")
         else {
             panic!("expected done");
@@ -749,22 +865,150 @@ mod tests {
             how,
             Closing::Missing {
                 handle: h,
-                version: ChunkVersion(1)
+                version: ChunkVersion(2)
             }
         );
-        assert_eq!(
-            (outcome.closed, outcome.old_version, outcome.new_version),
-            (true, Some(ChunkVersion(1)), None)
-        );
+        assert!(outcome.closed);
         assert!(st.missing_chunks.contains(&h));
-        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(1));
         // A replica at the version reported again takes it off the list.
-        let id = st.chunks.get(h).expect("chunk").replicas[0].server_id();
-        st.registry.heartbeat(id, 1 << 40, 0, 1, 0, 20_000);
-        st.apply_report(id, &[report(h, 1, 0, ReplicaState::Writing)]);
+        st.apply_report(ids[0], &[report(h, 2, 0, ReplicaState::Writing)]);
         assert!(st.missing_chunks.is_empty());
         let log = st.take_outbox();
         replay(&st, &log);
+    }
+
+    #[test]
+    fn an_open_file_whose_replicas_are_proven_gone_is_fenced_then_closed() {
+        // After a restart every chunkserver registered with an empty report.
+        let mut st = state_with_servers(3);
+        let (ino, h, _) = open_file(&mut st);
+        let ids: Vec<ChunkserverId> = st.servers.keys().copied().collect();
+        for id in &ids {
+            st.apply_report(*id, &[]);
+        }
+        let RecoveryBegin::Done { outcome, how } = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 1_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected done");
+        };
+        assert_eq!(
+            how,
+            Closing::Missing {
+                handle: h,
+                version: ChunkVersion(2)
+            },
+            "a version is minted before the file closes"
+        );
+        assert_eq!(
+            (outcome.closed, outcome.new_version),
+            (true, Some(ChunkVersion(2)))
+        );
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        assert_eq!(back.chunks.get(h).expect("chunk").version, ChunkVersion(2));
+    }
+
+    #[test]
+    fn a_chunkserver_that_has_not_reported_since_a_restart_keeps_the_file_waiting() {
+        let mut st = state_with_servers(3);
+        let (ino, h, _) = open_file(&mut st);
+        let log = st.take_outbox();
+        // A restart: the ids are in the log, the replica lists are not.
+        let mut back = replay(&st, &log);
+        assert!(back.chunks.get(h).expect("chunk").replicas.is_empty());
+        let RecoveryBegin::Waiting { fenced, .. } = back
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 20_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected to wait: nobody has reported yet");
+        };
+        assert!(fenced);
+        assert!(back.missing_chunks.is_empty());
+    }
+
+    #[test]
+    fn a_holder_that_renewed_before_the_file_lock_keeps_its_file() {
+        let mut st = state_with_servers(3);
+        let (ino, h, _) = open_file(&mut st);
+        // The worker judged the lease expired at 600; the holder's renewal, queued
+        // behind that judgement, lands before the recovery takes the file lock.
+        assert_eq!(
+            st.recoveries_due(600, 0),
+            vec![(ino, Trigger::HardLimit { holder: A })]
+        );
+        assert_eq!(st.renew(A, 610), 1);
+        let RecoveryBegin::Done { how, outcome } = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 620, 2)
+            .expect("begin")
+        else {
+            panic!("expected the file to be left alone");
+        };
+        assert_eq!(how, Closing::Renewed { holder: A });
+        assert!(!outcome.closed);
+        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(1));
+        // An operator's recovery is forced all the same.
+        assert!(matches!(
+            st.begin_recovery(ino, Trigger::Operator { client: B }, 620, 2)
+                .expect("forced"),
+            RecoveryBegin::Bump(_)
+        ));
+    }
+
+    #[test]
+    fn granted_pipelines_survive_the_log_and_checkpoints_of_every_format() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        let mut want = ids.clone();
+        want.sort();
+        let mut got = st
+            .pipeline_of(ino, h, ChunkVersion(1))
+            .expect("pipeline")
+            .to_vec();
+        got.sort();
+        assert_eq!(got, want);
+        assert!(
+            st.pipeline_of(ino, h, ChunkVersion(2)).is_none(),
+            "other floor"
+        );
+        let log = st.take_outbox();
+        let back = replay(&st, &log);
+        assert_eq!(back.pipelines, st.pipelines);
+        let snap = st.encode_snapshot().expect("snapshot");
+        let from_ckpt = MasterState::decode_snapshot(settings(), &snap, 0).expect("decode");
+        assert!(from_ckpt.same_persisted(&st));
+        // A format-2 checkpoint (before pipelines) is read with none known.
+        let v2 = bincode::encode_to_vec(
+            (
+                2u32,
+                st.last_lsn,
+                &st.ns,
+                &st.chunks,
+                &st.servers,
+                st.next_server_id().0,
+            ),
+            bincode::config::standard(),
+        )
+        .expect("v2");
+        let old = MasterState::decode_snapshot(settings(), &v2, 0).expect("decode v2");
+        assert!(old.pipelines.is_empty());
+        assert_eq!(old.ns, st.ns);
+        // Closing the file forgets its pipeline.
+        st.close(
+            &Close {
+                path: "/f".into(),
+                client: A,
+                last: Some(ChunkCommit {
+                    handle: h,
+                    length: 0,
+                }),
+            },
+            ino,
+            0,
+            2,
+        )
+        .expect("close");
+        assert!(st.pipelines.is_empty());
     }
 
     #[test]
@@ -841,9 +1085,9 @@ mod tests {
             .map(|id| (*id, report(h, 2, 0, ReplicaState::Writing)))
             .collect();
         st.record_replicas(h, &acks);
-        st.grant_made(&ok, A, 0).expect("granted");
+        st.grant_made(&ok, A, &ids[..2], 0).expect("granted");
         assert!(
-            st.grant_made(&ok, B, 0).is_err(),
+            st.grant_made(&ok, B, &ids[..2], 0).is_err(),
             "only the holder's grant is logged"
         );
         let log = st.take_outbox();
@@ -1004,7 +1248,11 @@ mod tests {
                 old_version: ChunkVersion(1)
             }
         );
-        assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(2));
+        assert_eq!(
+            st.chunks.get(h).expect("chunk").version,
+            ChunkVersion(3),
+            "the holder is fenced by a version past the one minted for its update"
+        );
         let log = st.take_outbox();
         replay(&st, &log);
     }

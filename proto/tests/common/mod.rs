@@ -581,6 +581,16 @@ prop_compose! {
 }
 
 prop_compose! {
+    pub fn arb_lease_terms()(
+        renewed in any::<u32>(),
+        soft_limit_ms in any::<u64>(),
+        hard_limit_ms in any::<u64>(),
+    ) -> LeaseTerms {
+        LeaseTerms { renewed, soft_limit_ms, hard_limit_ms }
+    }
+}
+
+prop_compose! {
     pub fn arb_register_reply()(id in arb_cs()) -> RegisterReply {
         RegisterReply { id }
     }
