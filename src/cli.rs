@@ -176,6 +176,11 @@ pub struct RecoverArgs {
     #[command(flatten)]
     pub master: MasterAddr,
     pub path: String,
+    /// When no replica of the file's last chunk is reachable, declare them lost and
+    /// close the file at the master's committed length (bytes acknowledged past it are
+    /// lost). Without it such a file waits in recovery until a replica is back.
+    #[arg(long)]
+    pub accept_loss: bool,
 }
 
 #[derive(Args, Debug)]

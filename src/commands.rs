@@ -485,10 +485,12 @@ pub async fn stat(args: StatArgs) -> Result<()> {
 
 pub async fn recover(args: RecoverArgs) -> Result<()> {
     let client = connect(&args.master).await?;
-    let out = client
-        .recover_lease(&args.path)
-        .await
-        .with_context(|| format!("cannot recover the lease of {}", args.path))?;
+    let out = if args.accept_loss {
+        client.recover_lease_accepting_loss(&args.path).await
+    } else {
+        client.recover_lease(&args.path).await
+    };
+    let out = out.with_context(|| format!("cannot recover the lease of {}", args.path))?;
     let v = |v: Option<stampfs_proto::ChunkVersion>| v.map_or("-".to_string(), |v| v.to_string());
     if out.closed {
         println!(
@@ -500,7 +502,8 @@ pub async fn recover(args: RecoverArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{}: recovery in progress (version {} -> {})",
+            "{}: recovery in progress (version {} -> {}); a file whose replicas are unreachable \
+             stays in recovery until one is back (see `stampfs fsck`; `--accept-loss` gives them up)",
             out.path,
             v(out.old_version),
             v(out.new_version)

@@ -5,172 +5,24 @@
 
 mod common;
 
+use common::mount::{fuse_or_skip, is_fuse_mount, MountGuard};
 use common::{pattern, Opts, TestCluster};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
-
-/// Why FUSE mounts cannot work here, if they cannot.
-fn fuse_unavailable() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .unwrap_or("");
-    if euid != "0" {
-        return Some(format!(
-            "not running as root (euid {euid}); the pure-Rust mount needs root"
-        ));
-    }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        return Some(format!("cannot open /dev/fuse: {e}"));
-    }
-    None
-}
-
-/// True when the test can run; panics in CI when it cannot.
-fn fuse_or_skip(test: &str) -> bool {
-    let Some(why) = fuse_unavailable() else {
-        return true;
-    };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: FUSE is required in CI: {why}");
-    }
-    println!("SKIPPED: {test}: {why}");
-    // Straight to stderr, past the test harness's capture, so a skip is never silent.
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
-    false
-}
-
-/// Whether `path` is a FUSE mount point, from /proc/self/mountinfo.
-fn is_fuse_mount(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = path.to_string_lossy();
-    info.lines().any(|line| {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
-            return false;
-        };
-        let mount_point = left.split(' ').nth(4).unwrap_or("");
-        mount_point == want && right.starts_with("fuse")
-    })
-}
 
 fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `stampfs mount --foreground` on a fresh temp dir. Dropping it unmounts (SIGTERM,
-/// then SIGKILL and `umount -l` if needed) and reaps the process.
-struct MountGuard {
-    /// Holds the mount point; removed after `drop` has unmounted it.
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl MountGuard {
-    fn start(c: &TestCluster) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("stampfs-mnt-")
-            .tempdir()
-            .expect("tempdir");
-        let root = dir.path().join("mnt");
-        std::fs::create_dir(&root).expect("mount point");
-        let root = root.canonicalize().expect("canonical mount point");
-        let log = dir.path().join("mount.log");
-        let log_file = File::create(&log).expect("mount log");
-        let child = c
-            .cmd(&["mount", "--foreground", root.to_str().expect("utf8 path")])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn stampfs mount");
-        let mut m = MountGuard {
-            _dir: dir,
-            root,
-            log,
-            child: Some(child),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !is_fuse_mount(&m.root) {
-            if let Some(Ok(Some(status))) = m.child.as_mut().map(|c| c.try_wait()) {
-                panic!(
-                    "stampfs mount exited with {status} before mounting:\n{}",
-                    m.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not mounted within 30 s:\n{}",
-                m.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.root.join(rel)
-    }
-
-    fn p(&self, rel: &str) -> String {
-        self.path(rel).display().to_string()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.as_ref().expect("mount running").id() as i32)
-    }
-
-    /// Sends `sig` and waits for the process to exit.
-    fn stop_with(&mut self, sig: Signal) -> ExitStatus {
-        let mut child = self.child.take().expect("mount running");
-        let _ = kill(Pid::from_raw(child.id() as i32), sig);
-        wait_exit(&mut child, Duration::from_secs(30))
-    }
-
-    /// Waits for the process to exit by itself (after an external `umount`).
-    fn wait(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("mount running");
-        wait_exit(&mut child, Duration::from_secs(30))
-    }
-
-    /// Detaches a mount whose server died.
-    fn lazy_umount(&self) {
-        if is_fuse_mount(&self.root) {
-            let out = Command::new("umount")
-                .arg("-l")
-                .arg(&self.root)
-                .output()
-                .expect("run umount");
-            assert!(out.status.success(), "umount -l: {out:?}");
-        }
     }
 }
 
@@ -192,48 +44,6 @@ impl Drop for BackgroundServer {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
-    }
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            return s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("stampfs mount did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("==== mount log\n{}", self.log_text());
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        if is_fuse_mount(&self.root) {
-            let _ = Command::new("umount").arg("-l").arg(&self.root).output();
-        }
-        // `self._dir` is removed after this, when nothing is mounted on it any more.
     }
 }
 

@@ -6,18 +6,34 @@
 //! land) or is fenced with a clear error. It is never silently cut.
 //!
 //! Each test: a master (`--lease-soft 1s --lease-hard 3s --dead-after 2s --chunk-size
-//! 256KiB`) and four chunkservers (`--heartbeat 200ms`); a `put - /stall` writer that
-//! writes six pieces of 30 000 bytes, each acknowledged (put hflushes when its stdin
-//! pauses; the test waits until a reader sees the bytes), and keeps its stdin open; the
-//! stall; then more bytes for the writer, its stdin closed, and an `append` by another
-//! client (optionally after a `stampfs recover` while the writer still holds the file).
+//! 256KiB`) and four chunkservers (`--heartbeat 200ms`), and one of two writers:
+//! - a `put - /stall` writer that writes six pieces of 30 000 bytes, each acknowledged
+//!   (put hflushes when its stdin pauses; the test waits until a reader sees the bytes),
+//!   and keeps its stdin open; the stall; then more bytes for the writer, its stdin
+//!   closed, and an `append` by another client (optionally after a `stampfs recover`
+//!   while the writer still holds the file);
+//! - the issue as reported: the test process itself, through a FUSE mount of the cluster
+//!   (`stampfs mount`), writes six pieces of 30 000 bytes to `/s.bin`, each followed by
+//!   `fsync` (hsync), and keeps the file open; the stall; then another client's `append`
+//!   asks for the file while the mount still holds it, the mount's writer writes and
+//!   fsyncs once more and closes the file. These need FUSE: in CI (`CI=true`) its
+//!   absence is a failure; elsewhere they print `SKIPPED: <why>` and return.
+//!
+//! And the rule the fix rests on: a file whose replicas are all down (writer and
+//! replica holders SIGKILLed) waits in recovery instead of closing at the master's
+//! committed length, closes with every acknowledged byte once they are back, and is
+//! given up only by `stampfs recover --accept-loss`.
 
 mod common;
 
+use common::mount::{fuse_or_skip, MountGuard};
 use common::{pattern, Opts, Proc, TestCluster};
-use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::IntoRawFd;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Output, Stdio};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 const PATH: &str = "/stall";
@@ -106,9 +122,9 @@ fn run_bounded(c: &TestCluster, args: &[&str], input: &[u8], limit: Duration) ->
     })
 }
 
-/// What a reader sees of the file now (`None` when `cat` fails or hangs).
-fn try_cat(c: &TestCluster, limit: Duration) -> Option<Vec<u8>> {
-    run_bounded(c, &["cat", PATH], b"", limit.min(Duration::from_secs(10)))
+/// What a reader sees of `path` now (`None` when `cat` fails or hangs).
+fn try_cat(c: &TestCluster, path: &str, limit: Duration) -> Option<Vec<u8>> {
+    run_bounded(c, &["cat", path], b"", limit.min(Duration::from_secs(10)))
         .filter(|o| o.status.success())
         .map(|o| o.stdout)
 }
@@ -176,7 +192,8 @@ impl Writer {
     fn wait_acked(&mut self, c: &TestCluster) -> bool {
         let deadline = Instant::now() + WAIT;
         loop {
-            if let Some(got) = try_cat(c, deadline.saturating_duration_since(Instant::now())) {
+            if let Some(got) = try_cat(c, PATH, deadline.saturating_duration_since(Instant::now()))
+            {
                 if got.starts_with(&self.fed) {
                     self.acked = self.fed.len();
                     return true;
@@ -250,23 +267,41 @@ fn recover(c: &TestCluster) -> Result<String, String> {
     Err(format!("recover did not close {PATH} within 30 s: {last}"))
 }
 
-/// Another client's `append - PATH`, retried while the file is still being written or
-/// recovered (30 s at most). Err carries the last error.
-fn append_by_another_client(c: &TestCluster, data: &[u8]) -> Result<(), String> {
+/// Another client's `append - path`, retried while the file is still being written or
+/// recovered (30 s at most). Err carries the last error. Each finished attempt adds its
+/// answer to `attempts` ("ok", or its error).
+fn append_by_another_client(
+    c: &TestCluster,
+    path: &str,
+    data: &[u8],
+    attempts: &Mutex<Vec<String>>,
+) -> Result<(), String> {
     let deadline = Instant::now() + WAIT;
     let mut last = String::from("(no attempt finished)");
+    let note = |what: &str| {
+        if let Ok(mut a) = attempts.lock() {
+            a.push(what.trim().to_string());
+        }
+    };
     while Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
-        match run_bounded(c, &["append", "-", PATH], data, left) {
-            Some(out) if out.status.success() => return Ok(()),
+        match run_bounded(c, &["append", "-", path], data, left) {
+            Some(out) if out.status.success() => {
+                note("ok");
+                return Ok(());
+            }
             Some(out) => {
                 last = String::from_utf8_lossy(&out.stderr).into_owned();
+                note(&last);
                 let busy = last.contains("being written by") || last.contains("recovery");
                 if !busy {
                     return Err(last);
                 }
             }
-            None => last = "append still waiting at the deadline".into(),
+            None => {
+                last = "append still waiting at the deadline".into();
+                note(&last);
+            }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -303,7 +338,7 @@ fn acknowledged_bytes_survive(stall: impl FnOnce(&TestCluster), takeover: Takeov
     let mut recovered = None;
     if takeover == Takeover::RecoverThenAppend {
         let r = recover(&c);
-        let now = try_cat(&c, WAIT).unwrap_or_default();
+        let now = try_cat(&c, PATH, WAIT).unwrap_or_default();
         recovered = Some((r, now));
     }
     // The writer's later bytes: acknowledged only if a reader sees them.
@@ -321,7 +356,7 @@ fn acknowledged_bytes_survive(stall: impl FnOnce(&TestCluster), takeover: Takeov
     ));
 
     let other = pattern(50_000, 300);
-    let appended = append_by_another_client(&c, &other);
+    let appended = append_by_another_client(&c, PATH, &other, &Mutex::default());
     say(format!("the other client's append: {appended:?}"));
     let got = c.cat(PATH);
     let have = common_prefix(&got, &w.fed);
@@ -412,9 +447,9 @@ fn all_chunkservers(c: &TestCluster) -> Vec<&Proc> {
     c.chunkservers.iter().collect()
 }
 
-/// The chunkservers holding a replica of the file's last chunk.
-fn replica_holders(c: &TestCluster) -> Vec<&Proc> {
-    let st = c.stat_json(PATH);
+/// The chunkservers holding a replica of `path`'s last chunk.
+fn replica_holders<'c>(c: &'c TestCluster, path: &str) -> Vec<&'c Proc> {
+    let st = c.stat_json(path);
     let replicas = st["chunks"]
         .as_array()
         .and_then(|a| a.last())
@@ -465,7 +500,7 @@ fn acknowledged_bytes_survive_all_chunkservers_stalling_past_dead_after() {
 #[test]
 fn acknowledged_bytes_survive_the_three_replica_holders_stalling_past_dead_after() {
     acknowledged_bytes_survive(
-        |c: &TestCluster| stop_for(&replica_holders(c), Duration::from_secs(3)),
+        |c: &TestCluster| stop_for(&replica_holders(c, PATH), Duration::from_secs(3)),
         Takeover::RecoverThenAppend,
     );
 }
@@ -506,4 +541,353 @@ fn acknowledged_bytes_survive_a_chunkserver_stall_overlapping_a_master_stall() {
         },
         Takeover::RecoverThenAppend,
     );
+}
+
+// Issue 13 as reported: the writer is a program on a FUSE mount, and its acknowledgement
+// is a real fsync.
+
+/// The file the test process writes on the mount, relative to the mount point.
+const MOUNT_FILE: &str = "s.bin";
+/// The same file for the CLI.
+const MOUNT_PATH: &str = "/s.bin";
+/// Bytes the other client appends after the stall.
+const OTHER_BYTES: usize = 5_000;
+
+/// How the test process opens the file on the mount.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OpenMode {
+    /// `File::create`: the mount creates the file (FUSE `create`) and holds its lease.
+    Create,
+    /// `O_WRONLY | O_APPEND` on an empty file the CLI put and closed: the mount's first
+    /// write reopens the file for appending.
+    Append,
+}
+
+/// One system call on the mount's open file.
+#[derive(Debug)]
+enum Call {
+    Write(Vec<u8>),
+    Fsync,
+    /// close(2), which answers what the mount's flush (an hflush) answered; dropping a
+    /// `File` would throw that away.
+    Close,
+}
+
+/// A file the test process holds open on the mount. Its calls run on a thread of its
+/// own, so one that hangs fails the test after [`WAIT`] instead of hanging it (the
+/// mount guard, dropped as the test unwinds, then ends the hung call).
+struct MountFile {
+    /// Calls for the file's thread; dropping it ends the thread, closing the file.
+    calls: mpsc::Sender<Call>,
+    results: mpsc::Receiver<io::Result<()>>,
+}
+
+impl MountFile {
+    fn open(path: &Path, mode: OpenMode) -> io::Result<MountFile> {
+        let file = match mode {
+            OpenMode::Create => File::create(path)?,
+            OpenMode::Append => File::options().append(true).open(path)?,
+        };
+        let (calls, calls_rx) = mpsc::channel::<Call>();
+        let (results_tx, results) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut file = Some(file);
+            let closed = || io::Error::from(nix::errno::Errno::EBADF);
+            for call in calls_rx {
+                let result = match call {
+                    Call::Write(bytes) => file
+                        .as_mut()
+                        .map_or_else(|| Err(closed()), |f| f.write_all(&bytes)),
+                    Call::Fsync => file
+                        .as_mut()
+                        .map_or_else(|| Err(closed()), |f| f.sync_all()),
+                    Call::Close => file.take().map_or_else(
+                        || Err(closed()),
+                        |f| nix::unistd::close(f.into_raw_fd()).map_err(io::Error::from),
+                    ),
+                };
+                if results_tx.send(result).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(MountFile { calls, results })
+    }
+
+    /// Makes `call` and waits for its answer (30 s at most: a hang is a failure).
+    fn call(&self, call: Call) -> io::Result<()> {
+        let what = match &call {
+            Call::Write(bytes) => format!("a write of {} bytes", bytes.len()),
+            Call::Fsync => "fsync".into(),
+            Call::Close => "close".into(),
+        };
+        self.calls
+            .send(call)
+            .expect("the mount file's thread is gone");
+        match self.results.recv_timeout(WAIT) {
+            Ok(result) => result,
+            Err(e) => panic!("{what} on the mount did not return within 30 s ({e})"),
+        }
+    }
+}
+
+/// A call's answer, with the error's kind and errno.
+fn describe(r: &io::Result<()>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(e) => format!(
+            "error (kind {:?}, errno {:?}): {e}",
+            e.kind(),
+            e.raw_os_error()
+        ),
+    }
+}
+
+/// The reported scenario around `stall`, which stops and continues processes.
+fn fsynced_bytes_survive_through_the_mount(
+    test: &str,
+    mode: OpenMode,
+    stall: impl FnOnce(&TestCluster),
+) {
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let t0 = Instant::now();
+    let say = |what: String| eprintln!("[{test} +{:.1}s] {what}", t0.elapsed().as_secs_f64());
+    let c = cluster();
+    if mode == OpenMode::Append {
+        c.put_bytes(MOUNT_PATH, b"", &[]);
+    }
+    let m = MountGuard::start(&c);
+    let f = MountFile::open(&m.path(MOUNT_FILE), mode)
+        .unwrap_or_else(|e| panic!("open {MOUNT_PATH} on the mount ({mode:?}): {e}"));
+    let mut synced = Vec::new();
+    for i in 0..PIECES_BEFORE {
+        let piece = pattern(PIECE, 400 + i as u64);
+        f.call(Call::Write(piece.clone()))
+            .unwrap_or_else(|e| panic!("write {i} before the stall: {e}"));
+        f.call(Call::Fsync)
+            .unwrap_or_else(|e| panic!("fsync {i} before the stall: {e}"));
+        synced.extend_from_slice(&piece);
+    }
+    // fsync is hsync: another client reads every fsynced byte while the file is open.
+    let seen = try_cat(&c, MOUNT_PATH, WAIT);
+    assert!(
+        seen.as_deref() == Some(&synced[..]),
+        "before the stall a reader sees {:?} bytes of the {} fsynced",
+        seen.map(|s| common_prefix(&s, &synced)),
+        synced.len()
+    );
+    say(format!(
+        "{} bytes written and fsynced through the mount ({mode:?}), file held open; stalling",
+        synced.len()
+    ));
+
+    stall(&c);
+    say("stall over".into());
+
+    let other = pattern(OTHER_BYTES, 500);
+    let further = pattern(PIECE, 600);
+    let attempts = Mutex::new(Vec::new());
+    let (write, fsync, close, appended) = std::thread::scope(|s| {
+        let appender = s.spawn(|| append_by_another_client(&c, MOUNT_PATH, &other, &attempts));
+        // The other client asks first, while the mount's writer holds the file open.
+        let deadline = Instant::now() + WAIT;
+        let first = || attempts.lock().ok().and_then(|a| a.first().cloned());
+        while first().is_none() && !appender.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "the other client's first append did not finish within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        say(format!(
+            "the other client's first append: {:?}; the mount's writer writes, fsyncs, closes",
+            first().unwrap_or_default()
+        ));
+        let write = f.call(Call::Write(further.clone()));
+        let fsync = write.as_ref().ok().map(|()| f.call(Call::Fsync));
+        let close = f.call(Call::Close);
+        let appended = appender.join().expect("the appending thread panicked");
+        (write, fsync, close, appended)
+    });
+    let went_on = write.is_ok() && matches!(fsync, Some(Ok(())));
+    let writer = format!(
+        "the mount's writer after the stall: write {}, fsync {}, close {}",
+        describe(&write),
+        fsync.as_ref().map_or("not tried".into(), describe),
+        describe(&close)
+    );
+    let answers = attempts.lock().map(|a| a.clone()).unwrap_or_default();
+    say(format!(
+        "{writer}; the other client's append: {appended:?}, its attempts answered {answers:?}"
+    ));
+
+    let got = c.cat(MOUNT_PATH);
+    let fate = format!(
+        "{writer}; the other client's append: {appended:?}, its attempts answered \
+         {answers:?}; the file is {} bytes",
+        got.len()
+    );
+    let kept = common_prefix(&got, &synced);
+    assert!(
+        kept == synced.len(),
+        "the file keeps {kept} of the {} fsynced bytes ({fate})",
+        synced.len()
+    );
+    let rest = &got[synced.len()..];
+    let ours = match &appended {
+        Ok(()) => {
+            assert!(
+                rest.ends_with(&other),
+                "the other client's {OTHER_BYTES} bytes are not at the end of the file ({fate})"
+            );
+            &rest[..rest.len() - other.len()]
+        }
+        Err(e) => panic!(
+            "no other client could append to the file after the stall and the writer's \
+             close: {e} ({fate})"
+        ),
+    };
+    if went_on {
+        assert!(
+            ours == &further[..],
+            "the writer's {} bytes written and fsynced after the stall are not (all) in the \
+             file: {} bytes follow the fsynced ones before the other client's, {} of them \
+             the writer's ({fate})",
+            further.len(),
+            ours.len(),
+            common_prefix(ours, &further)
+        );
+    } else {
+        assert!(
+            further.starts_with(ours),
+            "{} bytes that are not the writer's failed write follow the fsynced ones ({fate})",
+            ours.len()
+        );
+    }
+}
+
+#[test]
+fn fsynced_bytes_survive_a_master_stall_past_the_hard_limit_through_the_mount() {
+    fsynced_bytes_survive_through_the_mount(
+        "fsynced_bytes_survive_a_master_stall_past_the_hard_limit_through_the_mount",
+        OpenMode::Create,
+        master_stall(Duration::from_secs(4)),
+    );
+}
+
+#[test]
+fn fsynced_bytes_survive_a_master_stall_of_twice_the_hard_limit_through_the_mount() {
+    fsynced_bytes_survive_through_the_mount(
+        "fsynced_bytes_survive_a_master_stall_of_twice_the_hard_limit_through_the_mount",
+        OpenMode::Append,
+        master_stall(Duration::from_secs(6)),
+    );
+}
+
+#[test]
+fn fsynced_bytes_survive_the_replica_holders_stalling_past_dead_after_through_the_mount() {
+    fsynced_bytes_survive_through_the_mount(
+        "fsynced_bytes_survive_the_replica_holders_stalling_past_dead_after_through_the_mount",
+        OpenMode::Create,
+        |c: &TestCluster| stop_for(&replica_holders(c, MOUNT_PATH), Duration::from_secs(3)),
+    );
+}
+
+/// `stat` state and length of `path`.
+fn state_and_length(c: &TestCluster, path: &str) -> (String, u64) {
+    let st = c.stat_json(path);
+    (
+        st["state"].as_str().unwrap_or_default().to_string(),
+        st["length"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+/// The writer dies and every chunkserver holding its last chunk is killed: nothing
+/// the master can reach holds the acknowledged bytes. Recovery must not close the file
+/// at the master's committed length (0 here); it fences and waits, and closes with every
+/// acknowledged byte once the chunkservers are back. The indices of the holders.
+fn kill_writer_and_holders(c: &mut TestCluster) -> (Vec<u8>, Vec<usize>) {
+    let mut w = Writer::start(c);
+    for i in 0..2 {
+        w.write_acked(c, &pattern(PIECE, 40 + i as u64));
+    }
+    let acked = w.fed.clone();
+    drop(w); // SIGKILL
+    let holders: Vec<usize> = {
+        let procs = replica_holders(c, PATH);
+        c.chunkservers
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| procs.iter().any(|h| h.addr == p.addr))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    for i in &holders {
+        c.chunkservers[*i].kill();
+    }
+    // Forced recovery while they are gone: the file stays in recovery.
+    let out = run_bounded(c, &["recover", PATH], b"", WAIT).expect("recover answers");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && text.contains("recovery in progress"),
+        "recover with every replica down: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Well past --dead-after and the hard limit, and several retries later, it waits.
+    std::thread::sleep(Duration::from_secs(4));
+    let (state, _) = state_and_length(c, PATH);
+    assert_eq!(state, "recovering", "the file closed without its replicas");
+    let (_, report) = common::fsck_json(c, &[]);
+    assert_eq!(
+        report["total"]["recovering_files"].as_u64(),
+        Some(1),
+        "fsck shows the file waiting in recovery: {report}"
+    );
+    (acked, holders)
+}
+
+#[test]
+fn a_file_whose_replicas_are_down_waits_in_recovery_and_keeps_every_acknowledged_byte() {
+    let mut c = cluster();
+    let (acked, holders) = kill_writer_and_holders(&mut c);
+    for i in &holders {
+        c.chunkservers[*i].restart();
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (state, length) = state_and_length(&c, PATH);
+        if state == "closed" {
+            assert_eq!(length, acked.len() as u64, "closed at the replicas' length");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "recovery did not finish once the replicas were back (state {state})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(c.cat(PATH), acked, "every acknowledged byte survived");
+}
+
+#[test]
+fn recover_accept_loss_gives_unreachable_replicas_up_and_closes_at_the_committed_length() {
+    let mut c = cluster();
+    let (_acked, holders) = kill_writer_and_holders(&mut c);
+    let out = run_bounded(&c, &["recover", "--accept-loss", PATH], b"", WAIT)
+        .expect("recover --accept-loss answers");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && text.contains("closed at 0 bytes"),
+        "the operator gave the replicas up: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(state_and_length(&c, PATH), ("closed".to_string(), 0));
+    // The replicas that come back are stale (below the minted version): never served.
+    for i in &holders {
+        c.chunkservers[*i].restart();
+    }
+    c.wait_live(4);
+    assert_eq!(c.cat(PATH), Vec::<u8>::new());
 }

@@ -380,11 +380,25 @@ impl Client {
 
     /// Asks the master to recover the write lease on `path` (its writer died or hung):
     /// the last chunk's version is bumped, replicas agree on a length, and the file is
-    /// closed.
+    /// closed. A file whose replicas are unreachable stays in recovery (answered
+    /// `closed: false`) until they are back; see [`Client::recover_lease_accepting_loss`].
     pub async fn recover_lease(&self, path: &str) -> Result<RecoveryOutcome> {
+        self.recover(path, false).await
+    }
+
+    /// Like [`Client::recover_lease`], but when no replica of the last chunk is
+    /// reachable the operator declares them lost: the file is closed at the master's
+    /// committed length and the chunk reported missing. Bytes the writer had
+    /// acknowledged past that length are lost.
+    pub async fn recover_lease_accepting_loss(&self, path: &str) -> Result<RecoveryOutcome> {
+        self.recover(path, true).await
+    }
+
+    async fn recover(&self, path: &str, accept_loss: bool) -> Result<RecoveryOutcome> {
         self.call(RecoverLease {
             path: normalized(path)?,
             client: self.inner.id,
+            accept_loss,
         })
         .await
     }

@@ -67,7 +67,7 @@ impl CommandSender {
                 Some(c) if attempt == 0 => (c, true),
                 _ => (RpcClient::connect(addr, self.timeout).await?, false),
             };
-            match tokio::time::timeout(self.timeout, conn.call(signed.clone())).await {
+            match stampfs_proto::pause::timeout(self.timeout, conn.call(signed.clone())).await {
                 Ok(Ok(report)) => {
                     self.put_idle(addr, conn);
                     return Ok(report);

@@ -23,8 +23,9 @@
 //! 3. the bump replies carry each replica's length; the file keeps the shortest
 //!    ([`recovered_length`]): every acknowledged byte is on every pipeline replica
 //!    (invariant 5), so the minimum never cuts one;
-//! 4. `Truncate` then `Finalize` at that length on each bumped replica (a replica that
-//!    fails them is dropped from the chunk's replicas);
+//! 4. `Truncate` then `Finalize` at that length on each bumped replica ([`after_seal`]:
+//!    when some are sealed, one that failed is dropped from the chunk's replicas; when
+//!    none is, all stay listed and the attempt is retried);
 //! 5. log `RecoveryCommitted`: the chunk's committed length, the file closed.
 //!
 //! A file that is open without an open last chunk (no chunk yet, or its last chunk is
@@ -97,8 +98,9 @@ pub enum Trigger {
     HardLimit { holder: ClientId },
     /// `client` asked to append after `holder`'s soft limit.
     Append { client: ClientId, holder: ClientId },
-    /// `stampfs recover` by `client`: forced, whatever the lease.
-    Operator { client: ClientId },
+    /// `stampfs recover` by `client`: forced, whatever the lease. `accept_loss`: the
+    /// operator declares unreachable replicas lost (`--accept-loss`).
+    Operator { client: ClientId, accept_loss: bool },
     /// The file was left in recovery by an earlier attempt or a master restart.
     Resume,
 }
@@ -108,7 +110,14 @@ impl fmt::Display for Trigger {
         match self {
             Trigger::HardLimit { .. } => f.write_str("hard-limit"),
             Trigger::Append { client, .. } => write!(f, "append by {client}"),
-            Trigger::Operator { client } => write!(f, "recover by {client}"),
+            Trigger::Operator {
+                client,
+                accept_loss: false,
+            } => write!(f, "recover by {client}"),
+            Trigger::Operator {
+                client,
+                accept_loss: true,
+            } => write!(f, "recover --accept-loss by {client}"),
             Trigger::Resume => f.write_str("resume"),
         }
     }
@@ -267,6 +276,8 @@ pub fn decide(
 /// What the master knows of who may hold a writer's acknowledged bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Holders<'a> {
+    /// The operator declared every unreachable replica lost (`--accept-loss`).
+    pub loss_accepted: bool,
     /// The chunkservers of the granted pipeline (`Record::GrantedPipeline`); `None`
     /// when it is not known (a grant logged before pipelines were): then any
     /// chunkserver may.
@@ -287,8 +298,12 @@ impl Holders<'_> {
 /// be gone: no replica of `info` at a recoverable version (`from..=current`, not
 /// short) is listed on a chunkserver that may hold them (live or dead), and every such
 /// chunkserver has reported its replicas to this master since it started, so no
-/// unlisted replica can still exist.
+/// unlisted replica can still exist; or the operator declared them lost
+/// ([`Holders::loss_accepted`]).
 pub fn proven_gone(info: &ChunkInfo, from: ChunkVersion, holders: &Holders<'_>) -> bool {
+    if holders.loss_accepted {
+        return true;
+    }
     let listed = info.replicas.iter().any(|r| {
         r.version >= from
             && r.version <= info.version
@@ -332,6 +347,32 @@ pub fn recoverable_targets(
 /// none did).
 pub fn recovered_length(lengths: impl IntoIterator<Item = u64>) -> Option<u64> {
     lengths.into_iter().min()
+}
+
+/// What a recovery attempt does after its seal (`Truncate` + `Finalize` at the
+/// recovered length on every bumped replica).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterSeal {
+    /// Some replicas are sealed: commit the length and close the file; the replicas
+    /// in `drop` failed their seal and leave the chunk's replica list (they are not
+    /// handed out; a later report at the sealed version brings one back).
+    Commit { drop: Vec<ChunkserverId> },
+    /// No replica is sealed: nothing is dropped and the file stays in recovery. Every
+    /// bumped replica holds at least the recovered length and stays listed, so the
+    /// next attempt bumps and seals it again. (Dropping them would let the next
+    /// attempt find no replica at all and take them for gone.)
+    Retry,
+}
+
+/// The seal rule, from the replicas that sealed and those that failed.
+pub fn after_seal(sealed: &[ChunkserverId], failed: &[ChunkserverId]) -> AfterSeal {
+    if sealed.is_empty() {
+        AfterSeal::Retry
+    } else {
+        AfterSeal::Commit {
+            drop: failed.to_vec(),
+        }
+    }
 }
 
 /// Whether a file left in recovery may be resumed after a start-up: every one of its
@@ -409,11 +450,13 @@ mod tests {
 
     /// Every chunkserver has reported; the pipeline is not known.
     const ALL: Holders<'static> = Holders {
+        loss_accepted: false,
         pipeline: None,
         unreported: &[],
     };
     /// Chunkserver 9 has not registered since the master started.
     const UNREPORTED: Holders<'static> = Holders {
+        loss_accepted: false,
         pipeline: None,
         unreported: &[ChunkserverId(9)],
     };
@@ -680,6 +723,34 @@ mod tests {
             decide(write, Some(A), CHUNK, Some(&dead), &ALL, live_except(&[1])),
             Start::Fence { .. }
         ));
+        // The operator gives the dead replica up: the file closes at once.
+        let given_up = Holders {
+            loss_accepted: true,
+            ..ALL
+        };
+        assert!(matches!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&dead),
+                &given_up,
+                live_except(&[1])
+            ),
+            Start::Lost { mint: true, .. }
+        ));
+        // ... but a reachable replica is still bumped and sealed.
+        assert!(matches!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&dead),
+                &given_up,
+                live_except(&[])
+            ),
+            Start::Bump { .. }
+        ));
         // A file already fenced in recovery closes at the version it has.
         let recovering = WriteState::Recovering {
             holder: A,
@@ -803,6 +874,7 @@ mod tests {
         let holders = Holders {
             pipeline: Some(&pipeline),
             unreported: &[],
+            ..Holders::default()
         };
         let write = WriteState::Open {
             client: A,
@@ -834,6 +906,7 @@ mod tests {
         let holders = Holders {
             pipeline: Some(&pipeline),
             unreported: &others,
+            ..Holders::default()
         };
         assert!(proven_gone(&only_outsider, ChunkVersion(5), &holders));
         let unreported_member = [ChunkserverId(2)];
@@ -843,6 +916,7 @@ mod tests {
             &Holders {
                 pipeline: Some(&pipeline),
                 unreported: &unreported_member,
+                ..Holders::default()
             }
         ));
     }
@@ -862,6 +936,14 @@ mod tests {
         assert!(c.replica(ChunkserverId(3)).expect("recorded").short);
         let targets = recoverable_targets(&c, ChunkVersion(5), None, live_except(&[]));
         assert_eq!(ids(&targets), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_seal_that_failed_everywhere_keeps_the_replicas_for_the_next_attempt() {
+        let (a, b) = (ChunkserverId(1), ChunkserverId(2));
+        assert_eq!(after_seal(&[], &[a, b]), AfterSeal::Retry);
+        assert_eq!(after_seal(&[a], &[b]), AfterSeal::Commit { drop: vec![b] });
+        assert_eq!(after_seal(&[a, b], &[]), AfterSeal::Commit { drop: vec![] });
     }
 
     #[test]

@@ -136,6 +136,7 @@ async fn lease_recovery_after_a_failed_pipeline_update_keeps_acknowledged_bytes(
         .call(RecoverLease {
             path: "/g".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover");

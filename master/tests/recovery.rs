@@ -51,6 +51,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
         .call(RecoverLease {
             path: "/f".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover");
@@ -128,6 +129,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
         .call(RecoverLease {
             path: "/f".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover a closed file");
@@ -155,6 +157,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
             c.call(RecoverLease {
                 path: p.into(),
                 client: OP,
+                accept_loss: false,
             })
             .await
             .unwrap_err(),
@@ -272,6 +275,7 @@ async fn recovery_with_a_replica_down_closes_on_the_others_and_never_serves_it()
         .call(RecoverLease {
             path: "/f".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover");
@@ -346,6 +350,7 @@ async fn a_recovery_whose_bumps_all_fail_survives_a_crash_and_finishes_after_it(
         .call(RecoverLease {
             path: "/f".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover");

@@ -26,6 +26,7 @@ async fn a_crash_before_the_commit_resumes_and_finishes_the_recovery() {
         .call(RecoverLease {
             path: "/f".into(),
             client: OP,
+            accept_loss: false,
         })
         .await
         .expect("recover");

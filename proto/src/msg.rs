@@ -242,6 +242,11 @@ pub struct Delete {
 pub struct RecoverLease {
     pub path: String,
     pub client: ClientId,
+    /// The operator declares the replicas that recovery waits for lost (`stampfs
+    /// recover --accept-loss`): a file whose last chunk has no reachable replica is
+    /// closed at its committed length instead of waiting. Bytes acknowledged past that
+    /// length are lost; a replica that comes back later is stale.
+    pub accept_loss: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]

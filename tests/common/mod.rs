@@ -1,9 +1,12 @@
 //! `TestCluster`: real `stampfs` processes (a master and chunkservers) on ephemeral
 //! loopback ports in a temp dir. Each process logs to a file; the logs are printed when
 //! a test fails. Processes can be SIGKILLed, SIGSTOPped, SIGCONTed and restarted, and
-//! every child is killed and reaped on drop.
+//! every child is killed and reaped on drop. [`mount::MountGuard`] mounts such a
+//! cluster through FUSE.
 
 #![allow(dead_code)]
+
+pub mod mount;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

@@ -153,7 +153,7 @@ impl Core {
             .config
             .replication_timeout
             .max(self.config.command_timeout);
-        match tokio::time::timeout(limit, conn.call(req)).await {
+        match stampfs_proto::pause::timeout(limit, conn.call(req)).await {
             Ok(answer) => Ok(answer?),
             Err(_) => Err(RemoteError::Unavailable {
                 reason: format!("{addr} did not finish the verification within {limit:?}"),

@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::lease::RESUME_SETTLE;
 use crate::namespace::{self, join};
 use crate::oplog::lock;
-use crate::recovery::{id_list, recovered_length, RetrySchedule, Trigger, RECOVER_WAIT};
+use crate::recovery::{
+    after_seal, id_list, recovered_length, AfterSeal, RetrySchedule, Trigger, RECOVER_WAIT,
+};
 use crate::state::{Closing, RecoveryBegin, RecoveryPlan};
 use stampfs_proto::{
     ChunkCommand, ChunkserverAddr, ChunkserverId, InodeId, RecoverLease, RecoveryOutcome,
@@ -257,13 +259,17 @@ impl Core {
                 }
             }
         }
-        {
-            let mut st = self.state();
-            st.record_replicas(plan.handle, &sealed);
-            st.drop_replicas(plan.handle, &failed);
-        }
-        if sealed.is_empty() {
-            return Err(Error::NotEnoughReplicas { live: 0, needed: 1 });
+        let sealed_ids: Vec<ChunkserverId> = sealed.iter().map(|(id, _)| *id).collect();
+        match after_seal(&sealed_ids, &failed) {
+            AfterSeal::Retry => {
+                tracing::warn!(path = %plan.path, handle = %plan.handle, new_version = %plan.version, failed = %id_list(failed.iter()), "lease recovery: no replica could be sealed; they stay listed and the next attempt bumps them again");
+                return Err(Error::NotEnoughReplicas { live: 0, needed: 1 });
+            }
+            AfterSeal::Commit { drop } => {
+                let mut st = self.state();
+                st.record_replicas(plan.handle, &sealed);
+                st.drop_replicas(plan.handle, &drop);
+            }
         }
         tracing::info!(
             path = %plan.path,
@@ -368,7 +374,16 @@ impl Core {
             return Ok(closed);
         }
         tracing::info!(path = %path, client = %req.client, "lease recovery requested");
-        let mut rx = self.spawn_recovery(inode, Trigger::Operator { client: req.client });
+        if req.accept_loss {
+            tracing::warn!(path = %path, client = %req.client, "lease recovery requested with --accept-loss: unreachable replicas will be given up");
+        }
+        let mut rx = self.spawn_recovery(
+            inode,
+            Trigger::Operator {
+                client: req.client,
+                accept_loss: req.accept_loss,
+            },
+        );
         let waited = tokio::time::timeout(RECOVER_WAIT, async {
             rx.wait_for(Option::is_some).await.map(|v| v.clone())
         })

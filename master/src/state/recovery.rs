@@ -175,6 +175,13 @@ impl MasterState {
         let dead_after = self.settings.dead_after_ms;
         let unreported = self.unreported_servers();
         let holders = recovery::Holders {
+            loss_accepted: matches!(
+                trigger,
+                Trigger::Operator {
+                    accept_loss: true,
+                    ..
+                }
+            ),
             pipeline: handle.and_then(|h| self.pipeline_of(inode, h, write.floor()?)),
             unreported: &unreported,
         };
@@ -949,8 +956,16 @@ mod tests {
         assert_eq!(st.chunks.get(h).expect("chunk").version, ChunkVersion(1));
         // An operator's recovery is forced all the same.
         assert!(matches!(
-            st.begin_recovery(ino, Trigger::Operator { client: B }, 620, 2)
-                .expect("forced"),
+            st.begin_recovery(
+                ino,
+                Trigger::Operator {
+                    client: B,
+                    accept_loss: false
+                },
+                620,
+                2
+            )
+            .expect("forced"),
             RecoveryBegin::Bump(_)
         ));
     }

@@ -468,8 +468,8 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_recover_lease()(path in arb_string(), client in arb_client()) -> RecoverLease {
-        RecoverLease { path, client }
+    pub fn arb_recover_lease()(path in arb_string(), client in arb_client(), accept_loss in any::<bool>()) -> RecoverLease {
+        RecoverLease { path, client, accept_loss }
     }
 }
 
