@@ -580,7 +580,7 @@ impl Core {
                 path: format!("chunkserver {} is not registered (register again)", req.id),
             });
         }
-        let s = st.apply_report(req.id, &req.replicas);
+        let s = st.apply_periodic_report(req.id, &req.replicas);
         tracing::debug!(
             current = s.current,
             stale = s.stale,

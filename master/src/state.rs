@@ -1037,8 +1037,38 @@ impl MasterState {
         Ok(id)
     }
 
+    /// A periodic full report from a registered chunkserver. Such a report may have
+    /// been built before a bump that created a replica and arrive after the bump's
+    /// reply: a replica of an open file's granted pipeline that it omits is kept (lease
+    /// recovery must not take it for gone; the chunkserver's next report, or its
+    /// registration after a restart, settles it).
+    pub fn apply_periodic_report(
+        &mut self,
+        id: ChunkserverId,
+        reports: &[ReplicaReport],
+    ) -> ReportSummary {
+        let keep: HashSet<ChunkHandle> = self
+            .pipelines
+            .values()
+            .filter(|p| p.servers.contains(&id))
+            .map(|p| p.handle)
+            .collect();
+        self.apply_report_keeping(id, reports, &keep)
+    }
+
     /// Replaces `id`'s replica list with a full report.
     pub fn apply_report(&mut self, id: ChunkserverId, reports: &[ReplicaReport]) -> ReportSummary {
+        self.apply_report_keeping(id, reports, &HashSet::new())
+    }
+
+    /// [`Self::apply_report`], keeping the listed replicas of `keep` that the report
+    /// omits.
+    fn apply_report_keeping(
+        &mut self,
+        id: ChunkserverId,
+        reports: &[ReplicaReport],
+        keep: &HashSet<ChunkHandle>,
+    ) -> ReportSummary {
         let mut summary = ReportSummary::default();
         let Some(idx) = server_index(id) else {
             return summary;
@@ -1049,7 +1079,12 @@ impl MasterState {
         let old = std::mem::take(&mut cs.replicas);
         cs.orphans.clear();
         let new: HashSet<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
+        let mut kept = Vec::new();
         for h in old.difference(&new) {
+            if keep.contains(h) {
+                kept.push(*h);
+                continue;
+            }
             if let Some(info) = self.chunks.get_mut(*h) {
                 info.remove_replica(idx);
             }
@@ -1115,6 +1150,7 @@ impl MasterState {
         }
         summary.orphans = orphans.len();
         if let Some(cs) = self.registry.get_mut(id) {
+            mine.extend(kept);
             cs.replicas = mine;
             cs.orphans = orphans;
         }

@@ -917,6 +917,27 @@ mod tests {
     }
 
     #[test]
+    fn a_periodic_report_built_before_the_create_bump_keeps_the_pipeline_replica() {
+        let mut st = state_with_servers(3);
+        let (ino, h, ids) = open_file(&mut st);
+        // Every pipeline chunkserver's periodic report, built before the bump, arrives
+        // after it: the replicas stay listed, so recovery does not take them for gone.
+        for id in &ids {
+            st.apply_periodic_report(*id, &[]);
+        }
+        assert_eq!(st.chunks.get(h).expect("chunk").replicas.len(), 3);
+        let RecoveryBegin::Waiting { .. } = st
+            .begin_recovery(ino, Trigger::HardLimit { holder: A }, 20_000, 2)
+            .expect("begin")
+        else {
+            panic!("expected to wait for the pipeline's replicas");
+        };
+        // A registration (a restarted chunkserver's full scan) is believed.
+        st.apply_report(ids[0], &[]);
+        assert_eq!(st.chunks.get(h).expect("chunk").replicas.len(), 2);
+    }
+
+    #[test]
     fn a_chunkserver_that_has_not_reported_since_a_restart_keeps_the_file_waiting() {
         let mut st = state_with_servers(3);
         let (ino, h, _) = open_file(&mut st);
