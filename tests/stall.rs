@@ -827,7 +827,12 @@ fn kill_writer_and_holders(c: &mut TestCluster) -> (Vec<u8>, Vec<usize>) {
     for i in &holders {
         c.chunkservers[*i].kill();
     }
-    // Forced recovery while they are gone: the file stays in recovery.
+    // Past --dead-after and the hard limit the master knows them dead and recovers
+    // the file on its own: it must wait for them, not close it at 0.
+    std::thread::sleep(Duration::from_secs(4));
+    let (state, _) = state_and_length(c, PATH);
+    assert_eq!(state, "recovering", "the file closed without its replicas");
+    // A forced recovery while they are gone leaves it in recovery too.
     let out = run_bounded(c, &["recover", PATH], b"", WAIT).expect("recover answers");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -835,10 +840,7 @@ fn kill_writer_and_holders(c: &mut TestCluster) -> (Vec<u8>, Vec<usize>) {
         "recover with every replica down: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Well past --dead-after and the hard limit, and several retries later, it waits.
-    std::thread::sleep(Duration::from_secs(4));
-    let (state, _) = state_and_length(c, PATH);
-    assert_eq!(state, "recovering", "the file closed without its replicas");
+    assert_eq!(state_and_length(c, PATH).0, "recovering");
     let (_, report) = common::fsck_json(c, &[]);
     assert_eq!(
         report["total"]["recovering_files"].as_u64(),
