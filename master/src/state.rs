@@ -979,14 +979,26 @@ impl MasterState {
             let Some(info) = self.chunks.get(*h) else {
                 continue;
             };
+            let complete = !(open && i + 1 == f.chunks.len());
+            let mut replicas = self.current_locations(info, now_ms);
+            // The open last chunk: only the granted pipeline holds what the writer
+            // hflushed. A replica that applied the grant's bump late is at the same
+            // version without those bytes, and would hide them from the reader.
+            if let WriteState::Open { granted, .. } = f.write {
+                if !complete && granted == info.version {
+                    if let Some(p) = self.pipeline_of(ino, *h, granted) {
+                        replicas.retain(|r| p.contains(&r.chunkserver));
+                    }
+                }
+            }
             chunks.push(LocatedChunk {
                 handle: *h,
                 version: info.version,
                 file_offset: offset,
                 length: info.length,
-                complete: !(open && i + 1 == f.chunks.len()),
+                complete,
                 token: ChunkToken::sign_read(key, *h, info.version, client),
-                replicas: self.current_locations(info, now_ms),
+                replicas,
             });
             offset += info.length;
         }

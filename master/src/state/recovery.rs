@@ -938,6 +938,31 @@ mod tests {
     }
 
     #[test]
+    fn readers_of_an_open_chunk_are_sent_to_the_granted_pipeline_only() {
+        let mut st = state_with_servers(4);
+        let (_, h, ids) = open_file(&mut st);
+        let outsider = st
+            .servers
+            .keys()
+            .copied()
+            .find(|id| !ids.contains(id))
+            .expect("a fourth chunkserver");
+        // It applied a bump of the same version late and reports it, with no bytes.
+        st.apply_report(outsider, &[report(h, 1, 0, ReplicaState::Writing)]);
+        let key = stampfs_proto::ClusterKey::from_bytes([1; 32]);
+        let loc = st.locations("/f", B, &key, 0).expect("locations");
+        let mut got: Vec<_> = loc.chunks[0]
+            .replicas
+            .iter()
+            .map(|r| r.chunkserver)
+            .collect();
+        got.sort();
+        let mut want = ids.clone();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn a_chunkserver_that_has_not_reported_since_a_restart_keeps_the_file_waiting() {
         let mut st = state_with_servers(3);
         let (ino, h, _) = open_file(&mut st);
