@@ -184,6 +184,8 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     // not recover, truncate or move aside the first one's replicas, nor overwrite its
     // address or id file.
     let dir_lock = DirLock::acquire(&config.dir)?;
+    let nofile = stampfs_proto::limits::raise_open_files();
+    tracing::info!(was = ?nofile.was, soft = ?nofile.soft, hard = ?nofile.hard, "open-file limit (soft raised to the hard limit)");
     let engine = io::open_engine(config.io_engine)?;
     let engine_name = engine.name();
     let store = Arc::new(

@@ -188,6 +188,8 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     // First, before anything reads or changes the directory: a second master must not
     // remove the first one's address file, truncate its log tail on replay, or append.
     let dir_lock = Arc::new(oplog::DirLock::acquire(&dir)?);
+    let nofile = stampfs_proto::limits::raise_open_files();
+    tracing::info!(was = ?nofile.was, soft = ?nofile.soft, hard = ?nofile.hard, "open-file limit (soft raised to the hard limit)");
     // A stale address from an earlier run must not be mistaken for this one.
     remove_addr_file(&dir);
     let (key, created) = ClusterKey::load_or_create(&config.key_file())?;

@@ -12,6 +12,7 @@
 //! - [`path`]: namespace path validation.
 //! - [`dirlock`]: [`DirLock`], the exclusive lock a server holds on its data directory
 //!   (one master or chunkserver per directory).
+//! - [`limits`]: the open-file limit servers raise at start-up.
 //! - [`pause`]: the pause-aware clock every deadline is measured on (a process that
 //!   was frozen does not judge others by time it did not see).
 
@@ -19,6 +20,7 @@ pub mod codec;
 pub mod dirlock;
 pub mod error;
 pub mod ids;
+pub mod limits;
 pub mod msg;
 pub mod path;
 pub mod pause;
