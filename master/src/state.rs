@@ -692,27 +692,7 @@ impl MasterState {
                 handle,
                 version,
             } => {
-                let f = self
-                    .ns
-                    .file(*inode)
-                    .ok_or(format!("{inode} is not a file"))?;
-                let WriteState::Open { granted, .. } = f.write else {
-                    return Err(format!("{inode} is not open"));
-                };
-                if f.chunks.last() != Some(handle) {
-                    return Err(format!("{handle} is not the last chunk of {inode}"));
-                }
-                let current = self.last_version(f);
-                if *version < granted || *version > current {
-                    return Err(format!(
-                        "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
-                    ));
-                }
-                self.touch_file(*inode, 0, |f| {
-                    if let WriteState::Open { granted, .. } = &mut f.write {
-                        *granted = *version;
-                    }
-                });
+                self.apply_grant(*inode, *handle, *version)?;
                 // A grant from before pipelines were logged: its pipeline is unknown.
                 self.pipelines.remove(inode);
             }
@@ -739,30 +719,18 @@ impl MasterState {
                 version,
                 servers,
             } => {
-                let f = self
-                    .ns
-                    .file(*inode)
-                    .ok_or(format!("{inode} is not a file"))?;
-                let WriteState::Open { granted, .. } = f.write else {
-                    return Err(format!("{inode} is not open"));
-                };
-                if f.chunks.last() != Some(handle) {
-                    return Err(format!("{handle} is not the last chunk of {inode}"));
-                }
-                let current = self.last_version(f);
-                if *version < granted || *version > current {
-                    return Err(format!(
-                        "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
-                    ));
-                }
                 if servers.is_empty() || servers.len() > usize::from(u8::MAX) {
                     return Err(format!("a pipeline of {} chunkservers", servers.len()));
                 }
-                self.touch_file(*inode, 0, |f| {
-                    if let WriteState::Open { granted, .. } = &mut f.write {
-                        *granted = *version;
-                    }
-                });
+                let distinct: BTreeSet<&ChunkserverId> = servers.iter().collect();
+                if distinct.len() != servers.len()
+                    || servers.iter().any(|id| !self.servers.contains_key(id))
+                {
+                    return Err(format!(
+                        "pipeline {servers:?} names a chunkserver twice or one never registered"
+                    ));
+                }
+                self.apply_grant(*inode, *handle, *version)?;
                 self.pipelines.insert(
                     *inode,
                     Pipeline {
@@ -774,6 +742,38 @@ impl MasterState {
             }
         }
         self.last_lsn = lsn;
+        Ok(())
+    }
+
+    /// The shared part of `Granted` and `GrantedPipeline`: `version` of the last chunk
+    /// `handle` of the open file `inode` becomes the floor of lease recovery.
+    fn apply_grant(
+        &mut self,
+        inode: InodeId,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    ) -> std::result::Result<(), String> {
+        let f = self
+            .ns
+            .file(inode)
+            .ok_or(format!("{inode} is not a file"))?;
+        let WriteState::Open { granted, .. } = f.write else {
+            return Err(format!("{inode} is not open"));
+        };
+        if f.chunks.last() != Some(&handle) {
+            return Err(format!("{handle} is not the last chunk of {inode}"));
+        }
+        let current = self.last_version(f);
+        if version < granted || version > current {
+            return Err(format!(
+                "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
+            ));
+        }
+        self.touch_file(inode, 0, |f| {
+            if let WriteState::Open { granted, .. } = &mut f.write {
+                *granted = version;
+            }
+        });
         Ok(())
     }
 

@@ -1054,6 +1054,17 @@ mod tests {
         let old = MasterState::decode_snapshot(settings(), &v2, 0).expect("decode v2");
         assert!(old.pipelines.is_empty());
         assert_eq!(old.ns, st.ns);
+        // A pipeline record naming a chunkserver twice, or one never registered, is
+        // refused.
+        for servers in [vec![ids[0], ids[0]], vec![ChunkserverId(77)]] {
+            let bad = Record::GrantedPipeline {
+                inode: ino,
+                handle: h,
+                version: ChunkVersion(1),
+                servers,
+            };
+            assert!(st.commit(bad, 0).is_err());
+        }
         // Closing the file forgets its pipeline.
         st.close(
             &Close {
