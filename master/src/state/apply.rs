@@ -1,0 +1,448 @@
+//! What each [`Record`] does to the [`MasterState`]: validation against the state it
+//! finds, the mutation, and its soft effects (lease timers, the recovery index, granted
+//! pipelines, deletions queued for the chunk's replicas). The same function serves a
+//! fresh commit and replay, so replay rebuilds exactly what was committed.
+
+use super::{MasterState, Pipeline, Record};
+use crate::chunk_table::{server_index, ChunkInfo};
+use crate::namespace::{FileMeta, Inode, InodeKind, WriteState};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, InodeId};
+use std::collections::BTreeSet;
+
+impl MasterState {
+    /// Applies record `lsn`. Used by [`MasterState::commit`] and by replay; lease timers
+    /// of files it opens start at `now_ms`.
+    pub fn apply(
+        &mut self,
+        lsn: u64,
+        rec: &Record,
+        now_ms: u64,
+    ) -> std::result::Result<(), String> {
+        if lsn != self.last_lsn + 1 {
+            return Err(format!("record {lsn} applied after {}", self.last_lsn));
+        }
+        match rec {
+            Record::Mkdir {
+                parent,
+                dirs,
+                mtime_ms,
+            } => {
+                if let Some((name, _)) = dirs.first() {
+                    if self.ns.child(*parent, name).is_some() {
+                        return Err(format!("{name:?} already exists in {parent}"));
+                    }
+                }
+                if dirs.iter().any(|(_, ino)| self.ns.get(*ino).is_some()) {
+                    return Err("mkdir reuses an inode".into());
+                }
+                let mut p = *parent;
+                for (name, ino) in dirs {
+                    self.ns.insert(p, name, *ino, Inode::dir(p, *mtime_ms))?;
+                    p = *ino;
+                }
+            }
+            Record::Create {
+                parent,
+                name,
+                inode,
+                replication,
+                chunk_size,
+                client,
+                replaces,
+                mtime_ms,
+            } => {
+                if self.ns.get(*inode).is_some() {
+                    return Err(format!("create reuses inode {inode}"));
+                }
+                let existing = self.ns.child(*parent, name);
+                if existing != *replaces {
+                    return Err(format!(
+                        "create of {name:?} expected {replaces:?}, found {existing:?}"
+                    ));
+                }
+                if replaces.is_some() {
+                    self.remove_entry(*parent, name, *mtime_ms)?;
+                }
+                let file = Inode {
+                    parent: *parent,
+                    mtime_ms: *mtime_ms,
+                    kind: InodeKind::File(FileMeta {
+                        replication: *replication,
+                        chunk_size: *chunk_size,
+                        chunks: Vec::new(),
+                        write: WriteState::Open {
+                            client: *client,
+                            granted: ChunkVersion(0),
+                        },
+                    }),
+                };
+                self.ns.insert(*parent, name, *inode, file)?;
+                self.leases.acquire(*inode, *client, now_ms);
+            }
+            Record::Reopen {
+                inode,
+                client,
+                last,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.write != WriteState::Closed {
+                    return Err(format!("{inode} is already open"));
+                }
+                // Until the reopen's grant goes out, the floor is the version the closed
+                // file's replicas hold.
+                let granted = self.last_version(f);
+                if let Some((h, v)) = last {
+                    if f.chunks.last() != Some(h) {
+                        return Err(format!("{h} is not the last chunk of {inode}"));
+                    }
+                    self.set_version(*h, *v)?;
+                }
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    f.write = WriteState::Open {
+                        client: *client,
+                        granted,
+                    }
+                });
+                self.pipelines.remove(inode);
+                self.leases.acquire(*inode, *client, now_ms);
+            }
+            Record::AddChunk {
+                inode,
+                previous,
+                handle,
+                version,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.writer().is_none() {
+                    return Err(format!("{inode} is not open"));
+                }
+                let replication = f.replication;
+                if let Some(c) = previous {
+                    if f.chunks.last() != Some(&c.handle) {
+                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
+                    }
+                }
+                if version.0 == 0 {
+                    return Err("chunk version 0".into());
+                }
+                self.chunks
+                    .insert(*handle, ChunkInfo::new(*version, replication))?;
+                if let Some(c) = previous {
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    f.chunks.push(*handle);
+                    if let WriteState::Open { granted, .. } = &mut f.write {
+                        *granted = *version;
+                    }
+                });
+                self.pipelines.remove(inode);
+            }
+            Record::AbandonChunk { inode, handle } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                if let Some(f) = self.ns.file_mut(*inode) {
+                    f.chunks.pop();
+                }
+                self.forget_chunk(*handle);
+                // The previous chunk is the last again, at the version its writer held.
+                let granted = self
+                    .ns
+                    .file(*inode)
+                    .map_or(ChunkVersion(0), |f| self.last_version(f));
+                self.touch_file(*inode, 0, |f| {
+                    if let WriteState::Open { granted: g, .. } = &mut f.write {
+                        *g = granted;
+                    }
+                });
+                self.pipelines.remove(inode);
+            }
+            Record::SetVersion { handle, version } => self.set_version(*handle, *version)?,
+            Record::Close {
+                inode,
+                last,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if let Some(c) = last {
+                    if f.chunks.last() != Some(&c.handle) {
+                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
+                    }
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.leases.release(*inode);
+                self.recovering.remove(inode);
+                self.pipelines.remove(inode);
+            }
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                mtime_ms,
+            } => self
+                .ns
+                .rename(*src_parent, src_name, *dst_parent, dst_name, *mtime_ms)?,
+            Record::Delete {
+                parent,
+                name,
+                mtime_ms,
+            } => self.remove_entry(*parent, name, *mtime_ms)?,
+            Record::RegisterChunkserver { id, addr } => {
+                if server_index(*id).is_none() {
+                    return Err(format!("chunkserver id {id} does not fit 32 bits"));
+                }
+                self.servers.insert(*id, addr.clone());
+                self.next_server = self.next_server.max(id.0.saturating_add(1));
+            }
+            Record::RecoveryStarted {
+                inode,
+                handle,
+                old_version,
+                version,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let holder = match f.write {
+                    WriteState::Open { client, .. } => client,
+                    WriteState::Recovering { holder, .. } => holder,
+                    WriteState::Closed => return Err(format!("{inode} is closed")),
+                };
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                self.set_version(*handle, *version)?;
+                self.touch_file(*inode, 0, |f| {
+                    f.write = WriteState::Recovering {
+                        holder,
+                        old_version: *old_version,
+                    }
+                });
+                self.leases.release(*inode);
+                self.recovering.insert(*inode);
+            }
+            Record::RecoveryCommitted {
+                inode,
+                handle,
+                version,
+                length,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if !f.is_recovering() {
+                    return Err(format!("{inode} is not in lease recovery"));
+                }
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                if *length > f.chunk_size {
+                    return Err(format!("length {length} exceeds the chunk size"));
+                }
+                let info = self
+                    .chunks
+                    .get_mut(*handle)
+                    .ok_or(format!("unknown chunk {handle}"))?;
+                if info.version != *version {
+                    return Err(format!(
+                        "chunk {handle} is at version {}, not {version}",
+                        info.version
+                    ));
+                }
+                info.length = *length;
+                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.leases.release(*inode);
+                self.recovering.remove(inode);
+                self.pipelines.remove(inode);
+            }
+            Record::Granted {
+                inode,
+                handle,
+                version,
+            } => {
+                self.apply_grant(*inode, *handle, *version)?;
+                // A grant from before pipelines were logged: its pipeline is unknown.
+                self.pipelines.remove(inode);
+            }
+            Record::RecoveryQueued { inode } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                let WriteState::Open { client, granted } = f.write else {
+                    return Err(format!("{inode} is not open"));
+                };
+                self.touch_file(*inode, 0, |f| {
+                    f.write = WriteState::Recovering {
+                        holder: client,
+                        old_version: granted,
+                    }
+                });
+                self.leases.release(*inode);
+                self.recovering.insert(*inode);
+            }
+            Record::GrantedPipeline {
+                inode,
+                handle,
+                version,
+                servers,
+            } => {
+                if servers.is_empty() || servers.len() > usize::from(u8::MAX) {
+                    return Err(format!("a pipeline of {} chunkservers", servers.len()));
+                }
+                let distinct: BTreeSet<&ChunkserverId> = servers.iter().collect();
+                if distinct.len() != servers.len()
+                    || servers.iter().any(|id| !self.servers.contains_key(id))
+                {
+                    return Err(format!(
+                        "pipeline {servers:?} names a chunkserver twice or one never registered"
+                    ));
+                }
+                self.apply_grant(*inode, *handle, *version)?;
+                self.pipelines.insert(
+                    *inode,
+                    Pipeline {
+                        handle: *handle,
+                        version: *version,
+                        servers: servers.clone(),
+                    },
+                );
+            }
+        }
+        self.last_lsn = lsn;
+        Ok(())
+    }
+
+    /// The shared part of `Granted` and `GrantedPipeline`: `version` of the last chunk
+    /// `handle` of the open file `inode` becomes the floor of lease recovery.
+    pub(super) fn apply_grant(
+        &mut self,
+        inode: InodeId,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    ) -> std::result::Result<(), String> {
+        let f = self
+            .ns
+            .file(inode)
+            .ok_or(format!("{inode} is not a file"))?;
+        let WriteState::Open { granted, .. } = f.write else {
+            return Err(format!("{inode} is not open"));
+        };
+        if f.chunks.last() != Some(&handle) {
+            return Err(format!("{handle} is not the last chunk of {inode}"));
+        }
+        let current = self.last_version(f);
+        if version < granted || version > current {
+            return Err(format!(
+                "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
+            ));
+        }
+        self.touch_file(inode, 0, |f| {
+            if let WriteState::Open { granted, .. } = &mut f.write {
+                *granted = version;
+            }
+        });
+        Ok(())
+    }
+
+    pub(super) fn touch_file(
+        &mut self,
+        ino: InodeId,
+        mtime_ms: u64,
+        f: impl FnOnce(&mut FileMeta),
+    ) {
+        if let Some(i) = self.ns.get_mut(ino) {
+            i.mtime_ms = i.mtime_ms.max(mtime_ms);
+            if let InodeKind::File(meta) = &mut i.kind {
+                f(meta);
+            }
+        }
+    }
+
+    /// The current version of `f`'s last chunk (zero without one).
+    pub(super) fn last_version(&self, f: &FileMeta) -> ChunkVersion {
+        f.chunks
+            .last()
+            .and_then(|h| self.chunks.get(*h))
+            .map_or(ChunkVersion(0), |c| c.version)
+    }
+
+    pub(super) fn set_version(
+        &mut self,
+        h: ChunkHandle,
+        v: ChunkVersion,
+    ) -> std::result::Result<(), String> {
+        let info = self.chunks.get_mut(h).ok_or(format!("unknown chunk {h}"))?;
+        if v <= info.version {
+            return Err(format!(
+                "chunk {h}: version {v} does not exceed the current {}",
+                info.version
+            ));
+        }
+        info.version = v;
+        Ok(())
+    }
+
+    pub(super) fn remove_entry(
+        &mut self,
+        parent: InodeId,
+        name: &str,
+        mtime_ms: u64,
+    ) -> std::result::Result<(), String> {
+        for (ino, inode) in self.ns.remove(parent, name, mtime_ms)? {
+            if let InodeKind::File(f) = inode.kind {
+                self.leases.release(ino);
+                self.recovering.remove(&ino);
+                self.pipelines.remove(&ino);
+                for h in f.chunks {
+                    self.forget_chunk(h);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops a deleted chunk, ordering the deletion of every replica the master knows
+    /// (the commands leave once the record is durable).
+    pub(super) fn forget_chunk(&mut self, h: ChunkHandle) {
+        self.missing_chunks.remove(&h);
+        if let Some(info) = self.chunks.remove(h) {
+            let mut servers: Vec<ChunkserverId> =
+                info.replicas.iter().map(|r| r.server_id()).collect();
+            servers.extend(self.health.corrupt_of(h).map(|(s, _)| s));
+            for s in &servers {
+                if let Some(cs) = self.registry.get_mut(*s) {
+                    cs.replicas.remove(&h);
+                }
+            }
+            // Ahead replicas stay (a bound of the master's version keeps them); they
+            // become orphans once reported again.
+            self.health.forget_chunk(h, info.version, &servers);
+        }
+    }
+}
