@@ -18,7 +18,9 @@
 //! accepted byte, so a connection that is quiet because *we* have nothing to send is
 //! never at risk (silence from the peer is the idle timeout's business, on the read
 //! side). The decision is the pure [`StallClock`]; the adapter only feeds it poll
-//! outcomes and sleeps until the deadline it names.
+//! outcomes and sleeps until the deadline it names. A stretch during which this process
+//! itself was frozen (see [`stampfs_proto::pause`]) does not count against the peer: the
+//! clock starts again.
 //!
 //! Granularity: the kernel wakes a blocked writer only once a good part of the send
 //! buffer has drained (about a third of it: ~2 MiB on loopback), so "progress"
@@ -88,6 +90,13 @@ impl StallClock {
     }
 }
 
+/// Whether this process resumed from a pause ([`stampfs_proto::pause`]) within the last
+/// `d` of seen time.
+fn paused_within(d: Duration) -> bool {
+    let d = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    stampfs_proto::pause::since_pause_ms().is_some_and(|ms| ms < d)
+}
+
 /// An [`AsyncWrite`] that fails with `TimedOut` when the peer takes no byte for a
 /// timeout while a write, flush or shutdown waits on it (see the module docs).
 #[derive(Debug)]
@@ -129,6 +138,11 @@ impl<W> StallGuard<W> {
     fn blocked<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         loop {
             match self.clock.blocked(Instant::now()) {
+                StallVerdict::Expired if paused_within(self.clock.timeout) => {
+                    // This process was itself frozen during the stretch: the peer is not
+                    // judged by time we did not see; the clock starts again.
+                    self.clock.progressed();
+                }
                 StallVerdict::Expired => {
                     self.expired = true;
                     tracing::info!(
