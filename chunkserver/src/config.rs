@@ -92,6 +92,12 @@ pub struct ChunkserverConfig {
     /// disk works while packets stream in; 0 turns it off.
     #[arg(long, value_parser = parse_size, default_value = "2MiB")]
     pub write_behind: u64,
+    /// Most replica files kept open at once (least recently used closed first; a
+    /// replica not open costs no descriptor). Operations in flight keep an evicted
+    /// file open until they finish, so descriptors may exceed it by those. 0 picks
+    /// max(64, soft open-file limit / 2), leaving the rest for sockets.
+    #[arg(long, default_value_t = 0)]
+    pub max_open_files: usize,
 }
 
 impl ChunkserverConfig {
@@ -116,6 +122,16 @@ impl ChunkserverConfig {
             scrub_rate: 8 << 20,
             delete_rate: 50,
             write_behind: crate::store::DEFAULT_WRITE_BEHIND,
+            max_open_files: 0,
+        }
+    }
+
+    /// The replica file cache's capacity for a soft open-file limit of `soft` (`None`:
+    /// unlimited): `--max-open-files`, or [`crate::fdcache::auto_capacity`] when 0.
+    pub fn open_files_capacity(&self, soft: Option<u64>) -> usize {
+        match self.max_open_files {
+            0 => crate::fdcache::auto_capacity(soft),
+            n => n,
         }
     }
 
@@ -162,6 +178,12 @@ impl ChunkserverConfig {
         }
         if !(64 << 10..=1 << 30).contains(&self.stream_buffer) {
             return bad("stream-buffer", "must be between 64KiB and 1GiB");
+        }
+        if self.max_open_files as u64 > stampfs_proto::limits::UNLIMITED_WANT {
+            return bad(
+                "max-open-files",
+                "must be at most 1048576 (the kernel's default ceiling); 0 picks it",
+            );
         }
         if let Some(a) = &self.advertise {
             if a.trim().is_empty() {
@@ -222,6 +244,19 @@ mod tests {
         let defaults =
             Cli::try_parse_from(["cs", "--dir", "/d", "--cluster-key-file", "/k"]).expect("parses");
         assert_eq!(defaults.cs.idle_timeout, Duration::from_secs(60));
+        assert_eq!(defaults.cs.max_open_files, 0, "auto by default");
+        assert_eq!(defaults.cs.open_files_capacity(Some(4096)), 2048);
+        let set = Cli::try_parse_from([
+            "cs",
+            "--dir",
+            "/d",
+            "--cluster-key-file",
+            "/k",
+            "--max-open-files",
+            "16",
+        ])
+        .expect("parses");
+        assert_eq!(set.cs.open_files_capacity(Some(4096)), 16);
     }
 
     #[test]
@@ -237,5 +272,9 @@ mod tests {
         c.idle_timeout = Duration::ZERO;
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("--idle-timeout"), "{err}");
+        let mut c = ChunkserverConfig::new("/d".into(), "m:1".into(), "k".into());
+        c.max_open_files = 1 << 21;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("--max-open-files"), "{err}");
     }
 }

@@ -13,6 +13,8 @@
 //!   plain-threads ([`io::ThreadsEngine`]) implementations.
 //! - [`store`]: the [`store::Store`] of replicas, per-chunk locks, durability rules,
 //!   start-up scan and recovery, corrupt replicas moved aside.
+//! - [`fdcache`]: the bounded LRU of open replica files ([`fdcache::FileCache`],
+//!   `--max-open-files`), so replicas are not limited by the open-file limit.
 //! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
 //! - [`replication`]: copying a finalized replica to another chunkserver.
 //! - [`scrub`]: background checksum verification of every replica at a bounded rate,
@@ -29,6 +31,7 @@ pub mod checksum;
 pub mod config;
 pub mod deletion;
 pub mod error;
+pub mod fdcache;
 pub mod gate;
 pub mod header;
 pub mod heartbeat;

@@ -186,12 +186,25 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     let dir_lock = DirLock::acquire(&config.dir)?;
     let nofile = stampfs_proto::limits::raise_open_files();
     tracing::info!(was = ?nofile.was, soft = ?nofile.soft, hard = ?nofile.hard, "open-file limit (soft raised to the hard limit)");
+    let max_open_files = config.open_files_capacity(nofile.soft);
+    if nofile
+        .soft
+        .is_some_and(|soft| max_open_files as u64 >= soft)
+    {
+        tracing::warn!(max_open_files, soft = ?nofile.soft, "--max-open-files leaves no descriptors for sockets under the soft open-file limit");
+    }
+    tracing::info!(
+        max_open_files,
+        auto = config.max_open_files == 0,
+        "replica file cache (auto: max(64, soft limit / 2))"
+    );
     let engine = io::open_engine(config.io_engine)?;
     let engine_name = engine.name();
     let store = Arc::new(
         Store::open(&config.dir, engine)
             .await?
-            .with_write_behind(config.write_behind),
+            .with_write_behind(config.write_behind)
+            .with_max_open_files(max_open_files),
     );
     let id = load_id(&config.dir)?;
     let listener = TcpListener::bind(&config.listen)

@@ -1,6 +1,11 @@
 //! The replica store: one file per replica under the data directory, the version gate,
 //! and every operation on replica data.
 //!
+//! A replica holds no descriptor of its own: its file is opened through the store's
+//! bounded [`FileCache`] (`--max-open-files`), keyed by the replica instance, so
+//! deleting, moving aside or replacing a replica drops its entry (see
+//! [`crate::fdcache`]).
+//!
 //! Each replica sits behind its own `RwLock` (the *per-chunk lock*): every operation
 //! takes it, runs the [`gate`](crate::gate::check) against the header version, and
 //! performs its I/O while still holding it, so a version bump can never interleave with
@@ -44,6 +49,7 @@
 
 use crate::checksum::{self, BlockCheck};
 use crate::error::{Error, Result};
+use crate::fdcache::{self, FileCache, FileId};
 use crate::gate;
 use crate::header::{
     self, Header, SyncRecord, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, RECORD_LEN, SLOT_SIZE, TABLE_LEN,
@@ -76,10 +82,15 @@ enum SlotState {
     Removed,
 }
 
-/// One replica in memory.
+/// One replica in memory. Its file is opened through the store's [`FileCache`]
+/// (see [`Replica::file`]); dropping the replica drops its cache entry.
 #[derive(Debug)]
 struct Replica {
-    file: Arc<File>,
+    /// The store's open files; this replica's entry is keyed by `id`.
+    files: Arc<FileCache>,
+    /// This replica instance's identity in `files`: a new one whenever the file at
+    /// `path` may be a different inode (load, creation, a received copy renamed in).
+    id: FileId,
     path: PathBuf,
     /// The last header written.
     header: Header,
@@ -98,7 +109,18 @@ struct Replica {
     padded: u64,
 }
 
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.files.forget(self.id);
+    }
+}
+
 impl Replica {
+    /// The replica's open file (cached, or reopened at `path`).
+    async fn file(&self) -> Result<Arc<File>> {
+        self.files.get(self.id, &self.path).await
+    }
+
     fn report(&self) -> ReplicaReport {
         ReplicaReport {
             handle: self.header.handle,
@@ -142,7 +164,7 @@ impl Replica {
         });
         pre.push(IoOp::SyncAll);
         engine
-            .run(self.file.clone(), pre)
+            .run(self.file().await?, pre)
             .await
             .map_err(self.io("write header"))?;
         self.header = next;
@@ -190,7 +212,7 @@ impl Replica {
             data: Bytes::from(next.encode_head()),
         });
         engine
-            .run(self.file.clone(), pre)
+            .run(self.file().await?, pre)
             .await
             .map_err(self.io("sync"))?;
         self.header = next;
@@ -206,7 +228,7 @@ impl Replica {
     async fn read_table(&self, engine: &dyn IoEngine, first: u64, count: u64) -> Result<Vec<u32>> {
         let bytes = engine
             .read_at(
-                self.file.clone(),
+                self.file().await?,
                 header::table_entry_offset(first),
                 (count * 4) as usize,
             )
@@ -227,7 +249,7 @@ impl Replica {
         let end = (start + BLOCK).min(self.length);
         let data = engine
             .read_at(
-                self.file.clone(),
+                self.file().await?,
                 DATA_OFFSET + start,
                 (end - start) as usize,
             )
@@ -278,7 +300,7 @@ impl Replica {
         if let Some((offset, entries)) = stale_table_entries(length, new_tail) {
             engine
                 .run(
-                    self.file.clone(),
+                    self.file().await?,
                     // Synced before the truncate: a truncate that reached the disk
                     // ahead of the table would leave an entry vouching for bytes
                     // that are gone, and the replica would look corrupt.
@@ -301,12 +323,13 @@ impl Replica {
                 .await
                 .map_err(self.io("write checksums"))?;
         }
+        let file = self.file().await?;
         engine
-            .set_len(self.file.clone(), DATA_OFFSET + length)
+            .set_len(file.clone(), DATA_OFFSET + length)
             .await
             .map_err(self.io("truncate"))?;
         engine
-            .run(self.file.clone(), vec![IoOp::SyncAll])
+            .run(file, vec![IoOp::SyncAll])
             .await
             .map_err(self.io("fsync"))?;
         self.length = length;
@@ -371,14 +394,15 @@ impl Replica {
         }
         self.persist_length(engine, ReplicaState::Finalized).await?;
         // Drop bytes beyond the final length that a recovery left in the file.
-        let file_len = self.file.metadata().map_err(self.io("stat"))?.len();
+        let file = self.file().await?;
+        let file_len = file.metadata().map_err(self.io("stat"))?.len();
         if file_len > DATA_OFFSET + self.length {
             engine
-                .set_len(self.file.clone(), DATA_OFFSET + self.length)
+                .set_len(file.clone(), DATA_OFFSET + self.length)
                 .await
                 .map_err(self.io("truncate"))?;
             engine
-                .run(self.file.clone(), vec![IoOp::SyncAll])
+                .run(file, vec![IoOp::SyncAll])
                 .await
                 .map_err(self.io("fsync"))?;
         }
@@ -547,7 +571,7 @@ impl Replica {
                 .await?;
         } else if !ops.is_empty() {
             engine
-                .run(self.file.clone(), ops)
+                .run(self.file().await?, ops)
                 .await
                 .map_err(|e| Error::io("write", &self.path, e))?;
         }
@@ -606,7 +630,7 @@ impl Replica {
                 .await?;
         } else if !ops.is_empty() {
             engine
-                .run(self.file.clone(), ops)
+                .run(self.file().await?, ops)
                 .await
                 .map_err(|e| Error::io("write", &self.path, e))?;
         }
@@ -820,7 +844,8 @@ impl Incoming {
             .await
             .map_err(|e| Error::io("seal received replica", &self.tmp, e))?;
         let replica = Replica {
-            file: self.file.clone(),
+            files: store.files.clone(),
+            id: store.files.next_id(),
             path: store.replica_path(self.handle),
             header,
             header_durable: true,
@@ -850,6 +875,9 @@ impl Incoming {
             })
             .await?;
             self.finished = true;
+            // The new inode under a new identity; the replaced replica's entry goes
+            // with it (dropped here, under the lock).
+            store.files.insert(replica.id, self.file.clone());
             *guard = SlotState::Live(replica);
             store.changed.notify_one();
             return Ok(report);
@@ -869,6 +897,8 @@ impl Drop for Incoming {
 pub struct Store {
     dir: PathBuf,
     engine: Arc<dyn IoEngine>,
+    /// The replica files kept open (bounded; every [`Replica`] holds it too).
+    files: Arc<FileCache>,
     /// handle → per-chunk lock. This std mutex is held only to look up, insert or
     /// remove entries, never across I/O or an `.await`.
     slots: Mutex<HashMap<ChunkHandle, Arc<Slot>>>,
@@ -890,6 +920,7 @@ impl std::fmt::Debug for Store {
         f.debug_struct("Store")
             .field("dir", &self.dir)
             .field("engine", &self.engine.name())
+            .field("files", &self.files)
             .finish_non_exhaustive()
     }
 }
@@ -963,13 +994,10 @@ fn parse_replica_name(name: &str) -> Option<ChunkHandle> {
 }
 
 /// Loads one replica file at start-up (blocking).
-fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
+/// The file is closed again when it returns: the replica reopens it through `files`.
+fn load_replica(path: &Path, handle: ChunkHandle, files: &Arc<FileCache>) -> Result<Replica> {
     let io = |op| move |e| Error::io(op, path, e);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io("open"))?;
+    let file = fdcache::open_replica(path).map_err(io("open"))?;
     let file_len = file.metadata().map_err(io("stat"))?.len();
     let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
     let got = read_full_at(&file, &mut slots, 0).map_err(io("read header"))?;
@@ -1028,7 +1056,8 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
         }
     };
     let mut replica = Replica {
-        file: Arc::new(file),
+        files: files.clone(),
+        id: files.next_id(),
         path: path.to_path_buf(),
         header,
         header_durable: true,
@@ -1039,21 +1068,19 @@ fn load_replica(path: &Path, handle: ChunkHandle) -> Result<Replica> {
     };
     if header.capped {
         replica
-            .finish_cut()
+            .finish_cut(&file)
             .map_err(io("finish an interrupted cut"))?;
     }
     if header.state == ReplicaState::Writing && !header.capped {
         replica
-            .forget_past_end(&table, file_len)
+            .forget_past_end(&file, &table, file_len)
             .map_err(io("drop what lies past the recovered length"))?;
     }
     if header.state == ReplicaState::Finalized && file_len > DATA_OFFSET + header.length {
         // A crash between finalize's header and its cut left zeros (or a recovered
         // tail) past the final length: finish the cut.
-        replica
-            .file
-            .set_len(DATA_OFFSET + header.length)
-            .and_then(|()| replica.file.sync_all())
+        file.set_len(DATA_OFFSET + header.length)
+            .and_then(|()| file.sync_all())
             .map_err(io("cut a finalized replica to its length"))?;
         replica.padded = header.length;
     }
@@ -1066,7 +1093,12 @@ impl Replica {
     /// cut to the length, so no later write can end up next to an old entry that
     /// vouches for bytes nobody wrote at this length (zeros written ahead by a later
     /// small hsync could otherwise match one). Writes only when something is there.
-    fn forget_past_end(&mut self, table: &[u32], file_len: u64) -> std::io::Result<()> {
+    fn forget_past_end(
+        &mut self,
+        file: &File,
+        table: &[u32],
+        file_len: u64,
+    ) -> std::io::Result<()> {
         let first = checksum::block_of(self.length) as usize;
         let tail_stale =
             self.length % BLOCK != 0 && table.get(first).is_some_and(|e| *e != self.tail_crc);
@@ -1078,16 +1110,16 @@ impl Replica {
         let stale = tail_stale || table.iter().skip(later).any(|e| *e != 0);
         if stale {
             if let Some((offset, entries)) = stale_table_entries(self.length, self.tail_crc) {
-                self.file.write_all_at(&entries, offset)?;
-                self.file.sync_data()?;
+                file.write_all_at(&entries, offset)?;
+                file.sync_data()?;
             }
         }
         if file_len > DATA_OFFSET + self.length {
-            self.file.set_len(DATA_OFFSET + self.length)?;
+            file.set_len(DATA_OFFSET + self.length)?;
             self.padded = self.length;
         }
         if stale || file_len > DATA_OFFSET + self.length {
-            self.file.sync_all()?;
+            file.sync_all()?;
             tracing::info!(chunk = %self.header.handle, length = self.length, "dropped what lay past the recovered length");
         }
         Ok(())
@@ -1097,7 +1129,7 @@ impl Replica {
     /// [`Replica::cut_to`]): the data ends at the header's length; the bytes and
     /// checksums past it are removed and the header is rewritten uncapped (blocking,
     /// at start-up).
-    fn finish_cut(&mut self) -> std::io::Result<()> {
+    fn finish_cut(&mut self, file: &File) -> std::io::Result<()> {
         let length = self.header.length;
         let in_block = length % BLOCK;
         let tail = if in_block == 0 {
@@ -1105,26 +1137,24 @@ impl Replica {
         } else {
             let start = checksum::block_start(checksum::block_of(length));
             let mut buf = vec![0u8; in_block as usize];
-            let got = read_full_at(&self.file, &mut buf, DATA_OFFSET + start)?;
+            let got = read_full_at(file, &mut buf, DATA_OFFSET + start)?;
             crc32fast::hash(&buf[..got])
         };
         if let Some((offset, entries)) = stale_table_entries(length, tail) {
-            self.file.write_all_at(&entries, offset)?;
+            file.write_all_at(&entries, offset)?;
         }
         for seq in 0..2 {
-            self.file
-                .write_all_at(&[0; RECORD_LEN], SyncRecord::offset(seq))?;
+            file.write_all_at(&[0; RECORD_LEN], SyncRecord::offset(seq))?;
         }
-        self.file.sync_data()?;
-        self.file.set_len(DATA_OFFSET + length)?;
-        self.file.sync_all()?;
+        file.sync_data()?;
+        file.set_len(DATA_OFFSET + length)?;
+        file.sync_all()?;
         let next = self
             .header
             .next(self.header.version, self.header.state, length)
             .with_tail(tail);
-        self.file
-            .write_all_at(&next.encode_head(), next.slot_offset())?;
-        self.file.sync_all()?;
+        file.write_all_at(&next.encode_head(), next.slot_offset())?;
+        file.sync_all()?;
         tracing::info!(chunk = %next.handle, length, "finished a cut interrupted by a crash");
         self.header = next;
         self.length = length;
@@ -1317,6 +1347,8 @@ impl Store {
     pub async fn open(dir: &Path, engine: Arc<dyn IoEngine>) -> Result<Store> {
         let dir = dir.to_path_buf();
         let scan_dir = dir.clone();
+        let files = Arc::new(FileCache::new(fdcache::DEFAULT_CAPACITY));
+        let scan_files = files.clone();
         let (loaded, corrupt) = blocking(move || {
             std::fs::create_dir_all(&scan_dir).map_err(|e| Error::io("create", &scan_dir, e))?;
             let mut loaded = HashMap::new();
@@ -1336,7 +1368,7 @@ impl Store {
                 let Some(handle) = parse_replica_name(&name) else {
                     continue;
                 };
-                match load_replica(&path, handle) {
+                match load_replica(&path, handle, &scan_files) {
                     Ok(r) => {
                         tracing::debug!(chunk = %handle, version = %r.header.version, length = r.length, state = ?r.header.state, "replica loaded");
                         loaded.insert(handle, r);
@@ -1361,6 +1393,7 @@ impl Store {
         Ok(Store {
             dir,
             engine,
+            files,
             slots: Mutex::new(slots),
             corrupt: Mutex::new(corrupt),
             changed: Notify::new(),
@@ -1375,6 +1408,24 @@ impl Store {
     pub fn with_write_behind(mut self, bytes: u64) -> Self {
         self.write_behind = bytes;
         self
+    }
+
+    /// Keeps at most `max` replica files open (least recently used closed first);
+    /// more only while operations in flight still hold evicted ones.
+    #[must_use]
+    pub fn with_max_open_files(self, max: usize) -> Self {
+        self.files.set_capacity(max);
+        self
+    }
+
+    /// The most replica files the store keeps open.
+    pub fn max_open_files(&self) -> usize {
+        self.files.capacity()
+    }
+
+    /// Replica files the store keeps open now (operations in flight may hold more).
+    pub fn open_files(&self) -> usize {
+        self.files.open_files()
     }
 
     /// The data directory.
@@ -1586,8 +1637,11 @@ impl Store {
             sync_dir(&dir)
         })
         .await?;
+        let id = self.files.next_id();
+        self.files.insert(id, file);
         Ok(Replica {
-            file,
+            files: self.files.clone(),
+            id,
             path,
             header,
             header_durable: true,
@@ -1723,8 +1777,9 @@ impl Store {
         let start = checksum::block_start(first);
         let stop = checksum::block_start(last + 1).min(r.length);
         let engine = self.engine.as_ref();
+        let file = r.file().await?;
         let (data, table) = tokio::join!(
-            engine.read_at(r.file.clone(), DATA_OFFSET + start, (stop - start) as usize),
+            engine.read_at(file, DATA_OFFSET + start, (stop - start) as usize),
             r.read_table(engine, first, last - first + 1)
         );
         let data = data.map_err(|e| Error::io("read", &r.path, e))?;
@@ -1737,14 +1792,14 @@ impl Store {
             checksum::first_mismatch(&data, &table).map(|i| checksum::block_start(first + i as u64))
         };
         if let Some(bad) = bad {
-            let file = r.file.clone();
+            let id = r.id;
             drop(guard);
             let err = Error::ChecksumMismatch {
                 handle,
                 offset: bad,
             };
             let mut guard = slot.write().await;
-            if matches!(&*guard, SlotState::Live(r) if Arc::ptr_eq(&r.file, &file)) {
+            if matches!(&*guard, SlotState::Live(r) if r.id == id) {
                 self.quarantine(handle, &slot, &mut guard, &err).await;
             }
             return Err(err);
@@ -1822,12 +1877,20 @@ impl Store {
                     .await;
                 if let Some(op) = hint {
                     // Unawaited and outside the lock: a hint that only moves work earlier.
-                    let (engine, file) = (self.engine.clone(), r.file.clone());
-                    tokio::spawn(async move {
-                        if let Err(e) = engine.run(file, vec![op]).await {
-                            tracing::debug!(chunk = %handle, error = %e, "write-behind failed");
+                    // It holds the file until it completes, evicted or not.
+                    match r.file().await {
+                        Ok(file) => {
+                            let engine = self.engine.clone();
+                            tokio::spawn(async move {
+                                if let Err(e) = engine.run(file, vec![op]).await {
+                                    tracing::debug!(chunk = %handle, error = %e, "write-behind failed");
+                                }
+                            });
                         }
-                    });
+                        Err(e) => {
+                            tracing::debug!(chunk = %handle, error = %e, "write-behind skipped")
+                        }
+                    }
                 }
                 outcome
             }
@@ -2136,6 +2199,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_received_copy_renamed_over_an_older_replica_is_what_the_cache_serves() {
+        for engine in engines() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let s = Store::open(dir.path(), engine)
+                .await
+                .expect("open")
+                .with_max_open_files(1);
+            let (old, new) = (pattern(70_000, 5), pattern(90_000, 6));
+            s.bump_version(H, ChunkVersion(1), true)
+                .await
+                .expect("create");
+            s.write(H, ChunkVersion(1), 0, Bytes::from(old.clone()), true)
+                .await
+                .expect("write");
+            let (_, got) = s.read(H, ChunkVersion(1), 0, 1 << 20).await.expect("read");
+            assert_eq!(&got[..], &old[..], "the old inode is the cached one");
+            let old_id = match &*s.slot(H).expect("slot").read().await {
+                SlotState::Live(r) => r.id,
+                _ => panic!("live replica expected"),
+            };
+            let mut incoming = s
+                .receive(H, ChunkVersion(2), new.len() as u64)
+                .await
+                .expect("receive");
+            incoming
+                .append(Bytes::from(new.clone()))
+                .await
+                .expect("append");
+            incoming.finish(&s).await.expect("finish");
+            let (report, got) = s.read(H, ChunkVersion(2), 0, 1 << 20).await.expect("read");
+            assert_eq!(report.length, new.len() as u64);
+            assert_eq!(
+                &got[..],
+                &new[..],
+                "the renamed-in inode, never the old one"
+            );
+            assert!(!s.files.holds(old_id), "the old replica's entry is dropped");
+            assert_eq!(s.open_files(), 1);
+            // Another replica evicts it; a reopen by path finds the new inode too.
+            let other = ChunkHandle(0xb47d);
+            s.bump_version(other, ChunkVersion(1), true)
+                .await
+                .expect("create other");
+            let (_, got) = s
+                .read(H, ChunkVersion(2), 0, 1 << 20)
+                .await
+                .expect("reread");
+            assert_eq!(&got[..], &new[..]);
+            // Deleting drops the entry.
+            s.delete(H, ChunkVersion(2)).await.expect("delete");
+            assert_eq!(s.open_files(), 0);
+        }
+    }
+
+    #[tokio::test]
     async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let engine: Arc<dyn IoEngine> = Arc::new(crate::io::ThreadsEngine::new());
@@ -2170,7 +2288,7 @@ mod tests {
                 assert_eq!((offset, len), (DATA_OFFSET, 100_000));
                 // The hint runs on the engine like any op.
                 engine
-                    .run(r.file.clone(), vec![op])
+                    .run(r.file().await.expect("file"), vec![op])
                     .await
                     .expect("hint runs");
             }
