@@ -205,8 +205,9 @@ fn chunk_at(locs: &FileLocations, offset: u64) -> Option<&LocatedChunk> {
     locs.chunks.get(idx)
 }
 
-/// Fetches locations and works out the readable length, asking a replica of an
-/// incomplete last chunk how much it holds (everything hflushed is on every replica).
+/// Fetches locations and works out the readable length. For an incomplete last chunk
+/// every replica handed out (the granted pipeline's live members) is asked how much it
+/// holds, and the reader may read the least of them ([`visible_length`]).
 async fn load_view(client: &Client, path: &str) -> Result<View> {
     let locations = client.locations(path).await?;
     let mut length = locations
@@ -217,27 +218,44 @@ async fn load_view(client: &Client, path: &str) -> Result<View> {
         .max()
         .unwrap_or(0);
     if let Some(last) = locations.chunks.last().filter(|c| !c.complete) {
-        let mut visible = last.length;
+        let mut answers = Vec::with_capacity(last.replicas.len());
         for r in &last.replicas {
             match client
                 .call_chunkserver(&r.addr, ReplicaInfo { token: last.token })
                 .await
             {
-                Ok((report, _)) => {
-                    visible = visible.max(report.length);
-                    break;
-                }
+                Ok((report, _)) => answers.push(Some(report.length)),
                 Err(e) => {
-                    tracing::debug!(chunkserver = %r.chunkserver, error = %e, "replica info failed")
+                    tracing::debug!(chunkserver = %r.chunkserver, error = %e, "replica info failed");
+                    answers.push(None);
                 }
             }
         }
-        length = length.max(last.file_offset + visible);
+        length = length.max(last.file_offset + visible_length(last.length, &answers));
     }
     if locations.chunks.is_empty() {
         length = locations.status.length;
     }
     Ok(View { locations, length })
+}
+
+/// The readable length of an open chunk whose committed length is `committed`, from
+/// each replica's answer (`None`: it did not answer). A replica may hold bytes the
+/// others do not have yet (in flight down the pipeline, or never acknowledged to the
+/// writer); if the writer dies, lease recovery keeps only what *every* replica holds,
+/// and a reader must never have seen bytes that recovery then cuts. So: the least that
+/// every replica holds, and only the committed length when one of them did not answer.
+pub(crate) fn visible_length(committed: u64, answers: &[Option<u64>]) -> u64 {
+    if answers.iter().any(Option::is_none) {
+        return committed;
+    }
+    answers
+        .iter()
+        .flatten()
+        .min()
+        .copied()
+        .unwrap_or(committed)
+        .max(committed)
 }
 
 impl AsyncRead for FileReader {
@@ -297,5 +315,23 @@ impl AsyncSeek for FileReader {
 
     fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<u64>> {
         Poll::Ready(Ok(self.pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible_length;
+
+    #[test]
+    fn an_open_chunk_reads_only_what_every_replica_holds() {
+        // One replica is ahead with bytes the others have not got (or never acked):
+        // lease recovery would cut them, so a reader must not see them.
+        assert_eq!(visible_length(0, &[Some(103_056), Some(124_431)]), 103_056);
+        assert_eq!(visible_length(10, &[Some(50), Some(50), Some(50)]), 50);
+        // A replica that does not answer could be the shortest.
+        assert_eq!(visible_length(10, &[Some(50), None]), 10);
+        // Never below what is committed, and the committed length without replicas.
+        assert_eq!(visible_length(10, &[Some(5)]), 10);
+        assert_eq!(visible_length(7, &[]), 7);
     }
 }
