@@ -59,6 +59,12 @@ pub enum Command {
     /// Write-pipeline benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Randomized process faults against a real local cluster, judged by a history
+    /// checker; exits non-zero when a run finds a violation.
+    Nemesis(NemesisArgs),
+    /// One client process of `stampfs nemesis` (started by it).
+    #[command(hide = true)]
+    NemesisClient(stampfs_nemesis::workload::WorkloadConfig),
 }
 
 #[derive(Args, Debug)]
@@ -271,4 +277,30 @@ pub struct BenchPipelineArgs {
     /// the current directory by default, so it is on the disk being measured).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+}
+
+/// Start a master, 4 chunkservers and N writer/reader client processes on loopback in a
+/// temp dir, SIGKILL / SIGSTOP them at random (seeded), heal, and check that every
+/// acknowledged record is intact, no stale write was accepted and no reader saw bytes
+/// that were later cut. A failing run's data dir and logs are kept and named.
+#[derive(Args, Debug)]
+pub struct NemesisArgs {
+    /// Seed of the first run (run i uses SEED + i); random when absent.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Number of runs.
+    #[arg(long, default_value_t = 1)]
+    pub runs: u64,
+    /// How long faults are injected per run.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub duration: std::time::Duration,
+    /// Client processes (each a writer and a reader).
+    #[arg(long, default_value_t = 3)]
+    pub clients: usize,
+    /// Write the report of every run as JSON to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Keep every run's data dir and logs under DIR (failing runs are always kept).
+    #[arg(long)]
+    pub keep_dir: Option<PathBuf>,
 }

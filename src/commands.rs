@@ -511,3 +511,75 @@ pub async fn recover(args: RecoverArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `stampfs nemesis`: runs the nemesis and prints each run's summary.
+pub async fn nemesis(args: NemesisArgs) -> u8 {
+    let bin = match std::env::current_exe() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("stampfs: error: nemesis: cannot find the stampfs binary: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let cfg = stampfs_nemesis::run::RunConfig {
+        bin,
+        seed,
+        duration: args.duration,
+        clients: args.clients,
+        keep_dir: args.keep_dir,
+        cluster: Default::default(),
+    };
+    println!(
+        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients",
+        args.runs,
+        humantime::format_duration(args.duration),
+        args.clients
+    );
+    let result =
+        stampfs_nemesis::run::run_many(&cfg, args.runs, |r| println!("{}", r.summary())).await;
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stampfs: error: nemesis: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if let Some(path) = &args.json {
+        let written = serde_json::to_vec_pretty(&report)
+            .map_err(anyhow::Error::from)
+            .and_then(|j| std::fs::write(path, j).map_err(anyhow::Error::from));
+        if let Err(e) = written {
+            eprintln!("stampfs: error: cannot write {}: {e}", path.display());
+            return EXIT_ERROR;
+        }
+    }
+    if report.failed_runs > 0 {
+        eprintln!(
+            "stampfs: nemesis: {} of {} runs found {} violations",
+            report.failed_runs,
+            report.runs.len(),
+            report.violations
+        );
+        EXIT_ERROR
+    } else {
+        println!("nemesis: {} run(s), no violations", report.runs.len());
+        EXIT_OK
+    }
+}
+
+/// `stampfs nemesis-client`: one client process of the nemesis.
+pub async fn nemesis_client(cfg: stampfs_nemesis::workload::WorkloadConfig) -> u8 {
+    match stampfs_nemesis::workload::run(cfg).await {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("stampfs: error: nemesis client: {e}");
+            EXIT_ERROR
+        }
+    }
+}

@@ -30,7 +30,7 @@ pub const EXIT_FENCED: u8 = 3;
 pub fn run(cli: Cli) -> ExitCode {
     let server = matches!(
         cli.command,
-        Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_)
+        Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_) | Command::NemesisClient(_)
     );
     // The demo tells the servers' log lines in its own story.
     if !matches!(cli.command, Command::Demo(_)) {
@@ -90,5 +90,7 @@ async fn dispatch(command: Command) -> u8 {
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,
+        Command::Nemesis(args) => commands::nemesis(args).await,
+        Command::NemesisClient(cfg) => commands::nemesis_client(cfg).await,
     }
 }

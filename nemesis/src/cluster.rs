@@ -1,0 +1,339 @@
+//! Real `stampfs` processes: a master and chunkservers on loopback ephemeral ports in a
+//! run's directory, and the client processes of the workload.
+//!
+//! Each [`Proc`] is one child process, logging (stdout and stderr) to
+//! `DIR/logs/NAME.log`, appended across restarts. Processes are signalled by the pid of
+//! the child this run spawned, never by name, and every child is continued, killed and
+//! reaped on drop. A restarted server comes back on the address it had.
+
+use crate::{Error, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to write its address file.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a process is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcState {
+    Running,
+    Stopped,
+    /// Killed, or exited by itself.
+    Dead,
+}
+
+/// One child process.
+pub struct Proc {
+    pub name: String,
+    /// Its data directory (servers) or working files (clients).
+    pub dir: PathBuf,
+    bin: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    state: ProcState,
+    /// The address it listens on (servers; empty for clients).
+    pub addr: String,
+    /// Servers write `DIR/addr` when they listen; the start waits for it.
+    server: bool,
+    /// How many times it was started.
+    pub incarnation: u64,
+}
+
+impl Proc {
+    /// A process not started yet.
+    pub fn new(name: &str, bin: &Path, dir: &Path, logs: &Path, server: bool) -> Proc {
+        Proc {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            bin: bin.to_path_buf(),
+            args: Vec::new(),
+            log: logs.join(format!("{name}.log")),
+            child: None,
+            state: ProcState::Dead,
+            addr: String::new(),
+            server,
+            incarnation: 0,
+        }
+    }
+
+    /// The arguments of the next start.
+    pub fn set_args(&mut self, args: Vec<String>) {
+        self.args = args;
+    }
+
+    /// This process's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Starts the process; a server is waited for until it listens.
+    pub async fn start(&mut self) -> Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(Error::io(&self.dir))?;
+        let addr_file = self.dir.join("addr");
+        if self.server {
+            let _ = std::fs::remove_file(&addr_file);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(Error::io(&self.log))?;
+        let log2 = log.try_clone().map_err(Error::io(&self.log))?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log2)
+            .stderr(log)
+            .spawn()
+            .map_err(|source| Error::Spawn {
+                name: self.name.clone(),
+                source,
+            })?;
+        tracing::debug!(name = %self.name, pid = child.id(), "started");
+        self.child = Some(child);
+        self.state = ProcState::Running;
+        self.incarnation += 1;
+        if self.server {
+            self.addr = self.wait_addr(&addr_file).await?;
+            // Restarts come back on the same address, as a real server would.
+            if let Some(i) = self.args.iter().position(|a| a == "--listen") {
+                if let Some(v) = self.args.get_mut(i + 1) {
+                    *v = self.addr.clone();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_addr(&mut self, path: &Path) -> Result<String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(s) = std::fs::read_to_string(path) {
+                let s = s.trim().to_string();
+                if !s.is_empty() {
+                    return Ok(s);
+                }
+            }
+            if let Some(status) = self.exited() {
+                return Err(Error::EarlyExit {
+                    name: self.name.clone(),
+                    status,
+                    log: self.log.clone(),
+                });
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("{} listening", self.name),
+                    secs: READY_TIMEOUT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The exit status if the process has exited by itself (it is then `Dead`).
+    pub fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                self.state = ProcState::Dead;
+                Some(status.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// Where the process is (after reaping it if it exited).
+    pub fn state(&mut self) -> ProcState {
+        let _ = self.exited();
+        self.state
+    }
+
+    fn signal(&self, sig: Signal) -> Result<()> {
+        let Some(c) = self.child.as_ref() else {
+            return Ok(());
+        };
+        kill(Pid::from_raw(c.id() as i32), sig).map_err(|source| Error::Signal {
+            name: self.name.clone(),
+            source,
+        })
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.state = ProcState::Dead;
+    }
+
+    /// SIGSTOP.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.state() == ProcState::Running {
+            self.signal(Signal::SIGSTOP)?;
+            self.state = ProcState::Stopped;
+        }
+        Ok(())
+    }
+
+    /// SIGCONT.
+    pub fn cont(&mut self) -> Result<()> {
+        if self.state() == ProcState::Stopped {
+            self.signal(Signal::SIGCONT)?;
+            self.state = ProcState::Running;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; true if it did.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.state() == ProcState::Dead {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGKILL ends a stopped process too; continuing it first is harmless.
+        let _ = self.signal(Signal::SIGCONT);
+        self.kill();
+    }
+}
+
+/// Timing and shape of the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub chunkservers: usize,
+    pub replication: u8,
+    pub chunk_size: String,
+    pub lease_soft: Duration,
+    pub lease_hard: Duration,
+    pub dead_after: Duration,
+    pub heartbeat: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            chunkservers: 4,
+            replication: 3,
+            chunk_size: "256KiB".into(),
+            lease_soft: Duration::from_secs(1),
+            lease_hard: Duration::from_secs(3),
+            dead_after: Duration::from_secs(2),
+            heartbeat: Duration::from_millis(200),
+        }
+    }
+}
+
+fn dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A master and chunkservers under one directory.
+pub struct Cluster {
+    pub root: PathBuf,
+    pub logs: PathBuf,
+    pub master: Proc,
+    pub chunkservers: Vec<Proc>,
+}
+
+impl Cluster {
+    /// Starts the master, then the chunkservers, and waits until all registered.
+    pub async fn start(bin: &Path, root: &Path, cfg: &ClusterConfig) -> Result<Cluster> {
+        let logs = root.join("logs");
+        std::fs::create_dir_all(&logs).map_err(Error::io(&logs))?;
+        let mdir = root.join("master");
+        let mut master = Proc::new("master", bin, &mdir, &logs, true);
+        master.set_args(vec![
+            "master".into(),
+            "--dir".into(),
+            mdir.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--replication".into(),
+            cfg.replication.to_string(),
+            "--chunk-size".into(),
+            cfg.chunk_size.clone(),
+            "--lease-soft".into(),
+            dur(cfg.lease_soft),
+            "--lease-hard".into(),
+            dur(cfg.lease_hard),
+            "--dead-after".into(),
+            dur(cfg.dead_after),
+            "--health-interval".into(),
+            "500ms".into(),
+        ]);
+        master.start().await?;
+        let key = mdir.join("cluster.key");
+        let mut chunkservers = Vec::new();
+        for i in 0..cfg.chunkservers {
+            let cdir = root.join(format!("cs{i}"));
+            let mut cs = Proc::new(&format!("cs{i}"), bin, &cdir, &logs, true);
+            cs.set_args(vec![
+                "chunkserver".into(),
+                "--dir".into(),
+                cdir.display().to_string(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--master".into(),
+                master.addr.clone(),
+                "--cluster-key-file".into(),
+                key.display().to_string(),
+                "--heartbeat".into(),
+                dur(cfg.heartbeat),
+            ]);
+            cs.start().await?;
+            chunkservers.push(cs);
+        }
+        let cluster = Cluster {
+            root: root.to_path_buf(),
+            logs,
+            master,
+            chunkservers,
+        };
+        cluster.wait_registered().await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every chunkserver has its id file (it registered with the master).
+    async fn wait_registered(&self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !self
+            .chunkservers
+            .iter()
+            .all(|c| c.dir.join("chunkserver.id").exists())
+        {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: "chunkservers registering".into(),
+                    secs: READY_TIMEOUT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // One more heartbeat round so the master sees them live.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+
+    /// The master's address.
+    pub fn master_addr(&self) -> &str {
+        &self.master.addr
+    }
+}

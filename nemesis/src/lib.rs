@@ -1,0 +1,82 @@
+//! `stampfs-nemesis`: randomized process faults against a real stampfs cluster,
+//! judged by a history checker (the Jepsen method, first increment: process faults only).
+//!
+//! One run ([`run::run_once`]) starts a [`cluster::Cluster`] of real `stampfs master` and
+//! `stampfs chunkserver` processes on loopback ephemeral ports in a temp dir, starts
+//! several independent client processes (`stampfs nemesis-client`, the loop in
+//! [`workload`]), and injects the faults of a seeded [`schedule`] (SIGKILL and restart,
+//! SIGSTOP and SIGCONT, of any process). Then it heals everything, lets the writers
+//! finish, recovers what is still open, reads the final files and hands them with the
+//! clients' [`history`] to the pure [`checker`], which returns [`checker::Violation`]s.
+//! `fsck` must be healthy after the heal and no process log may contain a panic. The
+//! result is a [`report::RunReport`].
+//!
+//! Records are self-describing ([`record`]): magic, file, session, sequence number,
+//! payload length, a payload derived from the header, and a CRC32 of all of it, so the
+//! checker can parse a file without trusting anything else.
+//!
+//! Not in this increment: network partitions, full disks, FUSE clients, overwrites and
+//! fail points (later increments of issue 14).
+
+pub mod checker;
+pub mod cluster;
+pub mod history;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod schedule;
+pub mod workload;
+
+use std::path::PathBuf;
+
+/// Errors of the nemesis harness itself (not violations: those are results).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot spawn {name}: {source}")]
+    Spawn {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{name} exited ({status}) before it was ready; see {log}")]
+    EarlyExit {
+        name: String,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("{what} did not happen within {secs} s")]
+    Timeout { what: String, secs: u64 },
+    #[error("cannot signal {name}: {source}")]
+    Signal {
+        name: String,
+        #[source]
+        source: nix::Error,
+    },
+    #[error(transparent)]
+    Client(#[from] stampfs_client::Error),
+    #[error("run with seed {seed} failed (data dir and logs kept in {}): {source}", dir.display())]
+    RunFailed {
+        seed: u64,
+        dir: PathBuf,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("cannot encode or decode JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+}
+
+/// Result with the nemesis [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

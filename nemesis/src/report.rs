@@ -1,0 +1,103 @@
+//! What a run found, as the CLI prints it and `--json` writes it.
+
+use crate::checker::Violation;
+use crate::schedule::Fault;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// One run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunReport {
+    pub seed: u64,
+    pub duration_ms: u64,
+    pub clients: usize,
+    pub chunkservers: usize,
+    /// Faults injected, by kind name (`kill_master`, ...).
+    pub faults: BTreeMap<String, u64>,
+    /// The fault schedule, for reproducing.
+    pub schedule: Vec<Fault>,
+    pub sessions: u64,
+    pub fenced_sessions: u64,
+    pub acknowledged_records: u64,
+    pub reads_checked: u64,
+    /// Final length of each shared file.
+    pub file_lengths: BTreeMap<u32, u64>,
+    pub fsck_healthy: bool,
+    /// Client processes that exited without being killed (restarted), with status.
+    pub unexpected_exits: Vec<String>,
+    pub violations: Vec<Violation>,
+    /// The kept data dir and logs (always for a failing run).
+    pub dir: Option<PathBuf>,
+}
+
+impl RunReport {
+    /// Faults injected in all.
+    pub fn total_faults(&self) -> u64 {
+        self.faults.values().sum()
+    }
+
+    /// True when nothing was violated.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// One paragraph for a person.
+    pub fn summary(&self) -> String {
+        let faults = self
+            .faults
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut s = format!(
+            "seed {}: {} faults ({faults}); {} sessions ({} fenced), {} acknowledged records, \
+             {} reads checked, fsck {}; {} violations",
+            self.seed,
+            self.total_faults(),
+            self.sessions,
+            self.fenced_sessions,
+            self.acknowledged_records,
+            self.reads_checked,
+            if self.fsck_healthy {
+                "healthy"
+            } else {
+                "UNHEALTHY"
+            },
+            self.violations.len()
+        );
+        for note in &self.unexpected_exits {
+            s += &format!("\n  note: {note}");
+        }
+        for v in self.violations.iter().take(20) {
+            s += &format!("\n  {v}");
+        }
+        if self.violations.len() > 20 {
+            s += &format!("\n  ... {} more", self.violations.len() - 20);
+        }
+        if let Some(d) = &self.dir {
+            s += &format!("\n  data dir and logs kept in {}", d.display());
+        }
+        s
+    }
+}
+
+/// Every run of one invocation.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub runs: Vec<RunReport>,
+    /// Runs that found at least one violation.
+    pub failed_runs: usize,
+    pub violations: usize,
+}
+
+impl Report {
+    /// Adds a run.
+    pub fn push(&mut self, r: RunReport) {
+        if !r.passed() {
+            self.failed_runs += 1;
+        }
+        self.violations += r.violations.len();
+        self.runs.push(r);
+    }
+}

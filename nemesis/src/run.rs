@@ -1,0 +1,567 @@
+//! One nemesis run, step by step:
+//!
+//! 1. start the [`Cluster`] (1 master, 4 chunkservers, replication 3, short leases,
+//!    256 KiB chunks) and create the shared files;
+//! 2. start the client processes (`stampfs nemesis-client`);
+//! 3. inject the seeded [`schedule`] for the run's duration (a client that exits by
+//!    itself is noted and restarted);
+//! 4. heal: SIGCONT everything stopped, restart everything killed;
+//! 5. create the stop file and let the writers finish their sessions (a client that
+//!    does not stop in time is killed);
+//! 6. recover the lease of every file still open, read the final files (kept as
+//!    `DIR/final/fN`);
+//! 7. check them against the histories ([`checker::check`]);
+//! 8. `stampfs fsck --json` must turn healthy within a bounded wait (re-replication);
+//! 9. no process log may contain a panic.
+//!
+//! The run's directory is removed unless the run failed or `keep_dir` was given.
+
+use crate::checker::{self, Violation, ViolationKind};
+use crate::cluster::{Cluster, ClusterConfig, Proc, ProcState};
+use crate::history::History;
+use crate::report::{Report, RunReport};
+use crate::schedule::{self, Action, ScheduleConfig, Target};
+use crate::workload::{self, file_path};
+use crate::{Error, Result};
+use stampfs_client::{Client, CreateOptions};
+use stampfs_proto::{ChunkserverState, FileState};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The directory of the shared files in stampfs.
+const DIR: &str = "/nemesis";
+/// Shared files the clients contend for.
+const FILES: u32 = 2;
+/// How long the writers get to finish after the heal.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(45);
+/// How long recovery of a still-open file may take after the heal.
+const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the chunkservers may take to be live after the heal, and a final read to
+/// find a replica.
+const LIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `fsck` may take to turn healthy after the heal (re-replication, GC).
+const FSCK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The `stampfs` binary to spawn for every process.
+    pub bin: PathBuf,
+    pub seed: u64,
+    pub duration: Duration,
+    pub clients: usize,
+    /// Keep every run's directory under this one (failing runs are always kept).
+    pub keep_dir: Option<PathBuf>,
+    pub cluster: ClusterConfig,
+}
+
+/// Runs `runs` runs with seeds `cfg.seed`, `cfg.seed + 1`, ...; `on_run` sees each
+/// report as it is done.
+pub async fn run_many(
+    cfg: &RunConfig,
+    runs: u64,
+    mut on_run: impl FnMut(&RunReport),
+) -> Result<Report> {
+    let mut report = Report::default();
+    for i in 0..runs {
+        let mut c = cfg.clone();
+        c.seed = cfg.seed.wrapping_add(i);
+        let r = run_once(&c).await?;
+        on_run(&r);
+        report.push(r);
+    }
+    Ok(report)
+}
+
+/// One run; see the module docs.
+pub async fn run_once(cfg: &RunConfig) -> Result<RunReport> {
+    let prefix = format!("stampfs-nemesis-seed-{}-", cfg.seed);
+    let base = cfg.keep_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base).map_err(Error::io(&base))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .tempdir_in(&base)
+        .map_err(Error::io(&base))?;
+    let dir = tmp.path().to_path_buf();
+    match run_in(cfg, &dir).await {
+        Ok(mut report) => {
+            if cfg.keep_dir.is_some() || !report.passed() {
+                let _ = tmp.keep();
+                report.dir = Some(dir);
+            }
+            Ok(report)
+        }
+        Err(e) => {
+            let _ = tmp.keep();
+            Err(Error::RunFailed {
+                seed: cfg.seed,
+                dir,
+                source: Box::new(e),
+            })
+        }
+    }
+}
+
+/// The client processes and their bookkeeping.
+struct Clients {
+    procs: Vec<Proc>,
+    root: PathBuf,
+    master: String,
+    seed: u64,
+    unexpected_exits: Vec<String>,
+}
+
+impl Clients {
+    fn new(cfg: &RunConfig, root: &Path, logs: &Path, master: &str) -> Self {
+        let procs = (0..cfg.clients)
+            .map(|i| {
+                Proc::new(
+                    &format!("client{i}"),
+                    &cfg.bin,
+                    &root.join("clients"),
+                    logs,
+                    false,
+                )
+            })
+            .collect();
+        Self {
+            procs,
+            root: root.to_path_buf(),
+            master: master.to_string(),
+            seed: cfg.seed,
+            unexpected_exits: Vec::new(),
+        }
+    }
+
+    fn stop_file(&self) -> PathBuf {
+        self.root.join("stop")
+    }
+
+    fn history_dir(&self) -> PathBuf {
+        self.root.join("history")
+    }
+
+    /// Starts client `i` as a new incarnation.
+    async fn start(&mut self, i: usize) -> Result<()> {
+        let history_dir = self.history_dir();
+        std::fs::create_dir_all(&history_dir).map_err(Error::io(&history_dir))?;
+        let stop = self.stop_file();
+        let (master, seed) = (self.master.clone(), self.seed);
+        let p = &mut self.procs[i];
+        let nonce = p.incarnation + 1;
+        p.set_args(vec![
+            "nemesis-client".into(),
+            "--master".into(),
+            master,
+            "--client".into(),
+            i.to_string(),
+            "--nonce".into(),
+            nonce.to_string(),
+            "--seed".into(),
+            (seed ^ ((i as u64) << 32) ^ (nonce << 48)).to_string(),
+            "--history".into(),
+            history_dir
+                .join(format!("client{i}-{nonce}.jsonl"))
+                .display()
+                .to_string(),
+            "--stop-file".into(),
+            stop.display().to_string(),
+            "--files".into(),
+            FILES.to_string(),
+            "--dir".into(),
+            DIR.into(),
+        ]);
+        p.start().await
+    }
+
+    /// Restarts every client that exited without being killed (`killed[i]`), noting it.
+    async fn restart_exited(&mut self, killed: &[bool]) -> Result<()> {
+        for i in 0..self.procs.len() {
+            if killed.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            if let Some(status) = self.procs[i].exited() {
+                let note = format!(
+                    "client{i} (incarnation {}) exited by itself: {status}",
+                    self.procs[i].incarnation
+                );
+                tracing::warn!(%note);
+                self.unexpected_exits.push(note);
+                self.start(i).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn apply(
+    step: &schedule::Step,
+    cluster: &mut Cluster,
+    clients: &mut Clients,
+    killed: &mut [bool],
+) -> Result<()> {
+    tracing::info!(target_proc = %step.target, action = ?step.action, kind = step.kind.name(), "nemesis step");
+    match (step.target, step.action) {
+        (Target::Client(i), Action::Kill) => {
+            killed[i] = true;
+            clients.procs[i].kill();
+        }
+        (Target::Client(i), Action::Restart) => {
+            killed[i] = false;
+            if clients.procs[i].state() == ProcState::Dead {
+                clients.start(i).await?;
+            }
+        }
+        (Target::Client(i), Action::Stop) => clients.procs[i].stop()?,
+        (Target::Client(i), Action::Cont) => clients.procs[i].cont()?,
+        (server, action) => {
+            let p = match server {
+                Target::Master => &mut cluster.master,
+                Target::Chunkserver(i) => &mut cluster.chunkservers[i],
+                Target::Client(_) => return Ok(()),
+            };
+            match action {
+                Action::Kill => p.kill(),
+                Action::Restart => {
+                    if p.state() == ProcState::Dead {
+                        p.start().await?;
+                    }
+                }
+                Action::Stop => p.stop()?,
+                Action::Cont => p.cont()?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Connects to the master, retrying while it starts.
+async fn connect(addr: &str) -> Result<Client> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Client::connect_with(addr, workload::client_config()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
+    let started = Instant::now();
+    let mut cluster = Cluster::start(&cfg.bin, root, &cfg.cluster).await?;
+    let master = cluster.master_addr().to_string();
+    tracing::info!(seed = cfg.seed, %master, dir = %root.display(), "nemesis run starting");
+
+    // 1. The shared files, created empty and closed.
+    let admin = connect(&master).await?;
+    admin.mkdir(DIR, true).await?;
+    for f in 0..FILES {
+        let mut w = admin
+            .create(
+                &file_path(DIR, f),
+                CreateOptions {
+                    replication: Some(cfg.cluster.replication),
+                    ..CreateOptions::default()
+                },
+            )
+            .await?;
+        w.close().await?;
+    }
+    drop(admin);
+
+    // 2. Clients.
+    let logs = cluster.logs.clone();
+    let mut clients = Clients::new(cfg, root, &logs, &master);
+    for i in 0..cfg.clients {
+        clients.start(i).await?;
+    }
+
+    // 3. Faults.
+    let faults = schedule::plan(
+        cfg.seed,
+        ScheduleConfig {
+            duration: cfg.duration,
+            chunkservers: cluster.chunkservers.len(),
+            clients: cfg.clients,
+            lease_hard: cfg.cluster.lease_hard,
+        },
+    );
+    let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut killed = vec![false; cfg.clients];
+    let t0 = Instant::now();
+    for step in schedule::steps(&faults) {
+        while t0.elapsed() < step.at {
+            clients.restart_exited(&killed).await?;
+            let left = step.at.saturating_sub(t0.elapsed());
+            tokio::time::sleep(left.min(Duration::from_millis(100))).await;
+        }
+        apply(&step, &mut cluster, &mut clients, &mut killed).await?;
+        if matches!(step.action, Action::Kill | Action::Stop) {
+            *injected.entry(step.kind.name().to_string()).or_default() += 1;
+        }
+    }
+    while t0.elapsed() < cfg.duration {
+        clients.restart_exited(&killed).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 4. Heal (the schedule healed every fault already; this is the safety net).
+    for p in std::iter::once(&mut cluster.master).chain(cluster.chunkservers.iter_mut()) {
+        p.cont()?;
+        if p.state() == ProcState::Dead {
+            p.start().await?;
+        }
+    }
+    for i in 0..clients.procs.len() {
+        clients.procs[i].cont()?;
+    }
+    clients.restart_exited(&killed).await?;
+    for (i, k) in killed.iter().enumerate() {
+        if *k && clients.procs[i].state() == ProcState::Dead {
+            clients.start(i).await?;
+        }
+    }
+
+    // Every chunkserver registered with the (perhaps just restarted) master: until
+    // then the only replica of a chunk may be unknown to it.
+    let admin = connect(&master).await?;
+    wait_all_live(&admin, cluster.chunkservers.len()).await?;
+
+    // 5. Drain.
+    let stop = clients.stop_file();
+    std::fs::write(&stop, b"stop\n").map_err(Error::io(&stop))?;
+    let drain_deadline = Instant::now() + DRAIN_TIMEOUT;
+    for i in 0..clients.procs.len() {
+        let left = drain_deadline.saturating_duration_since(Instant::now());
+        if !clients.procs[i].wait_exit(left).await {
+            let note = format!(
+                "client{i} did not stop within {} s of the heal; killed",
+                DRAIN_TIMEOUT.as_secs()
+            );
+            tracing::warn!(%note);
+            clients.unexpected_exits.push(note);
+            clients.procs[i].kill();
+        }
+    }
+
+    // 6. Recover what is still open, read the final files.
+    let mut files = BTreeMap::new();
+    for f in 0..FILES {
+        let path = file_path(DIR, f);
+        recover(&admin, &path).await?;
+        files.insert(f, read_final(&admin, &path).await?);
+    }
+    // Kept for the evidence of a failing run.
+    let final_dir = root.join("final");
+    std::fs::create_dir_all(&final_dir).map_err(Error::io(&final_dir))?;
+    for (f, bytes) in &files {
+        let p = final_dir.join(format!("f{f}"));
+        std::fs::write(&p, bytes).map_err(Error::io(&p))?;
+    }
+
+    // 7. Check.
+    let history = History::load_dir(&clients.history_dir())?;
+    let mut violations = checker::check(&files, &history.acks, &history.reads);
+
+    // 8. fsck.
+    let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master).await {
+        Ok(()) => true,
+        Err(last) => {
+            violations.push(Violation {
+                kind: ViolationKind::FsckUnhealthy,
+                file: None,
+                offset: None,
+                session: None,
+                seq: None,
+                message: format!(
+                    "fsck not healthy {} s after the heal: {last}",
+                    FSCK_TIMEOUT.as_secs()
+                ),
+            });
+            false
+        }
+    };
+
+    // 9. Panics.
+    violations.extend(scan_logs(&logs)?);
+
+    let unexpected_exits = std::mem::take(&mut clients.unexpected_exits);
+    drop(clients);
+    drop(cluster);
+    tracing::info!(
+        seed = cfg.seed,
+        secs = started.elapsed().as_secs(),
+        "nemesis run done"
+    );
+    Ok(RunReport {
+        seed: cfg.seed,
+        duration_ms: cfg.duration.as_millis() as u64,
+        clients: cfg.clients,
+        chunkservers: cfg.cluster.chunkservers,
+        faults: injected,
+        schedule: faults,
+        sessions: history.sessions,
+        fenced_sessions: history.fenced_sessions,
+        acknowledged_records: history.acks.len() as u64,
+        reads_checked: history.reads.len() as u64,
+        file_lengths: files.iter().map(|(&k, v)| (k, v.len() as u64)).collect(),
+        fsck_healthy,
+        unexpected_exits,
+        violations,
+        dir: None,
+    })
+}
+
+/// Waits until the master counts `n` chunkservers live and registered since it started.
+async fn wait_all_live(admin: &Client, n: usize) -> Result<()> {
+    let deadline = Instant::now() + LIVE_TIMEOUT;
+    loop {
+        let live = match admin.cluster_report().await {
+            Ok(r) => r
+                .chunkservers
+                .iter()
+                .filter(|c| c.state == ChunkserverState::Live && c.last_heartbeat_ms_ago.is_some())
+                .count(),
+            Err(_) => 0,
+        };
+        if live >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{n} chunkservers live after the heal ({live} are)"),
+                secs: LIVE_TIMEOUT.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads a closed file, retrying a read that finds no replica for a bounded time (a
+/// replica's chunkserver may still be reporting it).
+async fn read_final(admin: &Client, path: &str) -> Result<Vec<u8>> {
+    let deadline = Instant::now() + LIVE_TIMEOUT;
+    loop {
+        match workload::read_file(admin, path).await {
+            Ok(b) => return Ok(b),
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(e) => {
+                tracing::info!(%path, error = %e, "final read failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// Recovers `path`'s lease until the file is closed.
+async fn recover(admin: &Client, path: &str) -> Result<()> {
+    let deadline = Instant::now() + RECOVER_TIMEOUT;
+    loop {
+        let closed = matches!(admin.stat(path).await, Ok(s) if s.state == FileState::Closed);
+        if closed {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{path} closed by lease recovery"),
+                secs: RECOVER_TIMEOUT.as_secs(),
+            });
+        }
+        match admin.recover_lease(path).await {
+            Ok(out) if out.closed => return Ok(()),
+            Ok(_) => {}
+            Err(e) => tracing::info!(%path, error = %e, "recover_lease failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Runs `stampfs fsck --json` until it reports healthy; the last answer otherwise.
+async fn wait_fsck_healthy(bin: &Path, master: &str) -> Result<(), String> {
+    let deadline = Instant::now() + FSCK_TIMEOUT;
+    loop {
+        let out = tokio::process::Command::new(bin)
+            .args(["fsck", "--json"])
+            .env("STAMPFS_MASTER", master)
+            .env("RUST_LOG", "warn")
+            .output()
+            .await;
+        let last = match out {
+            Ok(o) => match fsck_verdict(&o.stdout) {
+                Some(true) => return Ok(()),
+                Some(false) => String::from_utf8_lossy(&o.stdout).into_owned(),
+                None => format!(
+                    "no fsck JSON ({}): {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            },
+            Err(e) => format!("cannot run fsck: {e}"),
+        };
+        if Instant::now() > deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `Some(healthy)` from `fsck --json` output, `None` when it is not such JSON.
+pub fn fsck_verdict(stdout: &[u8]) -> Option<bool> {
+    let v: serde_json::Value = serde_json::from_slice(stdout).ok()?;
+    v.get("healthy")?.as_bool()
+}
+
+/// The lines of a log that report a panic.
+pub fn panic_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("panicked")).collect()
+}
+
+/// A [`ViolationKind::Panic`] per log line with "panicked" in any log under `logs`.
+fn scan_logs(logs: &Path) -> Result<Vec<Violation>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(logs).map_err(Error::io(logs))?;
+    for e in entries.flatten() {
+        let path = e.path();
+        let text = std::fs::read(&path).map_err(Error::io(&path))?;
+        let text = String::from_utf8_lossy(&text);
+        for line in panic_lines(&text) {
+            out.push(Violation {
+                kind: ViolationKind::Panic,
+                file: None,
+                offset: None,
+                session: None,
+                seq: None,
+                message: format!("{}: {line}", path.display()),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fsck_verdict_reads_the_healthy_field() {
+        assert_eq!(
+            fsck_verdict(br#"{"healthy": true, "files": []}"#),
+            Some(true)
+        );
+        assert_eq!(fsck_verdict(br#"{"healthy": false}"#), Some(false));
+        assert_eq!(fsck_verdict(b"error: cannot reach"), None);
+        assert_eq!(fsck_verdict(br#"{"files": []}"#), None);
+    }
+
+    #[test]
+    fn panic_lines_finds_a_panic_among_ordinary_lines() {
+        let log = "INFO started\nthread 'main' panicked at src/x.rs:1:2:\nboom\nINFO ok\n";
+        assert_eq!(
+            panic_lines(log),
+            vec!["thread 'main' panicked at src/x.rs:1:2:"]
+        );
+        assert!(panic_lines("INFO all good\n").is_empty());
+    }
+}

@@ -1,0 +1,257 @@
+//! The client process's loop (`stampfs nemesis-client`, started by the run).
+//!
+//! A **writer** repeatedly picks one of the shared files, opens it for append (one
+//! [`Client`] per session, so a session is one lease holder), writes a random number of
+//! [`record`](crate::record)s, each followed by `hsync`, logs each record as
+//! [`Event::Ack`] only after its `hsync` returned, and closes the file. Contention is
+//! the point: `LeaseConflict` and `RecoveryInProgress` are retried after a short
+//! back-off, and now and then the writer runs `recover_lease` on the file to take it
+//! over from its holder (who is then fenced). A session that fails (fenced or not) is
+//! logged and abandoned; the next one starts fresh. A **reader** task reads every file
+//! from offset 0 now and then and logs the length and digest of what it saw.
+//!
+//! The loop ends when the stop file exists (the run has healed the cluster): the
+//! current session finishes and closes first.
+
+use crate::history::{Event, HistoryWriter};
+use crate::record::{RecordHeader, SessionId};
+use crate::Result;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use stampfs_client::{Client, ClientConfig, Error as ClientError};
+use stampfs_proto::RemoteError;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Arguments of `stampfs nemesis-client`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WorkloadConfig {
+    /// The master's address.
+    #[arg(long)]
+    pub master: String,
+    /// This client's index in the run.
+    #[arg(long)]
+    pub client: u32,
+    /// This process's incarnation (part of every session id, so sessions are unique
+    /// across restarts).
+    #[arg(long)]
+    pub nonce: u64,
+    /// Seed of this process's random choices.
+    #[arg(long)]
+    pub seed: u64,
+    /// The JSON-lines history file to append to.
+    #[arg(long)]
+    pub history: PathBuf,
+    /// Finish the current session and exit once this file exists.
+    #[arg(long)]
+    pub stop_file: PathBuf,
+    /// How many shared files (`DIR/f0`, `DIR/f1`, ...).
+    #[arg(long, default_value_t = 2)]
+    pub files: u32,
+    /// The directory of the shared files in stampfs.
+    #[arg(long, default_value = "/nemesis")]
+    pub dir: String,
+    /// How often the reader reads every file.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "400ms")]
+    pub read_every: Duration,
+}
+
+/// The path of shared file `id` under `dir`.
+pub fn file_path(dir: &str, id: u32) -> String {
+    format!("{dir}/f{id}")
+}
+
+/// The client settings of the workload: short waits, so a stuck call gives way to the
+/// next session instead of holding the client for a minute.
+pub fn client_config() -> ClientConfig {
+    ClientConfig {
+        recovery_wait: Duration::from_secs(3),
+        request_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    }
+}
+
+/// The most records a session writes.
+const MAX_RECORDS: u32 = 8;
+
+/// A record's payload length: mostly small, sometimes large enough that records
+/// straddle the run's 256 KiB chunks.
+fn payload_len(rng: &mut StdRng) -> u32 {
+    if rng.gen_ratio(1, 8) {
+        rng.gen_range(64 << 10..=200 << 10)
+    } else {
+        rng.gen_range(1..=24 << 10)
+    }
+}
+
+/// Runs the client until the stop file exists.
+pub async fn run(cfg: WorkloadConfig) -> Result<()> {
+    let history = Arc::new(HistoryWriter::open(&cfg.history)?);
+    tracing::info!(
+        client = cfg.client,
+        nonce = cfg.nonce,
+        "nemesis client starting"
+    );
+    let reader = tokio::spawn(read_loop(cfg.clone(), history.clone()));
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut counter = 0u32;
+    while !stopped(&cfg.stop_file) {
+        let file = rng.gen_range(0..cfg.files.max(1));
+        let Some((client, mut writer)) = open_for_append(&cfg, file, &mut rng).await else {
+            continue;
+        };
+        let session = SessionId {
+            client: cfg.client,
+            nonce: cfg.nonce,
+            counter,
+        };
+        counter += 1;
+        history.log(&Event::SessionStart { file, session })?;
+        let n = rng.gen_range(1..=MAX_RECORDS);
+        let mut outcome = None;
+        for seq in 0..n {
+            let header = RecordHeader {
+                file,
+                session,
+                seq,
+                payload_len: payload_len(&mut rng),
+            };
+            let res = match writer.write_all(&header.encode()).await {
+                Ok(()) => writer.hsync().await,
+                Err(e) => Err(ClientError::from_io(e)),
+            };
+            match res {
+                Ok(()) => history.log(&Event::Ack {
+                    file,
+                    session,
+                    seq,
+                    payload_len: header.payload_len,
+                })?,
+                Err(e) => {
+                    outcome = Some(e);
+                    break;
+                }
+            }
+            if rng.gen_ratio(1, 3) {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(1..40))).await;
+            }
+        }
+        let outcome = match outcome {
+            None => match writer.close().await {
+                Ok(_) => "closed".to_string(),
+                Err(e) => describe(&e),
+            },
+            Some(e) => describe(&e),
+        };
+        tracing::info!(%session, file, %outcome, "session ended");
+        if outcome != "closed" && outcome != "fenced" {
+            // Let go of the file rather than hold its lease until the hard limit.
+            drop(writer);
+            let _ = client.recover_lease(&file_path(&cfg.dir, file)).await;
+        }
+        history.log(&Event::SessionEnd {
+            file,
+            session,
+            outcome,
+        })?;
+    }
+    reader.abort();
+    tracing::info!(client = cfg.client, "nemesis client stopping");
+    Ok(())
+}
+
+fn describe(e: &ClientError) -> String {
+    if e.is_fenced() {
+        "fenced".into()
+    } else {
+        format!("error: {e}")
+    }
+}
+
+fn stopped(stop_file: &Path) -> bool {
+    stop_file.exists()
+}
+
+/// Opens `file` for append under a fresh client, taking it over now and then; `None`
+/// after a failed attempt (already backed off).
+async fn open_for_append(
+    cfg: &WorkloadConfig,
+    file: u32,
+    rng: &mut StdRng,
+) -> Option<(Client, stampfs_client::FileWriter)> {
+    let path = file_path(&cfg.dir, file);
+    let client = match Client::connect_with(&cfg.master, client_config()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(error = %e, "cannot reach the master");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return None;
+        }
+    };
+    match client.append(&path).await {
+        Ok(w) => Some((client, w)),
+        Err(e) => {
+            let contended = matches!(
+                e,
+                ClientError::Remote(
+                    RemoteError::LeaseConflict { .. } | RemoteError::RecoveryInProgress { .. }
+                )
+            );
+            tracing::info!(%path, error = %e, contended, "append refused");
+            if contended && rng.gen_ratio(1, 4) {
+                match client.recover_lease(&path).await {
+                    Ok(out) => tracing::info!(%path, closed = out.closed, "took the file over"),
+                    Err(e) => tracing::info!(%path, error = %e, "recover_lease failed"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..200))).await;
+            None
+        }
+    }
+}
+
+/// Reads every file from offset 0 until the stop file exists, logging what it saw.
+async fn read_loop(cfg: WorkloadConfig, history: Arc<HistoryWriter>) {
+    let mut client = None;
+    while !stopped(&cfg.stop_file) {
+        if client.is_none() {
+            client = Client::connect_with(&cfg.master, client_config())
+                .await
+                .ok();
+        }
+        if let Some(c) = client.as_ref() {
+            for file in 0..cfg.files {
+                match read_prefix(c, &file_path(&cfg.dir, file)).await {
+                    Ok((len, digest)) => {
+                        if let Err(e) = history.log(&Event::Read { file, len, digest }) {
+                            tracing::error!(error = %e, "cannot log a read");
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::info!(file, error = %e, "read failed"),
+                }
+            }
+        }
+        tokio::time::sleep(cfg.read_every).await;
+    }
+}
+
+async fn read_prefix(client: &Client, path: &str) -> stampfs_client::Result<(u64, u64)> {
+    let bytes = read_file(client, path).await?;
+    Ok((bytes.len() as u64, crate::history::digest(&bytes)))
+}
+
+/// The bytes of `path` from offset 0 up to its readable length when opened.
+pub async fn read_file(client: &Client, path: &str) -> stampfs_client::Result<Vec<u8>> {
+    let mut reader = client.open(path).await?;
+    let len = reader.len();
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&mut reader)
+        .take(len)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(ClientError::from_io)?;
+    Ok(bytes)
+}
