@@ -4,7 +4,7 @@
 //! A replica no longer owns a descriptor: it owns a [`FileId`] (a number unique to that
 //! replica *instance*) and its path, and asks the store's [`FileCache`] for the file
 //! when it does I/O. The cache keeps at most `capacity` files open, least recently used
-//! first out ([`Lru`], pure); a miss reopens the path with [`open_replica`], the same
+//! first out ([`Lru`], over the `lru` crate); a miss reopens the path with [`open_replica`], the same
 //! flags the store has always used (read/write, buffered: no `O_DIRECT`).
 //!
 //! - **In flight keeps it open.** [`FileCache::get`] hands out an `Arc<File>`; eviction
@@ -22,9 +22,9 @@
 //!   limit (the other half for sockets, the directory and the engines), at least 64.
 
 use crate::error::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::hash::Hash;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,56 +56,44 @@ pub fn open_replica(path: &Path) -> std::io::Result<File> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId(u64);
 
-/// A least-recently-used map of at most `capacity` entries (pure: no I/O).
+/// A least-recently-used map of at most `capacity` entries (pure: no I/O): the `lru`
+/// crate's map, with the evicted values handed back so the caller drops them (closing
+/// descriptors) outside its lock.
 #[derive(Debug)]
-pub struct Lru<K, V> {
-    capacity: usize,
-    /// key → (value, tick of its last use).
-    entries: HashMap<K, (V, u64)>,
-    /// tick → key, oldest first.
-    order: BTreeMap<u64, K>,
-    tick: u64,
+pub struct Lru<K: Hash + Eq, V> {
+    inner: lru::LruCache<K, V>,
+}
+
+fn non_zero(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)
 }
 
 impl<K: Copy + Eq + Hash, V: Clone> Lru<K, V> {
     /// An empty map holding at most `capacity` (at least 1) entries.
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity: capacity.max(1),
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            tick: 0,
+            inner: lru::LruCache::new(non_zero(capacity)),
         }
     }
 
     /// The most entries kept.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.inner.cap().get()
     }
 
     /// Entries held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.inner.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    fn next_tick(&mut self) -> u64 {
-        self.tick += 1;
-        self.tick
+        self.inner.is_empty()
     }
 
     /// The value of `key`, now the most recently used.
     pub fn get(&mut self, key: K) -> Option<V> {
-        let tick = self.next_tick();
-        let (value, used) = self.entries.get_mut(&key)?;
-        self.order.remove(used);
-        *used = tick;
-        self.order.insert(tick, key);
-        Some(value.clone())
+        self.inner.get(&key).cloned()
     }
 
     /// Inserts `value` for `key` unless it is there already; returns the value now
@@ -114,41 +102,32 @@ impl<K: Copy + Eq + Hash, V: Clone> Lru<K, V> {
         if let Some(held) = self.get(key) {
             return (held, Vec::new());
         }
-        let tick = self.next_tick();
-        self.entries.insert(key, (value.clone(), tick));
-        self.order.insert(tick, key);
-        (value, self.shrink())
+        // `key` is not held, so what `push` hands back is the evicted entry.
+        let evicted = self.inner.push(key, value.clone()).map(|(_, v)| v);
+        (value, evicted.into_iter().collect())
     }
 
     /// Whether `key` is held (not a use).
     pub fn contains(&self, key: K) -> bool {
-        self.entries.contains_key(&key)
+        self.inner.contains(&key)
     }
 
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: K) -> Option<V> {
-        let (value, used) = self.entries.remove(&key)?;
-        self.order.remove(&used);
-        Some(value)
+        self.inner.pop(&key)
     }
 
     /// Changes the capacity (at least 1); returns the entries evicted.
     pub fn set_capacity(&mut self, capacity: usize) -> Vec<V> {
-        self.capacity = capacity.max(1);
-        self.shrink()
-    }
-
-    /// Evicts the least recently used entries beyond the capacity.
-    fn shrink(&mut self) -> Vec<V> {
+        let capacity = non_zero(capacity);
         let mut evicted = Vec::new();
-        while self.entries.len() > self.capacity {
-            let Some((_, key)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some((value, _)) = self.entries.remove(&key) {
-                evicted.push(value);
+        while self.inner.len() > capacity.get() {
+            match self.inner.pop_lru() {
+                Some((_, v)) => evicted.push(v),
+                None => break,
             }
         }
+        self.inner.resize(capacity);
         evicted
     }
 }
