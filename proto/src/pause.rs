@@ -160,8 +160,13 @@ pub fn since_pause_ms() -> Option<u64> {
 /// Whether the process ran without a pause for at least `settle`: a judge that just
 /// resumed first lets what queued up meanwhile (heartbeats, renewals, acks) in.
 pub fn settled(settle: Duration) -> bool {
+    settled_after(since_pause_ms(), settle)
+}
+
+/// [`settled`] for a process that resumed `since_pause_ms` ago (`None`: never paused).
+pub fn settled_after(since_pause_ms: Option<u64>, settle: Duration) -> bool {
     let settle = u64::try_from(settle.as_millis()).unwrap_or(u64::MAX);
-    since_pause_ms().is_none_or(|ms| ms >= settle)
+    since_pause_ms.is_none_or(|ms| ms >= settle)
 }
 
 /// What the pause accounting has seen.
@@ -274,6 +279,23 @@ mod tests {
         assert_eq!(r, Err(Elapsed(Duration::from_millis(30))));
         let r = rt.block_on(timeout(Duration::from_secs(5), async { 7 }));
         assert_eq!(r, Ok(7));
-        assert!(settled(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_judge_waits_the_settle_time_after_a_pause_only() {
+        let settle = Duration::from_secs(1);
+        assert!(settled_after(None, settle), "never paused");
+        let mut o = Observer::new(0, 250);
+        o.observe(5_000); // frozen for almost 5 s
+        assert!(!settled_after(o.since_pause_ms(), settle), "just resumed");
+        for t in (5_020..=5_999).step_by(20) {
+            o.observe(t);
+        }
+        assert!(!settled_after(o.since_pause_ms(), settle));
+        o.observe(6_020);
+        assert!(
+            settled_after(o.since_pause_ms(), settle),
+            "ran for 1 s since"
+        );
     }
 }
