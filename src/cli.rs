@@ -279,10 +279,11 @@ pub struct BenchPipelineArgs {
     pub dir: Option<PathBuf>,
 }
 
-/// Start a master, 4 chunkservers and N writer/reader client processes on loopback in a
-/// temp dir, SIGKILL / SIGSTOP them at random (seeded), heal, and check that every
-/// acknowledged record is intact, no stale write was accepted and no reader saw bytes
-/// that were later cut. A failing run's data dir and logs are kept and named.
+/// Start a master, 4 chunkservers and N writer/reader client processes in a temp dir,
+/// SIGKILL / SIGSTOP them, partition the network and fill disks at random (seeded),
+/// heal, and check that every acknowledged record is intact, no stale write was
+/// accepted, no reader saw bytes that were later cut and all replicas agree. A failing
+/// run's data dir and logs are kept and named.
 #[derive(Args, Debug)]
 pub struct NemesisArgs {
     /// Seed of the first run (run i uses SEED + i); random when absent.
@@ -303,4 +304,13 @@ pub struct NemesisArgs {
     /// Keep every run's data dir and logs under DIR (failing runs are always kept).
     #[arg(long)]
     pub keep_dir: Option<PathBuf>,
+    /// `namespaces`: every process in a network namespace of its own, so the network
+    /// can be partitioned (root, iproute2 and nftables); `loopback`: no partitions;
+    /// `auto`: namespaces when possible.
+    #[arg(long, default_value = "auto")]
+    pub net: String,
+    /// Put each chunkserver's data dir on a tmpfs of this size so its disk can be
+    /// filled up (root only; `0` to keep them on the run's dir; default 512MiB as root).
+    #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+    pub small_disks: Option<u64>,
 }

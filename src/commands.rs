@@ -527,20 +527,57 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
     });
+    use stampfs_nemesis::net::NetMode;
+    let (net, why_not) = match args.net.as_str() {
+        "auto" => NetMode::detect(),
+        other => match other.parse::<NetMode>() {
+            Ok(m) => (m, None),
+            Err(e) => {
+                eprintln!("stampfs: error: nemesis: --net: {e}");
+                return EXIT_ERROR;
+            }
+        },
+    };
+    let root = nix::unistd::geteuid().is_root();
+    let small_disk_mib = match args.small_disks {
+        Some(0) => None,
+        Some(bytes) if root => Some(bytes.div_ceil(1 << 20).max(16)),
+        Some(_) => {
+            eprintln!("stampfs: error: nemesis: --small-disks needs root (it mounts a tmpfs)");
+            return EXIT_ERROR;
+        }
+        None if root => Some(512),
+        None => None,
+    };
     let cfg = stampfs_nemesis::run::RunConfig {
         bin,
         seed,
         duration: args.duration,
         clients: args.clients,
         keep_dir: args.keep_dir,
-        cluster: Default::default(),
+        cluster: stampfs_nemesis::cluster::ClusterConfig {
+            small_disk_mib,
+            ..Default::default()
+        },
+        net,
     };
     println!(
-        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients",
+        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients, network: {}, disks: {}",
         args.runs,
         humantime::format_duration(args.duration),
-        args.clients
+        args.clients,
+        match net {
+            NetMode::Namespaces => "a namespace per process (partitions)",
+            NetMode::Loopback => "loopback (no partitions)",
+        },
+        match small_disk_mib {
+            Some(m) => format!("{m} MiB tmpfs each (disk-full faults)"),
+            None => "the run's dir (no disk-full faults)".into(),
+        }
     );
+    if let Some(why) = why_not {
+        println!("nemesis: {why}");
+    }
     let result =
         stampfs_nemesis::run::run_many(&cfg, args.runs, |r| println!("{}", r.summary())).await;
     let report = match result {

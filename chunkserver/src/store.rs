@@ -557,6 +557,41 @@ impl Replica {
         }
     }
 
+    /// Runs a chain of data and table writes.
+    async fn run_ops(&self, engine: &dyn IoEngine, ops: Vec<IoOp>) -> Result<()> {
+        engine
+            .run(self.file().await?, ops)
+            .await
+            .map_err(|e| Error::io("write", &self.path, e))
+    }
+
+    /// After a write chain failed part-way (ENOSPC, EIO): its data and table writes
+    /// may have landed past the replica's length, which did not move. The table entry
+    /// of the partial last block is put back to the replica's tail CRC and later
+    /// entries are zeroed, so no entry vouches for bytes the replica does not count
+    /// (reads already check the partial block against the tail CRC, and start-up
+    /// recovery repairs the table too; this keeps the file honest for both). Best
+    /// effort: a failure here is logged, the write's own error is what the caller gets.
+    async fn forget_failed_write(&mut self, engine: &dyn IoEngine) {
+        let Some((offset, entries)) = stale_table_entries(self.length, self.tail_crc) else {
+            return;
+        };
+        let file = match self.file().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reopen the replica to repair its table");
+                return;
+            }
+        };
+        let ops = vec![IoOp::Write {
+            offset,
+            data: Bytes::from(entries),
+        }];
+        if let Err(e) = engine.run(file, ops).await {
+            tracing::warn!(error = %e, length = self.length, "cannot repair the checksum table after a failed write");
+        }
+    }
+
     /// Issues the planned appends as one chain (with the durable-length tail when
     /// `sync`), then makes them the replica's state.
     async fn issue(
@@ -566,14 +601,17 @@ impl Replica {
         sync: bool,
     ) -> Result<()> {
         let ops = run.take_ops();
-        if sync {
+        let issued = if sync {
             self.sync_data_then_header(engine, run.length, run.tail_crc, ops)
-                .await?;
-        } else if !ops.is_empty() {
-            engine
-                .run(self.file().await?, ops)
                 .await
-                .map_err(|e| Error::io("write", &self.path, e))?;
+        } else if !ops.is_empty() {
+            self.run_ops(engine, ops).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = issued {
+            self.forget_failed_write(engine).await;
+            return Err(e);
         }
         self.length = run.length;
         self.tail_crc = run.tail_crc;
@@ -625,14 +663,17 @@ impl Replica {
             });
             (end, tail)
         };
-        if sync {
+        let issued = if sync {
             self.sync_data_then_header(engine, new_length, new_tail, ops)
-                .await?;
-        } else if !ops.is_empty() {
-            engine
-                .run(self.file().await?, ops)
                 .await
-                .map_err(|e| Error::io("write", &self.path, e))?;
+        } else if !ops.is_empty() {
+            self.run_ops(engine, ops).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = issued {
+            self.forget_failed_write(engine).await;
+            return Err(e);
         }
         self.length = new_length;
         self.tail_crc = new_tail;
@@ -1783,7 +1824,16 @@ impl Store {
             r.read_table(engine, first, last - first + 1)
         );
         let data = data.map_err(|e| Error::io("read", &r.path, e))?;
-        let table = table?;
+        let mut table = table?;
+        // A partial last block is checked against the CRC the replica holds in memory
+        // (the header's tail CRC), never its table entry: a write that failed half-way
+        // (ENOSPC after its table write landed) leaves an entry that vouches for bytes
+        // past the length, which the next append or start-up recovery rewrites.
+        if stop == r.length && r.length % BLOCK != 0 {
+            if let Some(last) = table.last_mut() {
+                *last = r.tail_crc;
+            }
+        }
         let bad = if (data.len() as u64) < stop - start {
             Some(checksum::block_start(checksum::block_of(
                 start + data.len() as u64,

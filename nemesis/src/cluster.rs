@@ -6,6 +6,9 @@
 //! the child this run spawned, never by name, and every child is continued, killed and
 //! reaped on drop. A restarted server comes back on the address it had.
 
+use crate::disk::SmallDisk;
+use crate::net::{enter_on_exec, Net};
+use crate::schedule::Target;
 use crate::{Error, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -41,6 +44,8 @@ pub struct Proc {
     server: bool,
     /// How many times it was started.
     pub incarnation: u64,
+    /// The network namespace it runs in (none: the runner's own).
+    netns: Option<PathBuf>,
 }
 
 impl Proc {
@@ -57,7 +62,13 @@ impl Proc {
             addr: String::new(),
             server,
             incarnation: 0,
+            netns: None,
         }
+    }
+
+    /// Runs the process in the network namespace `netns` from its next start.
+    pub fn set_netns(&mut self, netns: Option<PathBuf>) {
+        self.netns = netns;
     }
 
     /// The arguments of the next start.
@@ -83,7 +94,11 @@ impl Proc {
             .open(&self.log)
             .map_err(Error::io(&self.log))?;
         let log2 = log.try_clone().map_err(Error::io(&self.log))?;
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(ns) = &self.netns {
+            enter_on_exec(&mut cmd, ns)?;
+        }
+        let child = cmd
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -225,6 +240,9 @@ pub struct ClusterConfig {
     pub lease_hard: Duration,
     pub dead_after: Duration,
     pub heartbeat: Duration,
+    /// Put each chunkserver's data dir on a tmpfs of this many MiB (root only), so the
+    /// run can fill it up.
+    pub small_disk_mib: Option<u64>,
 }
 
 impl Default for ClusterConfig {
@@ -237,6 +255,7 @@ impl Default for ClusterConfig {
             lease_hard: Duration::from_secs(3),
             dead_after: Duration::from_secs(2),
             heartbeat: Duration::from_millis(200),
+            small_disk_mib: None,
         }
     }
 }
@@ -251,21 +270,26 @@ pub struct Cluster {
     pub logs: PathBuf,
     pub master: Proc,
     pub chunkservers: Vec<Proc>,
+    /// The chunkservers' small file systems (empty without `small_disk_mib`); declared
+    /// after the processes so they are unmounted after the processes were killed.
+    pub disks: Vec<SmallDisk>,
 }
 
 impl Cluster {
-    /// Starts the master, then the chunkservers, and waits until all registered.
-    pub async fn start(bin: &Path, root: &Path, cfg: &ClusterConfig) -> Result<Cluster> {
+    /// Starts the master, then the chunkservers, and waits until all registered. Each
+    /// process runs in its place of `net`.
+    pub async fn start(bin: &Path, root: &Path, cfg: &ClusterConfig, net: &Net) -> Result<Cluster> {
         let logs = root.join("logs");
         std::fs::create_dir_all(&logs).map_err(Error::io(&logs))?;
         let mdir = root.join("master");
         let mut master = Proc::new("master", bin, &mdir, &logs, true);
+        master.set_netns(net.netns_of(Target::Master));
         master.set_args(vec![
             "master".into(),
             "--dir".into(),
             mdir.display().to_string(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            format!("{}:0", net.ip(Target::Master)),
             "--replication".into(),
             cfg.replication.to_string(),
             "--chunk-size".into(),
@@ -281,16 +305,22 @@ impl Cluster {
         ]);
         master.start().await?;
         let key = mdir.join("cluster.key");
+        // Declared first so a failed start drops (kills) the processes before unmounting.
+        let mut disks = Vec::new();
         let mut chunkservers = Vec::new();
         for i in 0..cfg.chunkservers {
             let cdir = root.join(format!("cs{i}"));
+            if let Some(mib) = cfg.small_disk_mib {
+                disks.push(SmallDisk::mount(&cdir, mib)?);
+            }
             let mut cs = Proc::new(&format!("cs{i}"), bin, &cdir, &logs, true);
+            cs.set_netns(net.netns_of(Target::Chunkserver(i)));
             cs.set_args(vec![
                 "chunkserver".into(),
                 "--dir".into(),
                 cdir.display().to_string(),
                 "--listen".into(),
-                "127.0.0.1:0".into(),
+                format!("{}:0", net.ip(Target::Chunkserver(i))),
                 "--master".into(),
                 master.addr.clone(),
                 "--cluster-key-file".into(),
@@ -306,6 +336,7 @@ impl Cluster {
             logs,
             master,
             chunkservers,
+            disks,
         };
         cluster.wait_registered().await?;
         Ok(cluster)

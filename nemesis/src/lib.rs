@@ -20,7 +20,9 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod disk;
 pub mod history;
+pub mod net;
 pub mod record;
 pub mod report;
 pub mod run;
@@ -69,6 +71,14 @@ pub enum Error {
     },
     #[error("cannot encode or decode JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("network set-up failed: {what}: {detail}")]
+    Net { what: String, detail: String },
+    #[error("disk fault on {}: {what}: {detail}", dir.display())]
+    Disk {
+        dir: PathBuf,
+        what: String,
+        detail: String,
+    },
 }
 
 impl Error {

@@ -13,6 +13,10 @@ pub struct RunReport {
     pub duration_ms: u64,
     pub clients: usize,
     pub chunkservers: usize,
+    /// Loopback or a namespace per process (only the latter partitions).
+    pub net: crate::net::NetMode,
+    /// Chunkservers on small file systems (only then are disks filled).
+    pub small_disks: bool,
     /// Faults injected, by kind name (`kill_master`, ...).
     pub faults: BTreeMap<String, u64>,
     /// The fault schedule, for reproducing.

@@ -19,6 +19,7 @@
 use crate::checker::{self, Violation, ViolationKind};
 use crate::cluster::{Cluster, ClusterConfig, Proc, ProcState};
 use crate::history::History;
+use crate::net::{Net, NetMode};
 use crate::report::{Report, RunReport};
 use crate::schedule::{self, Action, ScheduleConfig, Target};
 use crate::workload::{self, file_path};
@@ -54,6 +55,8 @@ pub struct RunConfig {
     /// Keep every run's directory under this one (failing runs are always kept).
     pub keep_dir: Option<PathBuf>,
     pub cluster: ClusterConfig,
+    /// Loopback, or a namespace per process (partitions).
+    pub net: NetMode,
 }
 
 /// Runs `runs` runs with seeds `cfg.seed`, `cfg.seed + 1`, ...; `on_run` sees each
@@ -113,16 +116,18 @@ struct Clients {
 }
 
 impl Clients {
-    fn new(cfg: &RunConfig, root: &Path, logs: &Path, master: &str) -> Self {
+    fn new(cfg: &RunConfig, root: &Path, logs: &Path, master: &str, net: &Net) -> Self {
         let procs = (0..cfg.clients)
             .map(|i| {
-                Proc::new(
+                let mut p = Proc::new(
                     &format!("client{i}"),
                     &cfg.bin,
                     &root.join("clients"),
                     logs,
                     false,
-                )
+                );
+                p.set_netns(net.netns_of(Target::Client(i)));
+                p
             })
             .collect();
         Self {
@@ -200,9 +205,33 @@ async fn apply(
     cluster: &mut Cluster,
     clients: &mut Clients,
     killed: &mut [bool],
+    net: &Net,
 ) -> Result<()> {
-    tracing::info!(target_proc = %step.target, action = ?step.action, kind = step.kind.name(), "nemesis step");
+    tracing::info!(
+        target_proc = %step.target,
+        action = ?step.action,
+        kind = step.kind.name(),
+        cut = %step.cut.map(|c| c.to_string()).unwrap_or_default(),
+        "nemesis step"
+    );
     match (step.target, step.action) {
+        (_, Action::Partition) => {
+            if let Some(cut) = &step.cut {
+                net.partition(cut)?;
+            }
+        }
+        (_, Action::HealNetwork) => net.heal()?,
+        (Target::Chunkserver(i), Action::FillDisk) => {
+            if let Some(d) = cluster.disks.get(i) {
+                let took = d.fill()?;
+                tracing::info!(chunkserver = i, bytes = took, "disk filled");
+            }
+        }
+        (Target::Chunkserver(i), Action::FreeDisk) => {
+            if let Some(d) = cluster.disks.get(i) {
+                d.free()?;
+            }
+        }
         (Target::Client(i), Action::Kill) => {
             killed[i] = true;
             clients.procs[i].kill();
@@ -219,7 +248,7 @@ async fn apply(
             let p = match server {
                 Target::Master => &mut cluster.master,
                 Target::Chunkserver(i) => &mut cluster.chunkservers[i],
-                Target::Client(_) => return Ok(()),
+                Target::Client(_) | Target::Network => return Ok(()),
             };
             match action {
                 Action::Kill => p.kill(),
@@ -230,6 +259,7 @@ async fn apply(
                 }
                 Action::Stop => p.stop()?,
                 Action::Cont => p.cont()?,
+                Action::Partition | Action::HealNetwork | Action::FillDisk | Action::FreeDisk => {}
             }
         }
     }
@@ -250,30 +280,43 @@ async fn connect(addr: &str) -> Result<Client> {
 
 async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     let started = Instant::now();
-    let mut cluster = Cluster::start(&cfg.bin, root, &cfg.cluster).await?;
+    let net = match cfg.net {
+        NetMode::Loopback => Net::loopback(),
+        NetMode::Namespaces => {
+            let mut hosts = vec![Target::Master];
+            hosts.extend((0..cfg.cluster.chunkservers).map(Target::Chunkserver));
+            hosts.extend((0..cfg.clients).map(Target::Client));
+            Net::namespaces(&hosts)?
+        }
+    };
+    let mut cluster = Cluster::start(&cfg.bin, root, &cfg.cluster, &net).await?;
     let master = cluster.master_addr().to_string();
-    tracing::info!(seed = cfg.seed, %master, dir = %root.display(), "nemesis run starting");
+    tracing::info!(seed = cfg.seed, %master, dir = %root.display(), net = ?net.mode(), "nemesis run starting");
 
     // 1. The shared files, created empty and closed.
-    let admin = connect(&master).await?;
-    admin.mkdir(DIR, true).await?;
-    for f in 0..FILES {
-        let mut w = admin
-            .create(
-                &file_path(DIR, f),
-                CreateOptions {
-                    replication: Some(cfg.cluster.replication),
-                    ..CreateOptions::default()
-                },
-            )
-            .await?;
-        w.close().await?;
-    }
-    drop(admin);
+    let (m, replication) = (master.clone(), cfg.cluster.replication);
+    net.admin(move || async move {
+        let admin = connect(&m).await?;
+        admin.mkdir(DIR, true).await?;
+        for f in 0..FILES {
+            let mut w = admin
+                .create(
+                    &file_path(DIR, f),
+                    CreateOptions {
+                        replication: Some(replication),
+                        ..CreateOptions::default()
+                    },
+                )
+                .await?;
+            w.close().await?;
+        }
+        Ok(())
+    })
+    .await?;
 
     // 2. Clients.
     let logs = cluster.logs.clone();
-    let mut clients = Clients::new(cfg, root, &logs, &master);
+    let mut clients = Clients::new(cfg, root, &logs, &master, &net);
     for i in 0..cfg.clients {
         clients.start(i).await?;
     }
@@ -286,10 +329,14 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             chunkservers: cluster.chunkservers.len(),
             clients: cfg.clients,
             lease_hard: cfg.cluster.lease_hard,
+            partitions: net.mode() == NetMode::Namespaces,
+            disk_faults: !cluster.disks.is_empty(),
         },
     );
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
     let mut killed = vec![false; cfg.clients];
+    let steps_log = logs.join("nemesis-steps.log");
+    let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
     let t0 = Instant::now();
     for step in schedule::steps(&faults) {
         while t0.elapsed() < step.at {
@@ -297,8 +344,21 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             let left = step.at.saturating_sub(t0.elapsed());
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
-        apply(&step, &mut cluster, &mut clients, &mut killed).await?;
-        if matches!(step.action, Action::Kill | Action::Stop) {
+        {
+            use std::io::Write;
+            let cut = step.cut.map(|c| format!(" {c}")).unwrap_or_default();
+            writeln!(
+                steps_out,
+                "{:>8.3}s {:?} {}{cut} ({})",
+                t0.elapsed().as_secs_f64(),
+                step.action,
+                step.target,
+                step.kind.name()
+            )
+            .map_err(Error::io(&steps_log))?;
+        }
+        apply(&step, &mut cluster, &mut clients, &mut killed, &net).await?;
+        if step.action.starts_fault() {
             *injected.entry(step.kind.name().to_string()).or_default() += 1;
         }
     }
@@ -308,6 +368,12 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     }
 
     // 4. Heal (the schedule healed every fault already; this is the safety net).
+    if net.mode() == NetMode::Namespaces {
+        net.heal()?;
+    }
+    for d in &cluster.disks {
+        d.free()?;
+    }
     for p in std::iter::once(&mut cluster.master).chain(cluster.chunkservers.iter_mut()) {
         p.cont()?;
         if p.state() == ProcState::Dead {
@@ -326,8 +392,9 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // Every chunkserver registered with the (perhaps just restarted) master: until
     // then the only replica of a chunk may be unknown to it.
-    let admin = connect(&master).await?;
-    wait_all_live(&admin, cluster.chunkservers.len()).await?;
+    let (m, n) = (master.clone(), cluster.chunkservers.len());
+    net.admin(move || async move { wait_all_live(&connect(&m).await?, n).await })
+        .await?;
 
     // 5. Drain.
     let stop = clients.stop_file();
@@ -347,12 +414,19 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     }
 
     // 6. Recover what is still open, read the final files.
-    let mut files = BTreeMap::new();
-    for f in 0..FILES {
-        let path = file_path(DIR, f);
-        recover(&admin, &path).await?;
-        files.insert(f, read_final(&admin, &path).await?);
-    }
+    let m = master.clone();
+    let files = net
+        .admin(move || async move {
+            let admin = connect(&m).await?;
+            let mut files = BTreeMap::new();
+            for f in 0..FILES {
+                let path = file_path(DIR, f);
+                recover(&admin, &path).await?;
+                files.insert(f, read_final(&admin, &path).await?);
+            }
+            Ok(files)
+        })
+        .await?;
     // Kept for the evidence of a failing run.
     let final_dir = root.join("final");
     std::fs::create_dir_all(&final_dir).map_err(Error::io(&final_dir))?;
@@ -366,7 +440,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     let mut violations = checker::check(&files, &history.acks, &history.reads);
 
     // 8. fsck.
-    let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master).await {
+    let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master, &net).await {
         Ok(()) => true,
         Err(last) => {
             violations.push(Violation {
@@ -389,7 +463,14 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     let unexpected_exits = std::mem::take(&mut clients.unexpected_exits);
     drop(clients);
+    if violations.is_empty() && cfg.keep_dir.is_none() {
+        // Otherwise the replicas on small disks are copied out before the unmount.
+        for d in &cluster.disks {
+            d.discard();
+        }
+    }
     drop(cluster);
+    drop(net);
     tracing::info!(
         seed = cfg.seed,
         secs = started.elapsed().as_secs(),
@@ -400,6 +481,8 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         duration_ms: cfg.duration.as_millis() as u64,
         clients: cfg.clients,
         chunkservers: cfg.cluster.chunkservers,
+        net: cfg.net,
+        small_disks: cfg.cluster.small_disk_mib.is_some(),
         faults: injected,
         schedule: faults,
         sessions: history.sessions,
@@ -479,15 +562,17 @@ async fn recover(admin: &Client, path: &str) -> Result<()> {
 }
 
 /// Runs `stampfs fsck --json` until it reports healthy; the last answer otherwise.
-async fn wait_fsck_healthy(bin: &Path, master: &str) -> Result<(), String> {
+async fn wait_fsck_healthy(bin: &Path, master: &str, net: &Net) -> Result<(), String> {
     let deadline = Instant::now() + FSCK_TIMEOUT;
     loop {
-        let out = tokio::process::Command::new(bin)
-            .args(["fsck", "--json"])
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["fsck", "--json"])
             .env("STAMPFS_MASTER", master)
-            .env("RUST_LOG", "warn")
-            .output()
-            .await;
+            .env("RUST_LOG", "warn");
+        if let Some(ns) = net.runner_netns() {
+            crate::net::enter_on_exec(&mut cmd, &ns).map_err(|e| e.to_string())?;
+        }
+        let out = tokio::process::Command::from(cmd).output().await;
         let last = match out {
             Ok(o) => match fsck_verdict(&o.stdout) {
                 Some(true) => return Ok(()),

@@ -1,12 +1,14 @@
 //! The fault schedule of one run: pure, a function of the seed and the cluster's shape.
 //!
 //! [`plan`] draws [`Fault`]s one after another (a random gap, a kind, a target, how
-//! long it lasts) under two rules: a process has at most one fault at a time, and at
-//! most one chunkserver is down or stopped at any moment, so with replication 3 on 4
-//! chunkservers the cluster stays writable. Faults on different processes overlap
-//! freely (the master down while a client is frozen and a chunkserver is killed: the
-//! combinations are the point). Every fault ends within the run's duration.
-//! [`steps`] turns the faults into the timeline of signals the run sends.
+//! long it lasts) under three rules: a process has at most one fault of its own at a
+//! time; the network has at most one partition ([`Cut`]) at a time; and at most one
+//! chunkserver is *impaired* at any moment (killed, stopped, its disk full, or cut off
+//! from the master or from other chunkservers, see [`Cut::impaired_chunkservers`]), so
+//! with replication 3 on 4 chunkservers the cluster stays writable. Faults on different
+//! processes overlap freely (the master partitioned away while a client is frozen and a
+//! chunkserver is killed: the combinations are the point). Every fault ends within the
+//! run's duration. [`steps`] turns the faults into the timeline the run carries out.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,6 +22,20 @@ pub enum Target {
     Master,
     Chunkserver(usize),
     Client(usize),
+    /// The network between processes (the target of a partition).
+    Network,
+}
+
+impl Target {
+    /// This process's bit in a [`Group`] (`None` for [`Target::Network`]).
+    fn bit(self) -> Option<u32> {
+        match self {
+            Target::Master => Some(0),
+            Target::Chunkserver(i) if i < 31 => Some(1 + i as u32),
+            Target::Client(i) if i < 32 => Some(32 + i as u32),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Target {
@@ -28,6 +44,7 @@ impl std::fmt::Display for Target {
             Target::Master => write!(f, "master"),
             Target::Chunkserver(i) => write!(f, "cs{i}"),
             Target::Client(i) => write!(f, "client{i}"),
+            Target::Network => write!(f, "network"),
         }
     }
 }
@@ -45,11 +62,15 @@ pub enum FaultKind {
     /// A client SIGSTOPped for longer than the hard lease limit: its lease is recovered
     /// while it sleeps, and it must be fenced when it wakes.
     FreezeClientPastHardLease,
+    /// Traffic between two groups of processes dropped (both ways, silently).
+    Partition,
+    /// A chunkserver's data file system filled to the last byte.
+    FillDisk,
 }
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::KillChunkserver,
         FaultKind::KillMaster,
         FaultKind::KillClient,
@@ -57,6 +78,8 @@ impl FaultKind {
         FaultKind::StopMaster,
         FaultKind::StopClient,
         FaultKind::FreezeClientPastHardLease,
+        FaultKind::Partition,
+        FaultKind::FillDisk,
     ];
 
     /// The report's name of the kind.
@@ -69,6 +92,8 @@ impl FaultKind {
             FaultKind::StopMaster => "stop_master",
             FaultKind::StopClient => "stop_client",
             FaultKind::FreezeClientPastHardLease => "freeze_client_past_hard_lease",
+            FaultKind::Partition => "partition",
+            FaultKind::FillDisk => "fill_disk",
         }
     }
 
@@ -80,9 +105,14 @@ impl FaultKind {
         )
     }
 
-    /// How often the kind is drawn, relative to the others.
-    fn weight(self) -> u32 {
+    /// How often the kind is drawn, relative to the others (0: never, because the run
+    /// cannot inject it).
+    fn weight(self, cfg: &ScheduleConfig) -> u32 {
         match self {
+            FaultKind::Partition if !cfg.partitions => 0,
+            FaultKind::FillDisk if !cfg.disk_faults => 0,
+            FaultKind::Partition => 4,
+            FaultKind::FillDisk => 2,
             FaultKind::KillChunkserver => 3,
             FaultKind::KillMaster => 2,
             FaultKind::KillClient => 3,
@@ -94,6 +124,98 @@ impl FaultKind {
     }
 }
 
+/// A set of processes, as a bit set (see `Target::bit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Group(pub u64);
+
+impl Group {
+    /// The group of `members`.
+    pub fn of(members: &[Target]) -> Group {
+        let mut g = Group(0);
+        for &m in members {
+            g.insert(m);
+        }
+        g
+    }
+
+    pub fn insert(&mut self, t: Target) {
+        if let Some(b) = t.bit() {
+            self.0 |= 1 << b;
+        }
+    }
+
+    pub fn contains(self, t: Target) -> bool {
+        t.bit().is_some_and(|b| self.0 & (1 << b) != 0)
+    }
+
+    /// The members, master first, then chunkservers, then clients.
+    pub fn members(self) -> Vec<Target> {
+        (0..64u32)
+            .filter(|b| self.0 & (1 << b) != 0)
+            .map(|b| match b {
+                0 => Target::Master,
+                1..=31 => Target::Chunkserver(b as usize - 1),
+                _ => Target::Client(b as usize - 32),
+            })
+            .collect()
+    }
+
+    fn chunkservers(self) -> usize {
+        self.members()
+            .iter()
+            .filter(|t| matches!(t, Target::Chunkserver(_)))
+            .count()
+    }
+}
+
+impl std::fmt::Display for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.members().iter().map(|t| t.to_string()).collect();
+        write!(f, "{{{}}}", names.join(","))
+    }
+}
+
+/// A network partition: no packet from a member of `a` reaches a member of `b`, and no
+/// packet from `b` reaches `a`. Processes in neither group talk to everyone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    pub a: Group,
+    pub b: Group,
+}
+
+impl Cut {
+    /// How many chunkservers the cut takes out of the cluster's write path: those on the
+    /// side away from the master, or, when the master is in neither group, the smaller
+    /// side's (a chunkserver cut from another cannot be in one pipeline with it). A cut
+    /// that leaves the master no chunkserver at all counts as 0: it is a master outage
+    /// (nobody can write), like stopping the master, not a loss of replicas.
+    pub fn impaired_chunkservers(&self, chunkservers: usize) -> usize {
+        let (a, b) = (self.a.chunkservers(), self.b.chunkservers());
+        if self.a.contains(Target::Master) || self.b.contains(Target::Master) {
+            let (master_side, away) = if self.a.contains(Target::Master) {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            // Chunkservers in neither group still reach the master.
+            let with_master = master_side + (chunkservers - a - b);
+            if with_master == 0 {
+                0
+            } else {
+                away
+            }
+        } else {
+            a.min(b)
+        }
+    }
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} | {}", self.a, self.b)
+    }
+}
+
 /// One fault: from `at`, for `hold`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
@@ -101,6 +223,9 @@ pub struct Fault {
     pub hold: Duration,
     pub kind: FaultKind,
     pub target: Target,
+    /// The partition of a [`FaultKind::Partition`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
 }
 
 impl Fault {
@@ -119,22 +244,73 @@ pub struct ScheduleConfig {
     /// The master's hard lease limit: a [`FaultKind::FreezeClientPastHardLease`] lasts
     /// longer than this.
     pub lease_hard: Duration,
+    /// The run can partition the network (every process in its own namespace).
+    pub partitions: bool,
+    /// The run can fill a chunkserver's disk (its data dir is a small file system).
+    pub disk_faults: bool,
 }
 
 fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(rng.gen_range(lo..=hi))
 }
 
-fn draw_kind(rng: &mut StdRng) -> FaultKind {
-    let total: u32 = FaultKind::ALL.iter().map(|k| k.weight()).sum();
+fn draw_kind(rng: &mut StdRng, cfg: &ScheduleConfig) -> FaultKind {
+    let total: u32 = FaultKind::ALL.iter().map(|k| k.weight(cfg)).sum();
     let mut x = rng.gen_range(0..total);
     for k in FaultKind::ALL {
-        if x < k.weight() {
+        if x < k.weight(cfg) {
             return k;
         }
-        x -= k.weight();
+        x -= k.weight(cfg);
     }
     FaultKind::KillClient
+}
+
+/// A random partition of the run's processes: one process isolated from all others,
+/// two halves, or one pair of processes cut from each other.
+fn draw_cut(rng: &mut StdRng, cfg: &ScheduleConfig) -> Cut {
+    let mut all = vec![Target::Master];
+    all.extend((0..cfg.chunkservers).map(Target::Chunkserver));
+    all.extend((0..cfg.clients).map(Target::Client));
+    let pick = |rng: &mut StdRng, from: &[Target]| from[rng.gen_range(0..from.len())];
+    match rng.gen_range(0..3) {
+        0 => {
+            let x = pick(rng, &all);
+            let rest: Vec<Target> = all.iter().copied().filter(|&t| t != x).collect();
+            Cut {
+                a: Group::of(&[x]),
+                b: Group::of(&rest),
+            }
+        }
+        1 => {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for &t in &all {
+                if rng.gen_bool(0.5) {
+                    a.push(t)
+                } else {
+                    b.push(t)
+                }
+            }
+            if a.is_empty() {
+                a.push(b.remove(0));
+            } else if b.is_empty() {
+                b.push(a.remove(0));
+            }
+            Cut {
+                a: Group::of(&a),
+                b: Group::of(&b),
+            }
+        }
+        _ => {
+            let x = pick(rng, &all);
+            let rest: Vec<Target> = all.iter().copied().filter(|&t| t != x).collect();
+            let y = pick(rng, &rest);
+            Cut {
+                a: Group::of(&[x]),
+                b: Group::of(&[y]),
+            }
+        }
+    }
 }
 
 /// The faults of the run with `seed`, in start order.
@@ -142,13 +318,15 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut faults = Vec::new();
     let mut busy_until: HashMap<Target, Duration> = HashMap::new();
+    // The one chunkserver that may be impaired at a time, by whatever fault.
     let mut chunkserver_busy_until = Duration::ZERO;
     let mut t = ms(&mut rng, 300, 1000);
     while t < cfg.duration {
-        let kind = draw_kind(&mut rng);
+        let kind = draw_kind(&mut rng, &cfg);
+        let mut cut = None;
         let target = match kind {
             FaultKind::KillMaster | FaultKind::StopMaster => Target::Master,
-            FaultKind::KillChunkserver | FaultKind::StopChunkserver => {
+            FaultKind::KillChunkserver | FaultKind::StopChunkserver | FaultKind::FillDisk => {
                 if cfg.chunkservers == 0 {
                     t += Duration::from_millis(100);
                     continue;
@@ -164,24 +342,34 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
                 }
                 Target::Client(rng.gen_range(0..cfg.clients))
             }
+            FaultKind::Partition => {
+                cut = Some(draw_cut(&mut rng, &cfg));
+                Target::Network
+            }
         };
         let hold = match kind {
             FaultKind::FreezeClientPastHardLease => cfg.lease_hard + ms(&mut rng, 1000, 2500),
             FaultKind::KillMaster | FaultKind::StopMaster => ms(&mut rng, 300, 2500),
+            FaultKind::Partition => ms(&mut rng, 500, 4000),
             _ => ms(&mut rng, 300, 3000),
         };
+        let impaired = match (target, cut) {
+            (_, Some(c)) => c.impaired_chunkservers(cfg.chunkservers),
+            (Target::Chunkserver(_), None) => 1,
+            _ => 0,
+        };
         let free = busy_until.get(&target).is_none_or(|&u| u <= t);
-        let chunkserver_free =
-            !matches!(target, Target::Chunkserver(_)) || chunkserver_busy_until <= t;
+        let chunkserver_free = impaired == 0 || (impaired == 1 && chunkserver_busy_until <= t);
         if free && chunkserver_free && t + hold <= cfg.duration {
             faults.push(Fault {
                 at: t,
                 hold,
                 kind,
                 target,
+                cut,
             });
             busy_until.insert(target, t + hold);
-            if matches!(target, Target::Chunkserver(_)) {
+            if impaired > 0 {
                 chunkserver_busy_until = t + hold;
             }
             t += ms(&mut rng, 200, 1200);
@@ -192,7 +380,7 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
     faults
 }
 
-/// A signal the run sends.
+/// What the run does at a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {
     /// SIGKILL (and reap).
@@ -203,6 +391,24 @@ pub enum Action {
     Stop,
     /// SIGCONT.
     Cont,
+    /// Drop the traffic of the step's cut.
+    Partition,
+    /// Let all traffic through again.
+    HealNetwork,
+    /// Fill the chunkserver's file system.
+    FillDisk,
+    /// Free what the fill took.
+    FreeDisk,
+}
+
+impl Action {
+    /// True for the step that starts a fault (false: it heals one).
+    pub fn starts_fault(self) -> bool {
+        matches!(
+            self,
+            Action::Kill | Action::Stop | Action::Partition | Action::FillDisk
+        )
+    }
 }
 
 /// One entry of the timeline.
@@ -213,31 +419,36 @@ pub struct Step {
     pub action: Action,
     /// The fault this step starts or heals.
     pub kind: FaultKind,
+    /// The partition a [`Action::Partition`] makes.
+    pub cut: Option<Cut>,
 }
 
 /// The timeline of `faults`, by time; at the same instant heals come first.
 pub fn steps(faults: &[Fault]) -> Vec<Step> {
     let mut out = Vec::with_capacity(faults.len() * 2);
     for f in faults {
-        let (start, heal) = if f.kind.is_kill() {
-            (Action::Kill, Action::Restart)
-        } else {
-            (Action::Stop, Action::Cont)
+        let (start, heal) = match f.kind {
+            FaultKind::Partition => (Action::Partition, Action::HealNetwork),
+            FaultKind::FillDisk => (Action::FillDisk, Action::FreeDisk),
+            k if k.is_kill() => (Action::Kill, Action::Restart),
+            _ => (Action::Stop, Action::Cont),
         };
         out.push(Step {
             at: f.at,
             target: f.target,
             action: start,
             kind: f.kind,
+            cut: f.cut,
         });
         out.push(Step {
             at: f.end(),
             target: f.target,
             action: heal,
             kind: f.kind,
+            cut: None,
         });
     }
-    let heals_first = |a: Action| u8::from(matches!(a, Action::Kill | Action::Stop));
+    let heals_first = |a: Action| u8::from(a.starts_fault());
     out.sort_by_key(|s| (s.at, heals_first(s.action)));
     out
 }
@@ -252,6 +463,17 @@ mod tests {
             chunkservers: 4,
             clients: 3,
             lease_hard: Duration::from_secs(3),
+            partitions: true,
+            disk_faults: true,
+        }
+    }
+
+    /// The chunkservers a fault takes out of the write path.
+    fn impaired(f: &Fault) -> usize {
+        match (f.target, f.cut) {
+            (_, Some(c)) => c.impaired_chunkservers(4),
+            (Target::Chunkserver(_), None) => 1,
+            _ => 0,
         }
     }
 
@@ -262,13 +484,11 @@ mod tests {
     }
 
     #[test]
-    fn at_most_one_chunkserver_is_down_or_stopped_at_any_time() {
+    fn at_most_one_chunkserver_is_impaired_at_any_time() {
         for seed in 0..200 {
             let p = plan(seed, cfg(30));
-            let cs: Vec<&Fault> = p
-                .iter()
-                .filter(|f| matches!(f.target, Target::Chunkserver(_)))
-                .collect();
+            assert!(p.iter().all(|f| impaired(f) <= 1), "seed {seed}");
+            let cs: Vec<&Fault> = p.iter().filter(|f| impaired(f) == 1).collect();
             for w in cs.windows(2) {
                 assert!(
                     w[0].end() <= w[1].at,
@@ -336,11 +556,12 @@ mod tests {
         for step in &s {
             let d = down.entry(step.target).or_default();
             match step.action {
-                Action::Kill | Action::Stop => {
+                a if a.starts_fault() => {
                     assert!(!*d, "{step:?} while already faulted");
+                    assert_eq!(step.cut.is_some(), a == Action::Partition, "{step:?}");
                     *d = true;
                 }
-                Action::Restart | Action::Cont => {
+                _ => {
                     assert!(*d, "{step:?} heals nothing");
                     *d = false;
                 }
@@ -356,15 +577,101 @@ mod tests {
             hold: Duration::from_secs(1),
             kind: FaultKind::StopChunkserver,
             target: Target::Chunkserver(0),
+            cut: None,
         };
         let b = Fault {
             at: Duration::from_secs(2),
             hold: Duration::from_secs(1),
             kind: FaultKind::KillChunkserver,
             target: Target::Chunkserver(1),
+            cut: None,
         };
         let s = steps(&[a, b]);
         assert_eq!(s[1].action, Action::Cont);
         assert_eq!(s[2].action, Action::Kill);
+    }
+
+    #[test]
+    fn a_run_without_namespaces_or_small_disks_draws_neither_fault() {
+        let c = ScheduleConfig {
+            partitions: false,
+            disk_faults: false,
+            ..cfg(30)
+        };
+        let kinds: std::collections::HashSet<FaultKind> =
+            (0..50).flat_map(|s| plan(s, c)).map(|f| f.kind).collect();
+        assert!(!kinds.contains(&FaultKind::Partition));
+        assert!(!kinds.contains(&FaultKind::FillDisk));
+    }
+
+    #[test]
+    fn partitions_have_two_disjoint_nonempty_groups_of_real_processes() {
+        let cuts: Vec<Cut> = (0..100)
+            .flat_map(|s| plan(s, cfg(30)))
+            .filter_map(|f| f.cut)
+            .collect();
+        assert!(cuts.len() > 50);
+        for c in cuts {
+            assert!(c.a.0 != 0 && c.b.0 != 0, "{c}");
+            assert_eq!(c.a.0 & c.b.0, 0, "{c}");
+            for t in c.a.members().into_iter().chain(c.b.members()) {
+                match t {
+                    Target::Chunkserver(i) => assert!(i < 4),
+                    Target::Client(i) => assert!(i < 3),
+                    Target::Master => {}
+                    Target::Network => panic!("{c}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn impaired_chunkservers_counts_those_cut_from_the_master_or_from_each_other() {
+        let cs = Target::Chunkserver;
+        let cut = |a: &[Target], b: &[Target]| Cut {
+            a: Group::of(a),
+            b: Group::of(b),
+        };
+        // One chunkserver isolated.
+        let everyone_else = [Target::Master, cs(1), cs(2), cs(3), Target::Client(0)];
+        assert_eq!(cut(&[cs(0)], &everyone_else).impaired_chunkservers(4), 1);
+        // The master isolated: an outage of the master, no replica lost.
+        assert_eq!(
+            cut(&[Target::Master], &[cs(0), cs(1), cs(2), cs(3)]).impaired_chunkservers(4),
+            0
+        );
+        // Halves: two chunkservers away from the master.
+        assert_eq!(
+            cut(&[Target::Master, cs(0), cs(1)], &[cs(2), cs(3)]).impaired_chunkservers(4),
+            2
+        );
+        // A pair of chunkservers cut from each other: one of them is out of the pipelines.
+        assert_eq!(cut(&[cs(1)], &[cs(2)]).impaired_chunkservers(4), 1);
+        // A client cut from a chunkserver, or from the master: no chunkserver impaired.
+        assert_eq!(
+            cut(&[Target::Client(0)], &[cs(2)]).impaired_chunkservers(4),
+            0
+        );
+        assert_eq!(
+            cut(&[Target::Client(0)], &[Target::Master]).impaired_chunkservers(4),
+            0
+        );
+        // The master with one chunkserver, cut from a client only: the others still
+        // reach the master.
+        assert_eq!(
+            cut(&[Target::Master, cs(0)], &[Target::Client(1)]).impaired_chunkservers(4),
+            0
+        );
+    }
+
+    #[test]
+    fn a_group_lists_its_members_and_prints_them() {
+        let g = Group::of(&[Target::Client(2), Target::Master, Target::Chunkserver(3)]);
+        assert_eq!(
+            g.members(),
+            vec![Target::Master, Target::Chunkserver(3), Target::Client(2)]
+        );
+        assert!(g.contains(Target::Chunkserver(3)) && !g.contains(Target::Chunkserver(0)));
+        assert_eq!(g.to_string(), "{master,cs3,client2}");
     }
 }
