@@ -298,6 +298,10 @@ pub struct NemesisArgs {
     /// Client processes (each a writer and a reader).
     #[arg(long, default_value_t = 3)]
     pub clients: usize,
+    /// How many of the clients write and read through a FUSE mount of their own
+    /// instead of the client library (default 1 where FUSE works, else 0).
+    #[arg(long)]
+    pub mounts: Option<usize>,
     /// Write the report of every run as JSON to FILE.
     #[arg(long)]
     pub json: Option<PathBuf>,

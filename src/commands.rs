@@ -549,11 +549,22 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         None if root => Some(512),
         None => None,
     };
+    let fuse_missing = stampfs_nemesis::clients::fuse_unavailable();
+    let mounts = match (args.mounts, &fuse_missing) {
+        (Some(0), _) | (None, Some(_)) => 0,
+        (Some(n), None) => n.min(args.clients),
+        (None, None) => 1.min(args.clients),
+        (Some(_), Some(why)) => {
+            eprintln!("stampfs: error: nemesis: --mounts: FUSE cannot run here: {why}");
+            return EXIT_ERROR;
+        }
+    };
     let cfg = stampfs_nemesis::run::RunConfig {
         bin,
         seed,
         duration: args.duration,
         clients: args.clients,
+        mounts,
         keep_dir: args.keep_dir,
         cluster: stampfs_nemesis::cluster::ClusterConfig {
             small_disk_mib,
@@ -562,7 +573,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         net,
     };
     println!(
-        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients, network: {}, disks: {}",
+        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients ({mounts} through FUSE), network: {}, disks: {}",
         args.runs,
         humantime::format_duration(args.duration),
         args.clients,
@@ -577,6 +588,9 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
     );
     if let Some(why) = why_not {
         println!("nemesis: {why}");
+    }
+    if let (Some(why), None) = (&fuse_missing, args.mounts) {
+        println!("nemesis: no FUSE clients: {why}");
     }
     let result =
         stampfs_nemesis::run::run_many(&cfg, args.runs, |r| println!("{}", r.summary())).await;

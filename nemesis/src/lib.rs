@@ -19,9 +19,11 @@
 //! fail points (later increments of issue 14).
 
 pub mod checker;
+pub mod clients;
 pub mod cluster;
 pub mod disk;
 pub mod history;
+pub mod mount_workload;
 pub mod net;
 pub mod record;
 pub mod report;

@@ -12,6 +12,9 @@ pub struct RunReport {
     pub seed: u64,
     pub duration_ms: u64,
     pub clients: usize,
+    /// Of the clients, those writing through a FUSE mount.
+    #[serde(default)]
+    pub mount_clients: usize,
     pub chunkservers: usize,
     /// Loopback or a namespace per process (only the latter partitions).
     pub net: crate::net::NetMode,

@@ -17,7 +17,8 @@
 //! The run's directory is removed unless the run failed or `keep_dir` was given.
 
 use crate::checker::{self, Violation, ViolationKind};
-use crate::cluster::{Cluster, ClusterConfig, Proc, ProcState};
+use crate::clients::{ClientSpec, Clients};
+use crate::cluster::{Cluster, ClusterConfig, ProcState};
 use crate::history::History;
 use crate::net::{Net, NetMode};
 use crate::report::{Report, RunReport};
@@ -52,6 +53,8 @@ pub struct RunConfig {
     pub seed: u64,
     pub duration: Duration,
     pub clients: usize,
+    /// How many of the clients write through a FUSE mount (the last ones).
+    pub mounts: usize,
     /// Keep every run's directory under this one (failing runs are always kept).
     pub keep_dir: Option<PathBuf>,
     pub cluster: ClusterConfig,
@@ -106,105 +109,10 @@ pub async fn run_once(cfg: &RunConfig) -> Result<RunReport> {
     }
 }
 
-/// The client processes and their bookkeeping.
-struct Clients {
-    procs: Vec<Proc>,
-    root: PathBuf,
-    master: String,
-    seed: u64,
-    unexpected_exits: Vec<String>,
-}
-
-impl Clients {
-    fn new(cfg: &RunConfig, root: &Path, logs: &Path, master: &str, net: &Net) -> Self {
-        let procs = (0..cfg.clients)
-            .map(|i| {
-                let mut p = Proc::new(
-                    &format!("client{i}"),
-                    &cfg.bin,
-                    &root.join("clients"),
-                    logs,
-                    false,
-                );
-                p.set_netns(net.netns_of(Target::Client(i)));
-                p
-            })
-            .collect();
-        Self {
-            procs,
-            root: root.to_path_buf(),
-            master: master.to_string(),
-            seed: cfg.seed,
-            unexpected_exits: Vec::new(),
-        }
-    }
-
-    fn stop_file(&self) -> PathBuf {
-        self.root.join("stop")
-    }
-
-    fn history_dir(&self) -> PathBuf {
-        self.root.join("history")
-    }
-
-    /// Starts client `i` as a new incarnation.
-    async fn start(&mut self, i: usize) -> Result<()> {
-        let history_dir = self.history_dir();
-        std::fs::create_dir_all(&history_dir).map_err(Error::io(&history_dir))?;
-        let stop = self.stop_file();
-        let (master, seed) = (self.master.clone(), self.seed);
-        let p = &mut self.procs[i];
-        let nonce = p.incarnation + 1;
-        p.set_args(vec![
-            "nemesis-client".into(),
-            "--master".into(),
-            master,
-            "--client".into(),
-            i.to_string(),
-            "--nonce".into(),
-            nonce.to_string(),
-            "--seed".into(),
-            (seed ^ ((i as u64) << 32) ^ (nonce << 48)).to_string(),
-            "--history".into(),
-            history_dir
-                .join(format!("client{i}-{nonce}.jsonl"))
-                .display()
-                .to_string(),
-            "--stop-file".into(),
-            stop.display().to_string(),
-            "--files".into(),
-            FILES.to_string(),
-            "--dir".into(),
-            DIR.into(),
-        ]);
-        p.start().await
-    }
-
-    /// Restarts every client that exited without being killed (`killed[i]`), noting it.
-    async fn restart_exited(&mut self, killed: &[bool]) -> Result<()> {
-        for i in 0..self.procs.len() {
-            if killed.get(i).copied().unwrap_or(false) {
-                continue;
-            }
-            if let Some(status) = self.procs[i].exited() {
-                let note = format!(
-                    "client{i} (incarnation {}) exited by itself: {status}",
-                    self.procs[i].incarnation
-                );
-                tracing::warn!(%note);
-                self.unexpected_exits.push(note);
-                self.start(i).await?;
-            }
-        }
-        Ok(())
-    }
-}
-
 async fn apply(
     step: &schedule::Step,
     cluster: &mut Cluster,
     clients: &mut Clients,
-    killed: &mut [bool],
     net: &Net,
 ) -> Result<()> {
     tracing::info!(
@@ -232,18 +140,10 @@ async fn apply(
                 d.free()?;
             }
         }
-        (Target::Client(i), Action::Kill) => {
-            killed[i] = true;
-            clients.procs[i].kill();
-        }
-        (Target::Client(i), Action::Restart) => {
-            killed[i] = false;
-            if clients.procs[i].state() == ProcState::Dead {
-                clients.start(i).await?;
-            }
-        }
-        (Target::Client(i), Action::Stop) => clients.procs[i].stop()?,
-        (Target::Client(i), Action::Cont) => clients.procs[i].cont()?,
+        (Target::Client(i), Action::Kill) => clients.kill(i),
+        (Target::Client(i), Action::Restart) => clients.restart(i).await?,
+        (Target::Client(i), Action::Stop) => clients.stop(i)?,
+        (Target::Client(i), Action::Cont) => clients.cont(i)?,
         (server, action) => {
             let p = match server {
                 Target::Master => &mut cluster.master,
@@ -316,7 +216,18 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // 2. Clients.
     let logs = cluster.logs.clone();
-    let mut clients = Clients::new(cfg, root, &logs, &master, &net);
+    let spec = ClientSpec {
+        bin: &cfg.bin,
+        root,
+        logs: &logs,
+        master: &master,
+        seed: cfg.seed,
+        clients: cfg.clients,
+        mounts: cfg.mounts,
+        files: FILES,
+        dir: DIR,
+    };
+    let mut clients = Clients::new(&spec, &net);
     for i in 0..cfg.clients {
         clients.start(i).await?;
     }
@@ -334,13 +245,12 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         },
     );
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
-    let mut killed = vec![false; cfg.clients];
     let steps_log = logs.join("nemesis-steps.log");
     let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
     let t0 = Instant::now();
     for step in schedule::steps(&faults) {
         while t0.elapsed() < step.at {
-            clients.restart_exited(&killed).await?;
+            clients.restart_exited().await?;
             let left = step.at.saturating_sub(t0.elapsed());
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
@@ -357,13 +267,13 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             )
             .map_err(Error::io(&steps_log))?;
         }
-        apply(&step, &mut cluster, &mut clients, &mut killed, &net).await?;
+        apply(&step, &mut cluster, &mut clients, &net).await?;
         if step.action.starts_fault() {
             *injected.entry(step.kind.name().to_string()).or_default() += 1;
         }
     }
     while t0.elapsed() < cfg.duration {
-        clients.restart_exited(&killed).await?;
+        clients.restart_exited().await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -380,15 +290,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             p.start().await?;
         }
     }
-    for i in 0..clients.procs.len() {
-        clients.procs[i].cont()?;
-    }
-    clients.restart_exited(&killed).await?;
-    for (i, k) in killed.iter().enumerate() {
-        if *k && clients.procs[i].state() == ProcState::Dead {
-            clients.start(i).await?;
-        }
-    }
+    clients.heal().await?;
 
     // Every chunkserver registered with the (perhaps just restarted) master: until
     // then the only replica of a chunk may be unknown to it.
@@ -399,19 +301,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     // 5. Drain.
     let stop = clients.stop_file();
     std::fs::write(&stop, b"stop\n").map_err(Error::io(&stop))?;
-    let drain_deadline = Instant::now() + DRAIN_TIMEOUT;
-    for i in 0..clients.procs.len() {
-        let left = drain_deadline.saturating_duration_since(Instant::now());
-        if !clients.procs[i].wait_exit(left).await {
-            let note = format!(
-                "client{i} did not stop within {} s of the heal; killed",
-                DRAIN_TIMEOUT.as_secs()
-            );
-            tracing::warn!(%note);
-            clients.unexpected_exits.push(note);
-            clients.procs[i].kill();
-        }
-    }
+    clients.drain(DRAIN_TIMEOUT).await;
 
     // 6. Recover what is still open, read the final files.
     let m = master.clone();
@@ -480,6 +370,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         seed: cfg.seed,
         duration_ms: cfg.duration.as_millis() as u64,
         clients: cfg.clients,
+        mount_clients: cfg.mounts.min(cfg.clients),
         chunkservers: cfg.cluster.chunkservers,
         net: cfg.net,
         small_disks: cfg.cluster.small_disk_mib.is_some(),

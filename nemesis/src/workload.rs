@@ -56,6 +56,10 @@ pub struct WorkloadConfig {
     /// How often the reader reads every file.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "400ms")]
     pub read_every: Duration,
+    /// Write and read through the `stampfs mount` at this directory instead of the
+    /// client library (see `mount_workload`).
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
 }
 
 /// The path of shared file `id` under `dir`.
@@ -74,11 +78,11 @@ pub fn client_config() -> ClientConfig {
 }
 
 /// The most records a session writes.
-const MAX_RECORDS: u32 = 8;
+pub(crate) const MAX_RECORDS: u32 = 8;
 
 /// A record's payload length: mostly small, sometimes large enough that records
 /// straddle the run's 256 KiB chunks.
-fn payload_len(rng: &mut StdRng) -> u32 {
+pub(crate) fn payload_len(rng: &mut StdRng) -> u32 {
     if rng.gen_ratio(1, 8) {
         rng.gen_range(64 << 10..=200 << 10)
     } else {
@@ -88,6 +92,9 @@ fn payload_len(rng: &mut StdRng) -> u32 {
 
 /// Runs the client until the stop file exists.
 pub async fn run(cfg: WorkloadConfig) -> Result<()> {
+    if let Some(mount) = cfg.mount.clone() {
+        return crate::mount_workload::run(cfg, mount).await;
+    }
     let history = Arc::new(HistoryWriter::open(&cfg.history)?);
     tracing::info!(
         client = cfg.client,
