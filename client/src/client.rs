@@ -15,9 +15,10 @@ use crate::reader::FileReader;
 use crate::writer::FileWriter;
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
-    Append, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Create, Delete,
-    FileLocations, FileStatus, GetLocations, List, MasterRequest, Mkdir, Read, RecoverLease,
-    RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, Stat,
+    Append, ChunkRequest, ChunkToken, ClientId, ClusterReport, ClusterReportRequest, Create,
+    Delete, FileLocations, FileStatus, GetLocations, List, MasterRequest, Mkdir, Read,
+    RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo, ReplicaReport,
+    RpcClient, Stat,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,8 @@ use std::time::{Duration, Instant};
 
 /// Idle connections kept per chunkserver.
 const MAX_IDLE_PER_CHUNKSERVER: usize = 4;
+/// Bytes asked for per request by [`Client::read_replica`].
+const REPLICA_READ_PIECE: u64 = 1 << 20;
 
 /// Tunables of a [`Client`].
 #[derive(Clone, Debug)]
@@ -466,6 +469,50 @@ impl Client {
     /// Opens a file for reading.
     pub async fn open(&self, path: &str) -> Result<FileReader> {
         FileReader::open(self.clone(), normalized(path)?).await
+    }
+
+    /// Reads one replica straight from the chunkserver at `addr`, as that chunkserver
+    /// holds it: from offset 0 up to the replica's length as the chunkserver reports it,
+    /// but at most `max_len` bytes. Returns the chunkserver's report of the replica
+    /// (version, length, state; from its last reply) and the bytes.
+    ///
+    /// For tools that compare replicas (the nemesis replica check); applications read
+    /// through [`Client::open`]. Unlike a [`FileReader`] it never falls back to another
+    /// replica, never stops at the master's committed length and never reports a
+    /// corrupt replica to the master (the chunkserver itself still moves a replica
+    /// that fails its checksums aside, as on every read). `token` is the chunk's read
+    /// token from [`Client::locations`]: a replica at another version refuses it with
+    /// `StaleToken` or `ReplicaStale`, naming its own version. The bytes are fewer than
+    /// the reported length (capped at `max_len`) only when the chunkserver stopped
+    /// sending early; the caller judges that.
+    pub async fn read_replica(
+        &self,
+        addr: &str,
+        token: ChunkToken,
+        max_len: u64,
+    ) -> Result<(ReplicaReport, bytes::Bytes)> {
+        let mut out = bytes::BytesMut::new();
+        // The replica's length is unknown until the first reply.
+        let mut want = max_len.min(REPLICA_READ_PIECE);
+        loop {
+            let req = Read {
+                token,
+                offset: out.len() as u64,
+                len: want as u32,
+            };
+            let (reply, data) = self.call_chunkserver(addr, req).await?;
+            let report = reply.replica;
+            // A chunkserver that sends more than was asked for is not believed.
+            out.extend_from_slice(&data[..data.len().min(want as usize)]);
+            let end = report.length.min(max_len);
+            let at = out.len() as u64;
+            if data.is_empty() || want == 0 || at >= end {
+                // Never more than the replica says it holds.
+                out.truncate(usize::try_from(end).unwrap_or(usize::MAX));
+                return Ok((report, out.freeze()));
+            }
+            want = (end - at).min(REPLICA_READ_PIECE);
+        }
     }
 
     /// Registers a held lease and makes sure the renewal task runs.

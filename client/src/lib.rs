@@ -2,7 +2,8 @@
 //!
 //! - [`Client`]: connects to the master; namespace calls ([`Client::mkdir`],
 //!   [`Client::list`], [`Client::stat`], [`Client::rename`], [`Client::delete`],
-//!   [`Client::recover_lease`]) and the entry points for data.
+//!   [`Client::recover_lease`]) and the entry points for data; for checkers,
+//!   [`Client::read_replica`] reads one replica whole as its chunkserver holds it.
 //! - [`FileWriter`]: from [`Client::create`] / [`Client::append`]; a tokio
 //!   `AsyncWrite` that streams packets through a chain of chunkservers with a window
 //!   of packets in flight, plus [`FileWriter::hflush`], [`FileWriter::hsync`] and

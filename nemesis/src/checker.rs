@@ -46,6 +46,14 @@ pub enum ViolationKind {
     FsckUnhealthy,
     /// A process log contains a panic (found by the run, not the checker).
     Panic,
+    /// Replicas of a chunk the master hands out disagree: one is at another version
+    /// than the master's, holds another length than the committed one, or holds other
+    /// bytes than the others (found by [`crate::replicas`], not the checker).
+    DivergentReplicas,
+    /// A replica the master hands out could not be read whole from its chunkserver
+    /// (unreachable, absent, failed its checksums, served fewer bytes than it holds),
+    /// or the master hands out no replica of a chunk (found by [`crate::replicas`]).
+    UnreadableReplica,
 }
 
 /// One broken rule, with where it was seen.

@@ -11,6 +11,10 @@
 //! `fsck` must be healthy after the heal and no process log may contain a panic. The
 //! result is a [`report::RunReport`].
 //!
+//! [`replicas::check_replicas`] checks the storage itself after the heal: every replica
+//! the master hands out of every chunk, read whole from its chunkserver, is
+//! byte-identical to the others at the master's version and committed length.
+//!
 //! Records are self-describing ([`record`]): magic, file, session, sequence number,
 //! payload length, a payload derived from the header, and a CRC32 of all of it, so the
 //! checker can parse a file without trusting anything else.
@@ -26,6 +30,7 @@ pub mod history;
 pub mod mount_workload;
 pub mod net;
 pub mod record;
+pub mod replicas;
 pub mod report;
 pub mod run;
 pub mod schedule;
