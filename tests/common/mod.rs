@@ -211,9 +211,11 @@ impl TestCluster {
             mdir.display().to_string(),
             "--listen".into(),
             "127.0.0.1:0".into(),
-            "--dead-after".into(),
-            "2s".into(),
         ];
+        // `--dead-after 2s` unless the test sets its own (clap refuses a flag twice).
+        if !opts.master_args.iter().any(|a| a == "--dead-after") {
+            margs.extend(["--dead-after".into(), "2s".into()]);
+        }
         margs.extend(opts.master_args.iter().cloned());
         let master = Proc::spawn("master", &mdir, margs, &logs);
         let mut cluster = TestCluster {
