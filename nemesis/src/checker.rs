@@ -54,6 +54,9 @@ pub enum ViolationKind {
     /// (unreachable, absent, failed its checksums, served fewer bytes than it holds),
     /// or the master hands out no replica of a chunk (found by [`crate::replicas`]).
     UnreadableReplica,
+    /// A file could not be closed by lease recovery, or not be read, after the heal
+    /// (found by the run; its records are then not checked).
+    Unavailable,
 }
 
 /// One broken rule, with where it was seen.

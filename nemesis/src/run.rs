@@ -9,10 +9,18 @@
 //! 5. create the stop file and let the writers finish their sessions (a client that
 //!    does not stop in time is killed);
 //! 6. recover the lease of every file still open, read the final files (kept as
-//!    `DIR/final/fN`);
+//!    `DIR/final/fN`); a file that cannot be closed or read is
+//!    [`ViolationKind::Unavailable`];
 //! 7. check them against the histories ([`checker::check`]);
-//! 8. `stampfs fsck --json` must turn healthy within a bounded wait (re-replication);
+//! 8. `stampfs fsck --json` must turn healthy within a bounded wait (re-replication),
+//!    and then every replica the master hands out must be byte-identical at its
+//!    version ([`check_replicas`]);
 //! 9. no process log may contain a panic.
+//!
+//! Every process runs in its place of the run's [`Net`] (loopback, or a network
+//! namespace of its own so the schedule can partition it); the runner's own calls run
+//! in a namespace of the runner. Each step the run carries out is logged to
+//! `DIR/logs/nemesis-steps.log` with its time.
 //!
 //! The run's directory is removed unless the run failed or `keep_dir` was given.
 
@@ -21,6 +29,7 @@ use crate::clients::{ClientSpec, Clients};
 use crate::cluster::{Cluster, ClusterConfig, ProcState};
 use crate::history::History;
 use crate::net::{Net, NetMode};
+use crate::replicas::check_replicas;
 use crate::report::{Report, RunReport};
 use crate::schedule::{self, Action, ScheduleConfig, Target};
 use crate::workload::{self, file_path};
@@ -303,20 +312,41 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     std::fs::write(&stop, b"stop\n").map_err(Error::io(&stop))?;
     clients.drain(DRAIN_TIMEOUT).await;
 
-    // 6. Recover what is still open, read the final files.
+    // 6. Recover what is still open, read the final files. A file that cannot be
+    // closed or read is a violation of its own; its records are not checked.
     let m = master.clone();
-    let files = net
+    let outcomes = net
         .admin(move || async move {
             let admin = connect(&m).await?;
-            let mut files = BTreeMap::new();
+            let mut out = BTreeMap::new();
             for f in 0..FILES {
                 let path = file_path(DIR, f);
-                recover(&admin, &path).await?;
-                files.insert(f, read_final(&admin, &path).await?);
+                let got = match recover(&admin, &path).await {
+                    Ok(()) => read_final(&admin, &path).await,
+                    Err(e) => Err(e),
+                };
+                out.insert(f, got.map_err(|e| e.to_string()));
             }
-            Ok(files)
+            Ok(out)
         })
         .await?;
+    let mut files = BTreeMap::new();
+    let mut violations = Vec::new();
+    for (f, got) in outcomes {
+        match got {
+            Ok(bytes) => {
+                files.insert(f, bytes);
+            }
+            Err(e) => violations.push(Violation {
+                kind: ViolationKind::Unavailable,
+                file: Some(f),
+                offset: None,
+                session: None,
+                seq: None,
+                message: format!("{} after the heal: {e}", file_path(DIR, f)),
+            }),
+        }
+    }
     // Kept for the evidence of a failing run.
     let final_dir = root.join("final");
     std::fs::create_dir_all(&final_dir).map_err(Error::io(&final_dir))?;
@@ -327,7 +357,19 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // 7. Check.
     let history = History::load_dir(&clients.history_dir())?;
-    let mut violations = checker::check(&files, &history.acks, &history.reads);
+    let acks: Vec<_> = history
+        .acks
+        .iter()
+        .filter(|a| files.contains_key(&a.file))
+        .copied()
+        .collect();
+    let reads: Vec<_> = history
+        .reads
+        .iter()
+        .filter(|r| files.contains_key(&r.file))
+        .copied()
+        .collect();
+    violations.extend(checker::check(&files, &acks, &reads));
 
     // 8. fsck.
     let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master, &net).await {
@@ -347,6 +389,24 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             false
         }
     };
+
+    // 8b. Every replica the master hands out is byte-identical at its version (once
+    // re-replication is done: fsck healthy).
+    if fsck_healthy {
+        let m = master.clone();
+        let names: Vec<u32> = files.keys().copied().collect();
+        let found = net
+            .admin(move || async move {
+                let admin = connect(&m).await?;
+                let mut out = Vec::new();
+                for f in names {
+                    out.extend(check_replicas(&admin, &file_path(DIR, f), Some(f)).await?);
+                }
+                Ok(out)
+            })
+            .await?;
+        violations.extend(found);
+    }
 
     // 9. Panics.
     violations.extend(scan_logs(&logs)?);
