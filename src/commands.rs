@@ -592,8 +592,19 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
     if let (Some(why), None) = (&fuse_missing, args.mounts) {
         println!("nemesis: no FUSE clients: {why}");
     }
-    let result =
-        stampfs_nemesis::run::run_many(&cfg, args.runs, |r| println!("{}", r.summary())).await;
+    let bar = nemesis_bar(args.runs, seed);
+    let mut failed = 0usize;
+    let result = stampfs_nemesis::run::run_many(&cfg, args.runs, |r| {
+        bar.suspend(|| println!("{}", r.summary()));
+        failed += usize::from(!r.passed());
+        bar.inc(1);
+        bar.set_message(format!(
+            "seed {} running; {failed} failing run(s) so far",
+            r.seed.wrapping_add(1)
+        ));
+    })
+    .await;
+    bar.finish_and_clear();
     let report = match result {
         Ok(r) => r,
         Err(e) => {
@@ -622,6 +633,23 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         println!("nemesis: {} run(s), no violations", report.runs.len());
         EXIT_OK
     }
+}
+
+/// The nemesis's progress over its runs on a terminal (ticking, so a long run shows
+/// it is alive); hidden otherwise.
+fn nemesis_bar(runs: u64, seed: u64) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(runs);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} runs (eta {eta}) {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(format!("seed {seed} running"));
+    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    bar
 }
 
 /// `stampfs nemesis-client`: one client process of the nemesis.
