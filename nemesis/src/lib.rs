@@ -1,15 +1,19 @@
-//! `stampfs-nemesis`: randomized process faults against a real stampfs cluster,
-//! judged by a history checker (the Jepsen method, first increment: process faults only).
+//! `stampfs-nemesis`: randomized faults against a real stampfs cluster, judged by a
+//! history checker (the Jepsen method).
 //!
 //! One run ([`run::run_once`]) starts a [`cluster::Cluster`] of real `stampfs master` and
-//! `stampfs chunkserver` processes on loopback ephemeral ports in a temp dir, starts
-//! several independent client processes (`stampfs nemesis-client`, the loop in
-//! [`workload`]), and injects the faults of a seeded [`schedule`] (SIGKILL and restart,
-//! SIGSTOP and SIGCONT, of any process). Then it heals everything, lets the writers
-//! finish, recovers what is still open, reads the final files and hands them with the
-//! clients' [`history`] to the pure [`checker`], which returns [`checker::Violation`]s.
-//! `fsck` must be healthy after the heal and no process log may contain a panic. The
-//! result is a [`report::RunReport`].
+//! `stampfs chunkserver` processes in a temp dir and several independent client
+//! processes ([`clients`]): library clients (`stampfs nemesis-client`, the loop in
+//! [`workload`]) and FUSE clients (a `stampfs mount` plus the loop in
+//! [`mount_workload`]). Every process runs in its place of the run's [`net::Net`]: on
+//! loopback, or, as root, in a network namespace of its own so the network can be
+//! partitioned. Chunkservers' data dirs can be small file systems ([`disk`]) that the
+//! run fills up. The run injects the faults of a seeded [`schedule`] (SIGKILL and
+//! restart, SIGSTOP and SIGCONT, partitions, full disks), heals everything, lets the
+//! writers finish, recovers what is still open, reads the final files and hands them
+//! with the clients' [`history`] to the pure [`checker`], which returns
+//! [`checker::Violation`]s. `fsck` must be healthy after the heal and no process log
+//! may contain a panic. The result is a [`report::RunReport`].
 //!
 //! [`replicas::check_replicas`] checks the storage itself after the heal: every replica
 //! the master hands out of every chunk, read whole from its chunkserver, is
@@ -19,8 +23,7 @@
 //! payload length, a payload derived from the header, and a CRC32 of all of it, so the
 //! checker can parse a file without trusting anything else.
 //!
-//! Not in this increment: network partitions, full disks, FUSE clients, overwrites and
-//! fail points (later increments of issue 14).
+//! Not yet: overwrites (they need writes at any offset).
 
 pub mod checker;
 pub mod clients;
