@@ -601,9 +601,24 @@ impl Replica {
         sync: bool,
     ) -> Result<()> {
         let ops = run.take_ops();
+        self.commit_ops(engine, ops, run.length, run.tail_crc, sync)
+            .await
+    }
+
+    /// Runs a chain of data and table writes that take the replica to `length` (tail
+    /// CRC `tail`), with the durable-length tail when `sync`, then makes that the
+    /// replica's state; a chain that fails leaves the state as it was (and the table
+    /// put back, see [`Replica::forget_failed_write`]).
+    async fn commit_ops(
+        &mut self,
+        engine: &dyn IoEngine,
+        ops: Vec<IoOp>,
+        length: u64,
+        tail: u32,
+        sync: bool,
+    ) -> Result<()> {
         let issued = if sync {
-            self.sync_data_then_header(engine, run.length, run.tail_crc, ops)
-                .await
+            self.sync_data_then_header(engine, length, tail, ops).await
         } else if !ops.is_empty() {
             self.run_ops(engine, ops).await
         } else {
@@ -613,8 +628,8 @@ impl Replica {
             self.forget_failed_write(engine).await;
             return Err(e);
         }
-        self.length = run.length;
-        self.tail_crc = run.tail_crc;
+        self.length = length;
+        self.tail_crc = tail;
         self.padded = self.padded.max(self.length);
         Ok(())
     }
@@ -663,21 +678,8 @@ impl Replica {
             });
             (end, tail)
         };
-        let issued = if sync {
-            self.sync_data_then_header(engine, new_length, new_tail, ops)
-                .await
-        } else if !ops.is_empty() {
-            self.run_ops(engine, ops).await
-        } else {
-            Ok(())
-        };
-        if let Err(e) = issued {
-            self.forget_failed_write(engine).await;
-            return Err(e);
-        }
-        self.length = new_length;
-        self.tail_crc = new_tail;
-        self.padded = self.padded.max(self.length);
+        self.commit_ops(engine, ops, new_length, new_tail, sync)
+            .await?;
         Ok(new_length)
     }
 

@@ -27,7 +27,14 @@ pub fn fuse_unavailable() -> Option<String> {
         return Some("/dev/fuse does not exist".into());
     }
     if !nix::unistd::geteuid().is_root() {
-        return Some("not root (the mount needs /dev/fuse as root)".into());
+        return Some("not root (the pure-Rust mount needs /dev/fuse as root)".into());
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        return Some(format!("cannot open /dev/fuse: {e}"));
     }
     None
 }

@@ -18,8 +18,7 @@
 //! mount (it keeps no cache across opens).
 
 use crate::history::{digest, Event, HistoryWriter};
-use crate::record::{RecordHeader, SessionId};
-use crate::workload::{client_config, file_path, WorkloadConfig, MAX_RECORDS};
+use crate::workload::{begin_session, client_config, file_path, record, WorkloadConfig};
 use crate::{Error, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -122,22 +121,10 @@ fn write_loop(
                 continue;
             }
         };
-        let session = SessionId {
-            client: cfg.client,
-            nonce: cfg.nonce,
-            counter,
-        };
-        counter += 1;
-        history.log(&Event::SessionStart { file, session })?;
-        let n = rng.gen_range(1..=MAX_RECORDS);
+        let (session, n) = begin_session(cfg, file, &mut counter, history, &mut rng)?;
         let mut failure = None;
         for seq in 0..n {
-            let header = RecordHeader {
-                file,
-                session,
-                seq,
-                payload_len: crate::workload::payload_len(&mut rng),
-            };
+            let header = record(file, session, seq, &mut rng);
             let res = f.write_all(&header.encode()).and_then(|()| f.sync_all());
             match res {
                 Ok(()) => history.log(&Event::Ack {

@@ -78,15 +78,44 @@ pub fn client_config() -> ClientConfig {
 }
 
 /// The most records a session writes.
-pub(crate) const MAX_RECORDS: u32 = 8;
+const MAX_RECORDS: u32 = 8;
 
 /// A record's payload length: mostly small, sometimes large enough that records
 /// straddle the run's 256 KiB chunks.
-pub(crate) fn payload_len(rng: &mut StdRng) -> u32 {
+fn payload_len(rng: &mut StdRng) -> u32 {
     if rng.gen_ratio(1, 8) {
         rng.gen_range(64 << 10..=200 << 10)
     } else {
         rng.gen_range(1..=24 << 10)
+    }
+}
+
+/// Starts this process's next session on `file`: its id (logged as started) and how
+/// many records it will write.
+pub(crate) fn begin_session(
+    cfg: &WorkloadConfig,
+    file: u32,
+    counter: &mut u32,
+    history: &HistoryWriter,
+    rng: &mut StdRng,
+) -> Result<(SessionId, u32)> {
+    let session = SessionId {
+        client: cfg.client,
+        nonce: cfg.nonce,
+        counter: *counter,
+    };
+    *counter += 1;
+    history.log(&Event::SessionStart { file, session })?;
+    Ok((session, rng.gen_range(1..=MAX_RECORDS)))
+}
+
+/// Record `seq` of `session`, with a random payload length.
+pub(crate) fn record(file: u32, session: SessionId, seq: u32, rng: &mut StdRng) -> RecordHeader {
+    RecordHeader {
+        file,
+        session,
+        seq,
+        payload_len: payload_len(rng),
     }
 }
 
@@ -109,22 +138,10 @@ pub async fn run(cfg: WorkloadConfig) -> Result<()> {
         let Some((client, mut writer)) = open_for_append(&cfg, file, &mut rng).await else {
             continue;
         };
-        let session = SessionId {
-            client: cfg.client,
-            nonce: cfg.nonce,
-            counter,
-        };
-        counter += 1;
-        history.log(&Event::SessionStart { file, session })?;
-        let n = rng.gen_range(1..=MAX_RECORDS);
+        let (session, n) = begin_session(&cfg, file, &mut counter, &history, &mut rng)?;
         let mut outcome = None;
         for seq in 0..n {
-            let header = RecordHeader {
-                file,
-                session,
-                seq,
-                payload_len: payload_len(&mut rng),
-            };
+            let header = record(file, session, seq, &mut rng);
             let res = match writer.write_all(&header.encode()).await {
                 Ok(()) => writer.hsync().await,
                 Err(e) => Err(ClientError::from_io(e)),

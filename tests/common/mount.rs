@@ -8,35 +8,12 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Why FUSE mounts cannot work here, if they cannot.
-pub fn fuse_unavailable() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .unwrap_or("");
-    if euid != "0" {
-        return Some(format!(
-            "not running as root (euid {euid}); the pure-Rust mount needs root"
-        ));
-    }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        return Some(format!("cannot open /dev/fuse: {e}"));
-    }
-    None
-}
+pub use stampfs_nemesis::clients::fuse_unavailable;
 
 /// True when the test can run; panics in CI when it cannot.
 pub fn fuse_or_skip(test: &str) -> bool {
@@ -53,18 +30,7 @@ pub fn fuse_or_skip(test: &str) -> bool {
 }
 
 /// Whether `path` is a FUSE mount point, from /proc/self/mountinfo.
-pub fn is_fuse_mount(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = path.to_string_lossy();
-    info.lines().any(|line| {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
-            return false;
-        };
-        let mount_point = left.split(' ').nth(4).unwrap_or("");
-        mount_point == want && right.starts_with("fuse")
-    })
-}
+pub use stampfs_nemesis::clients::is_fuse_mount;
 
 /// `stampfs mount --foreground` on a fresh temp dir. Dropping it unmounts (SIGTERM,
 /// then SIGKILL and `umount -l` if needed) and reaps the process.
