@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// stampfs: a distributed block store whose chunk versions fence stale writers.
 #[derive(Parser, Debug)]
-#[command(name = "stampfs", version, about, propagate_version = true)]
+#[command(name = "stampfs", version = crate::VERSION, about, propagate_version = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -74,12 +74,39 @@ where
     }
 }
 
+/// Arms the crash points that `STAMPFS_CRASH_POINTS` names (a `fault-injection` build
+/// only), before the server touches its directory. False, having said why, when the
+/// variables are malformed or set on a build without crash points.
+fn arm_crash_points(what: &str) -> bool {
+    match stampfs_proto::crash::arm_from_env() {
+        Ok(None) => true,
+        Ok(Some(arming)) => {
+            tracing::warn!(
+                points = %arming,
+                seed = arming.seed,
+                "crash points armed: this {what} kills itself (SIGKILL) where one fires"
+            );
+            true
+        }
+        Err(e) => {
+            eprintln!("stampfs {what}: {e}");
+            false
+        }
+    }
+}
+
 pub async fn serve_master(cfg: stampfs_master::MasterConfig) -> u8 {
+    if !arm_crash_points("master") {
+        return EXIT_ERROR;
+    }
     let started = stampfs_master::start(cfg).await;
     serve("master", started, |h| h.shutdown()).await
 }
 
 pub async fn serve_chunkserver(cfg: stampfs_chunkserver::ChunkserverConfig) -> u8 {
+    if !arm_crash_points("chunkserver") {
+        return EXIT_ERROR;
+    }
     let started = stampfs_chunkserver::start(cfg).await;
     serve("chunkserver", started, |h| h.shutdown()).await
 }

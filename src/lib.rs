@@ -4,7 +4,8 @@
 //! signals, exit statuses) and the presentation of results ([`commands`]). Storage
 //! logic lives in `stampfs-master`, `stampfs-chunkserver` and `stampfs-client`.
 //! [`cluster::LocalCluster`] runs a master and chunkservers in one process for
-//! `stampfs dev`, the demo and benchmarks.
+//! `stampfs dev`, the demo and benchmarks. [`FAULT_INJECTION`] tells whether this
+//! build has crash points (cargo feature `fault-injection`, on in tests only).
 
 pub mod bench;
 pub mod cli;
@@ -16,6 +17,21 @@ pub mod mount;
 
 use cli::{AdminCommand, BenchCommand, Cli, Command};
 use std::process::ExitCode;
+
+/// Whether this binary was built with the `fault-injection` feature: crash points
+/// (`stampfs_proto::crash`, armed by `STAMPFS_CRASH_POINTS`) and the master's fail
+/// points. `stampfs --version` says so too.
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
+
+/// What `stampfs --version` prints after the name.
+pub const VERSION: &str = if FAULT_INJECTION {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (fault-injection: crash points)"
+    )
+} else {
+    env!("CARGO_PKG_VERSION")
+};
 
 /// Exit status for success.
 pub const EXIT_OK: u8 = 0;

@@ -12,6 +12,10 @@
 //! whose only entry is its own result. Both sides then wake their heartbeat task so the
 //! master hears about the change in the next chunk report.
 //!
+//! **Crash points** (`stampfs_proto::crash`): `copy-mid-stream` on the source,
+//! `copy-before-rename` (in [`Incoming::finish`](crate::store::Incoming::finish)) and
+//! `copy-before-ack` on the target.
+//!
 //! **A frozen peer** holds neither side forever; both apply `--idle-timeout`. The target
 //! ends the copy when no packet arrives for that long (the same rule as an idle write
 //! stream: every frame restarts the clock; the sender's 64 KiB packets make that "no
@@ -99,6 +103,12 @@ pub(crate) async fn send(
     let mut offset = 0u64;
     let mut seq = 0u64;
     while offset < length {
+        // Halfway through the packets, never after the last: the target has an
+        // unfinished copy (only the offer, for a one-packet replica).
+        stampfs_proto::crash_point!(
+            "copy-mid-stream",
+            if seq == length.div_ceil(DEFAULT_PACKET_SIZE as u64) / 2
+        );
         let want = (DEFAULT_PACKET_SIZE as u64).min(length - offset);
         let (_, data) = shared.store.read(handle, version, offset, want).await?;
         if data.len() as u64 != want {
@@ -247,6 +257,8 @@ pub(crate) async fn receive(
         incoming.finish(&shared.store).await
     }
     .await;
+    // The replica is in place and durable; the source has not heard.
+    stampfs_proto::crash_point!("copy-before-ack", if received.is_ok());
     let result: std::result::Result<u64, RemoteError> = match &received {
         Ok(r) => {
             tracing::info!(length = r.length, "replica received");

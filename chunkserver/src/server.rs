@@ -440,7 +440,12 @@ pub(crate) async fn run_command(
             handle,
             version,
             create,
-        } => store.bump_version(handle, version, create).await.map(Some),
+        } => {
+            let bumped = store.bump_version(handle, version, create).await;
+            // The new header is durable; the master has not heard.
+            stampfs_proto::crash_point!("replica-bump-before-reply", if bumped.is_ok());
+            bumped.map(Some)
+        }
         ChunkCommand::Truncate {
             handle,
             version,

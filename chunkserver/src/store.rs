@@ -886,6 +886,8 @@ impl Incoming {
             )
             .await
             .map_err(|e| Error::io("seal received replica", &self.tmp, e))?;
+        // Sealed and durable, but only as a temporary file: start-up removes it.
+        stampfs_proto::crash_point!("copy-before-rename");
         let replica = Replica {
             files: store.files.clone(),
             id: store.files.next_id(),

@@ -11,6 +11,10 @@
 //! no replica may hold. Reads wait for the log too, so a reply never shows state that
 //! a crash could still take back.
 //!
+//! Each version bump of a write lease (reopen, new chunk, pipeline update) has a
+//! crash point on either side of its push (`stampfs_proto::crash`): the version is
+//! durable before, the bump answered after, and neither the grant logged nor sent.
+//!
 //! Lease recovery (`service/recovery.rs`) has the same shape under the same file lock:
 //! it runs as background tasks (at most one per file) started by the recovery
 //! worker, by `append` past the soft limit, and by `RecoverLease`.
@@ -396,7 +400,9 @@ impl Core {
                 last_chunk: None,
             });
         };
+        stampfs_proto::crash_point!("reopen-before-bump");
         let pipeline = self.push_bump(&bump).await;
+        stampfs_proto::crash_point!("reopen-after-bump");
         if pipeline.len() < bump.needed {
             // The new version is logged and may have reached some replicas: closing the
             // file at it would leave the others stale for good. Lease recovery re-bumps
@@ -440,7 +446,9 @@ impl Core {
                 self.finalize(f).await;
             }
         };
+        stampfs_proto::crash_point!("new-chunk-before-bump");
         let ((), pipeline) = tokio::join!(finalize, self.push_bump(&plan.bump));
+        stampfs_proto::crash_point!("new-chunk-after-bump");
         if pipeline.len() < plan.bump.needed {
             let handle = plan.bump.handle;
             self.mutate_durable(|st, now, _| st.abandon_chunk(ino, handle, now))
@@ -462,7 +470,9 @@ impl Core {
         let plan = self
             .mutate_durable(|st, now, _| st.update_pipeline(&req, ino, now))
             .await?;
+        stampfs_proto::crash_point!("pipeline-before-bump");
         let pipeline = self.push_bump(&plan).await;
+        stampfs_proto::crash_point!("pipeline-after-bump");
         if pipeline.len() < plan.needed {
             // The version stays minted but is not granted: lease recovery still starts
             // from the version the writer holds (its replicas hold its bytes).

@@ -9,6 +9,9 @@
 //! - [`rpc`]: the [`Rpc`] trait naming each request's response, and [`RpcClient`].
 //! - [`codec`]: the length-limited, CRC-checked [`Frame`] and its readers and writers.
 //! - [`error`]: wire errors ([`RemoteError`], [`ErrorCode`]) and this crate's [`Error`].
+//! - [`crash`]: crash points ([`crash_point!`]), where a server armed from its
+//!   environment kills itself on purpose (cargo feature `crash-points`; compiled out
+//!   without it), and the [`crash::CATALOGUE`] of every point.
 //! - [`path`]: namespace path validation.
 //! - [`dirlock`]: [`DirLock`], the exclusive lock a server holds on its data directory
 //!   (one master or chunkserver per directory).
@@ -17,6 +20,7 @@
 //!   was frozen does not judge others by time it did not see).
 
 pub mod codec;
+pub mod crash;
 pub mod dirlock;
 pub mod error;
 pub mod ids;

@@ -22,6 +22,8 @@ pub struct Proc {
     pub name: String,
     pub dir: PathBuf,
     args: Vec<String>,
+    /// Environment variables set on the process at every (re)start.
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
     pub addr: String,
@@ -36,6 +38,7 @@ impl Proc {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             args,
+            env: Vec::new(),
             log,
             child: None,
             addr: String::new(),
@@ -54,6 +57,7 @@ impl Proc {
         let child = Command::new(BIN)
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log)
@@ -150,6 +154,32 @@ impl Proc {
     pub fn restart(&mut self) {
         self.kill();
         self.start();
+    }
+
+    /// Sets (`Some`) or removes (`None`) an environment variable of the process from
+    /// its next start on.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
+    /// Waits at most `limit` for the process to exit by itself and reaps it; `None`
+    /// (the process still running) when it did not.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn log_text(&self) -> String {

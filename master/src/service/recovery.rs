@@ -2,6 +2,10 @@
 //! background runner (at most one recovery per file), the worker's pass, and
 //! `RecoverLease`. The rules are in [`crate::recovery`], the records in the state.
 //!
+//! Between the steps sit a fail point and a crash point of the same name
+//! (`recovery-after-start`, `recovery-after-bump`, `recovery-before-commit`): a test
+//! makes the attempt fail there, or the process die there (`stampfs_proto::crash`).
+//!
 //! Every step logs one `info` line with structured fields (`path`, `handle`,
 //! `old_version`, `new_version`, `replicas`, `length`) so the demo can narrate it.
 
@@ -204,6 +208,7 @@ impl Core {
             replicas = %id_list(plan.targets.iter().map(|t| &t.id)),
             "lease recovery started: new version logged, the writer's lease released"
         );
+        stampfs_proto::crash_point!("recovery-after-start");
         fail_point!("recovery-after-start");
 
         // Step 2: push the bump; each reply carries the replica's length.
@@ -234,6 +239,7 @@ impl Core {
             length,
             "lease recovery: replicas raised to the new version (the old writer is fenced); keeping the shortest length"
         );
+        stampfs_proto::crash_point!("recovery-after-bump");
         fail_point!("recovery-after-bump");
 
         // Step 4: truncate and finalize at that length.
@@ -280,6 +286,7 @@ impl Core {
             dropped = %id_list(failed.iter()),
             "lease recovery: replicas truncated and finalized"
         );
+        stampfs_proto::crash_point!("recovery-before-commit");
         fail_point!("recovery-before-commit");
 
         // Step 5: commit the length and close the file.
