@@ -598,6 +598,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
             ..Default::default()
         },
         net,
+        crash_points: stampfs_proto::crash::CRASH_POINTS,
     };
     println!(
         "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients ({mounts} through FUSE), network: {}, disks: {}",
@@ -615,6 +616,11 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
     );
     if let Some(why) = why_not {
         println!("nemesis: {why}");
+    }
+    if !stampfs_proto::crash::CRASH_POINTS {
+        println!(
+            "nemesis: no crash points in this build (build with `--features fault-injection` to arm them)"
+        );
     }
     if let (Some(why), None) = (&fuse_missing, args.mounts) {
         println!("nemesis: no FUSE clients: {why}");

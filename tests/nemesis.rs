@@ -1,7 +1,7 @@
 //! `stampfs nemesis` end to end: a few fixed seeds, short runs, must find no violation
 //! and must have actually done something (faults injected, records acknowledged). In
 //! CI (root, iproute2, nftables, FUSE) every run must also have had its network
-//! partitions, small disks and a FUSE client: a silent fall-back to loopback would
+//! partitions, small disks, a FUSE client and crash points: a silent fall-back to loopback would
 //! test much less. Seeds 6 and 21 are the seeds that found the disk-full corruption
 //! and the dirty read of a file in recovery (their deterministic regression tests are
 //! chunkserver/tests/failed_write.rs and tests/recovering_read.rs; a seed replays the
@@ -59,6 +59,11 @@ fn run_seed(seed: u64, duration: &str) {
         assert!(
             run["mount_clients"].as_u64().unwrap_or(0) >= 1,
             "CI must run a FUSE client: {stdout}"
+        );
+        // The test binary is built with `fault-injection` (the root dev-dependency).
+        assert_eq!(
+            run["crash_points"], true,
+            "CI must arm crash points: {stdout}"
         );
     }
 }

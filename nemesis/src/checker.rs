@@ -57,6 +57,8 @@ pub enum ViolationKind {
     /// A file could not be closed by lease recovery, or not be read, after the heal
     /// (found by the run; its records are then not checked).
     Unavailable,
+    /// A server exited by itself, not at a crash point (found by the run).
+    ServerExited,
 }
 
 /// One broken rule, with where it was seen.

@@ -46,6 +46,10 @@ pub struct Proc {
     pub incarnation: u64,
     /// The network namespace it runs in (none: the runner's own).
     netns: Option<PathBuf>,
+    /// Environment variables of the next start (crash points).
+    env: Vec<(String, String)>,
+    /// Where the log ended when the process last started.
+    log_start: u64,
 }
 
 impl Proc {
@@ -63,7 +67,31 @@ impl Proc {
             server,
             incarnation: 0,
             netns: None,
+            env: Vec::new(),
+            log_start: 0,
         }
+    }
+
+    /// The environment variables of the next start (replacing earlier ones).
+    pub fn set_env(&mut self, env: Vec<(String, String)>) {
+        self.env = env;
+    }
+
+    /// Whether the next (or current) start has environment variables of its own.
+    pub fn has_env(&self) -> bool {
+        !self.env.is_empty()
+    }
+
+    /// What the process logged since it last started.
+    pub fn log_since_start(&self) -> String {
+        use std::io::{Read, Seek};
+        let mut out = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            if f.seek(std::io::SeekFrom::Start(self.log_start)).is_ok() {
+                let _ = f.read_to_end(&mut out);
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
 
     /// Runs the process in the network namespace `netns` from its next start.
@@ -94,6 +122,7 @@ impl Proc {
             .open(&self.log)
             .map_err(Error::io(&self.log))?;
         let log2 = log.try_clone().map_err(Error::io(&self.log))?;
+        self.log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut cmd = Command::new(&self.bin);
         if let Some(ns) = &self.netns {
             enter_on_exec(&mut cmd, ns)?;
@@ -101,6 +130,9 @@ impl Proc {
         let child = cmd
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .env_remove(stampfs_proto::crash::ENV_POINTS)
+            .env_remove(stampfs_proto::crash::ENV_SEED)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log2)
             .stderr(log)
@@ -243,6 +275,9 @@ pub struct ClusterConfig {
     /// Put each chunkserver's data dir on a tmpfs of this many MiB (root only), so the
     /// run can fill it up.
     pub small_disk_mib: Option<u64>,
+    /// Arm crash points in the servers, drawn from this seed (a binary built with
+    /// crash points only).
+    pub crash_seed: Option<u64>,
 }
 
 impl Default for ClusterConfig {
@@ -256,12 +291,34 @@ impl Default for ClusterConfig {
             dead_after: Duration::from_secs(2),
             heartbeat: Duration::from_millis(200),
             small_disk_mib: None,
+            crash_seed: None,
         }
     }
 }
 
 fn dur(d: Duration) -> String {
     humantime::format_duration(d).to_string()
+}
+
+/// Sets the crash points of `p`'s next start (server `t` of a run whose crash seed is
+/// `seed`; none without a seed).
+pub fn arm(p: &mut Proc, seed: Option<u64>, t: Target) {
+    use stampfs_proto::crash::{Process, ENV_POINTS, ENV_SEED};
+    let (process, index) = match t {
+        Target::Master => (Process::Master, 0),
+        Target::Chunkserver(i) => (Process::Chunkserver, i),
+        Target::Client(_) | Target::Network => return,
+    };
+    let env = seed
+        .and_then(|s| crate::crash::arming(s, process, index, p.incarnation + 1))
+        .map(|(points, s)| {
+            vec![
+                (ENV_POINTS.to_string(), points),
+                (ENV_SEED.to_string(), s.to_string()),
+            ]
+        })
+        .unwrap_or_default();
+    p.set_env(env);
 }
 
 /// A master and chunkservers under one directory.
@@ -273,6 +330,8 @@ pub struct Cluster {
     /// The chunkservers' small file systems (empty without `small_disk_mib`); declared
     /// after the processes so they are unmounted after the processes were killed.
     pub disks: Vec<SmallDisk>,
+    /// The seed of the servers' crash points (none: not armed).
+    pub crash_seed: Option<u64>,
 }
 
 impl Cluster {
@@ -284,6 +343,7 @@ impl Cluster {
         let mdir = root.join("master");
         let mut master = Proc::new("master", bin, &mdir, &logs, true);
         master.set_netns(net.netns_of(Target::Master));
+        arm(&mut master, cfg.crash_seed, Target::Master);
         master.set_args(vec![
             "master".into(),
             "--dir".into(),
@@ -315,6 +375,7 @@ impl Cluster {
             }
             let mut cs = Proc::new(&format!("cs{i}"), bin, &cdir, &logs, true);
             cs.set_netns(net.netns_of(Target::Chunkserver(i)));
+            arm(&mut cs, cfg.crash_seed, Target::Chunkserver(i));
             cs.set_args(vec![
                 "chunkserver".into(),
                 "--dir".into(),
@@ -337,6 +398,7 @@ impl Cluster {
             master,
             chunkservers,
             disks,
+            crash_seed: cfg.crash_seed,
         };
         cluster.wait_registered().await?;
         Ok(cluster)

@@ -23,11 +23,16 @@
 //! payload length, a payload derived from the header, and a CRC32 of all of it, so the
 //! checker can parse a file without trusting anything else.
 //!
+//! In a binary built with crash points (`fault-injection`), the servers are also
+//! started with seeded [`crash`] points armed: they kill themselves in the middle of
+//! lease recovery, version bumps and replica copies.
+//!
 //! Not yet: overwrites (they need writes at any offset).
 
 pub mod checker;
 pub mod clients;
 pub mod cluster;
+pub mod crash;
 pub mod disk;
 pub mod history;
 pub mod mount_workload;

@@ -20,6 +20,9 @@ pub struct RunReport {
     pub net: crate::net::NetMode,
     /// Chunkservers on small file systems (only then are disks filled).
     pub small_disks: bool,
+    /// Crash points armed in the servers.
+    #[serde(default)]
+    pub crash_points: bool,
     /// Faults injected, by kind name (`kill_master`, ...).
     pub faults: BTreeMap<String, u64>,
     /// The fault schedule, for reproducing.

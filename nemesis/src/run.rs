@@ -26,7 +26,7 @@
 
 use crate::checker::{self, Violation, ViolationKind};
 use crate::clients::{ClientSpec, Clients};
-use crate::cluster::{Cluster, ClusterConfig, ProcState};
+use crate::cluster::{arm, Cluster, ClusterConfig, ProcState};
 use crate::history::History;
 use crate::net::{Net, NetMode};
 use crate::replicas::check_replicas;
@@ -69,6 +69,8 @@ pub struct RunConfig {
     pub cluster: ClusterConfig,
     /// Loopback, or a namespace per process (partitions).
     pub net: NetMode,
+    /// Arm crash points in the servers (the binary must be built with them).
+    pub crash_points: bool,
 }
 
 /// Runs `runs` runs with seeds `cfg.seed`, `cfg.seed + 1`, ...; `on_run` sees each
@@ -154,6 +156,7 @@ async fn apply(
         (Target::Client(i), Action::Stop) => clients.stop(i)?,
         (Target::Client(i), Action::Cont) => clients.cont(i)?,
         (server, action) => {
+            let cluster_crash_seed = cluster.crash_seed;
             let p = match server {
                 Target::Master => &mut cluster.master,
                 Target::Chunkserver(i) => &mut cluster.chunkservers[i],
@@ -163,6 +166,7 @@ async fn apply(
                 Action::Kill => p.kill(),
                 Action::Restart => {
                     if p.state() == ProcState::Dead {
+                        arm(p, cluster_crash_seed, server);
                         p.start().await?;
                     }
                 }
@@ -198,7 +202,11 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             Net::namespaces(&hosts)?
         }
     };
-    let mut cluster = Cluster::start(&cfg.bin, root, &cfg.cluster, &net).await?;
+    let cluster_cfg = ClusterConfig {
+        crash_seed: cfg.crash_points.then_some(cfg.seed),
+        ..cfg.cluster.clone()
+    };
+    let mut cluster = Cluster::start(&cfg.bin, root, &cluster_cfg, &net).await?;
     let master = cluster.master_addr().to_string();
     tracing::info!(seed = cfg.seed, %master, dir = %root.display(), net = ?net.mode(), "nemesis run starting");
 
@@ -254,12 +262,15 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         },
     );
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    // Servers that exited by themselves, not at a crash point.
+    let mut exits: Vec<Violation> = Vec::new();
     let steps_log = logs.join("nemesis-steps.log");
     let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
     let t0 = Instant::now();
     for step in schedule::steps(&faults) {
         while t0.elapsed() < step.at {
             clients.restart_exited().await?;
+            restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
             let left = step.at.saturating_sub(t0.elapsed());
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
@@ -283,6 +294,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     }
     while t0.elapsed() < cfg.duration {
         clients.restart_exited().await?;
+        restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -293,8 +305,14 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     for d in &cluster.disks {
         d.free()?;
     }
+    restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
     for p in std::iter::once(&mut cluster.master).chain(cluster.chunkservers.iter_mut()) {
         p.cont()?;
+        // Crash points end with the faults: a server still armed starts again without.
+        if p.has_env() && p.state() != ProcState::Dead {
+            p.kill();
+        }
+        p.set_env(Vec::new());
         if p.state() == ProcState::Dead {
             p.start().await?;
         }
@@ -331,7 +349,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         })
         .await?;
     let mut files = BTreeMap::new();
-    let mut violations = Vec::new();
+    let mut violations = std::mem::take(&mut exits);
     for (f, got) in outcomes {
         match got {
             Ok(bytes) => {
@@ -410,6 +428,8 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // 9. Panics.
     violations.extend(scan_logs(&logs)?);
+    // No server may have died after the heal (no crash point was armed any more).
+    restart_crashed(&mut cluster, &mut injected, &mut violations).await?;
 
     let unexpected_exits = std::mem::take(&mut clients.unexpected_exits);
     drop(clients);
@@ -434,6 +454,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         chunkservers: cfg.cluster.chunkservers,
         net: cfg.net,
         small_disks: cfg.cluster.small_disk_mib.is_some(),
+        crash_points: cfg.crash_points,
         faults: injected,
         schedule: faults,
         sessions: history.sessions,
@@ -446,6 +467,55 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         violations,
         dir: None,
     })
+}
+
+/// Starts again every server that died by itself: at a crash point (counted as a
+/// fault, `crash:NAME`, and started with a fresh arming) or not (a
+/// [`ViolationKind::ServerExited`] in `exits`, and started again).
+async fn restart_crashed(
+    cluster: &mut Cluster,
+    injected: &mut BTreeMap<String, u64>,
+    exits: &mut Vec<Violation>,
+) -> Result<()> {
+    let seed = cluster.crash_seed;
+    let servers = std::iter::once((Target::Master, &mut cluster.master)).chain(
+        cluster
+            .chunkservers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| (Target::Chunkserver(i), p)),
+    );
+    for (t, p) in servers {
+        let Some(status) = p.exited() else {
+            continue;
+        };
+        match crate::crash::crash_point_hit(&p.log_since_start()) {
+            Some(point) => {
+                tracing::info!(server = %t, %point, "server died at a crash point; restarting it");
+                *injected.entry(format!("crash:{point}")).or_default() += 1;
+            }
+            None => {
+                tracing::warn!(server = %t, %status, "server exited by itself");
+                exits.push(Violation {
+                    kind: ViolationKind::ServerExited,
+                    file: None,
+                    offset: None,
+                    session: None,
+                    seq: None,
+                    message: format!(
+                        "{t} (start {}) exited by itself: {status}; see {}",
+                        p.incarnation,
+                        p.log_path().display()
+                    ),
+                });
+            }
+        }
+        if p.has_env() {
+            arm(p, seed, t);
+        }
+        p.start().await?;
+    }
+    Ok(())
 }
 
 /// Waits until the master counts `n` chunkservers live and registered since it started.
