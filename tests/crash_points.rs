@@ -172,6 +172,55 @@ fn a_master_killed_in_lease_recovery_recovers_the_file_after_a_restart() {
     assert_eq!(replicas.len(), 3, "three replicas serve again: {st}");
 }
 
+/// The master dies after logging a new chunk and before the bump that creates its
+/// replicas (`new-chunk-before-bump`): the file is open with a last chunk that no
+/// writer was ever granted and no chunkserver holds. Restarted, lease recovery drops
+/// that empty chunk (nothing can have been acknowledged on it) instead of closing the
+/// file with a chunk missing forever; the file is healthy and can be appended to.
+/// (Found by the nemesis: such a file stayed unhealthy after the heal.)
+#[test]
+fn a_chunk_the_master_logged_but_never_created_is_dropped_by_lease_recovery() {
+    let mut c = TestCluster::start();
+    c.master
+        .set_env(POINTS_VAR, Some("new-chunk-before-bump=1"));
+    c.master.set_env(SEED_VAR, Some("1"));
+    c.master.restart();
+    c.wait_live(3);
+    let out = c.run_stdin(&["put", "-", "/never"], &pattern(10_000, 3));
+    assert!(
+        !out.status.success(),
+        "put answered although the master died"
+    );
+    assert_crashed_at(&mut c.master, "new-chunk-before-bump");
+
+    c.master.set_env(POINTS_VAR, None);
+    c.master.restart();
+    c.wait_live(3);
+    wait_for("the recovery to close the file", || {
+        let out = c.run(&["recover", "/never"]);
+        String::from_utf8_lossy(&out.stdout).contains("closed at")
+    });
+    let st = c.stat_json("/never");
+    assert_eq!(st["state"], "closed", "{st}");
+    assert_eq!(st["length"], 0, "{st}");
+    assert_eq!(
+        st["chunks"].as_array().map(Vec::len),
+        Some(0),
+        "the never-created chunk is gone from the file: {st}"
+    );
+    let (code, report) = common::fsck_json(&c, &["/never"]);
+    assert_eq!(code, Some(0), "fsck finds the file healthy: {report}");
+    // And the file takes an append like any closed file.
+    let data = pattern(100_000, 9);
+    let out = c.run_stdin(&["append", "-", "/never"], &data);
+    assert!(
+        out.status.success(),
+        "append: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(c.cat("/never") == data);
+}
+
 /// A chunkserver dies after making a new chunk's first header durable and before
 /// answering the bump (`replica-bump-before-reply`). The write goes on without it;
 /// restarted, its replica (at the version, without the bytes) is short and is replaced.

@@ -198,6 +198,11 @@ pub enum Start {
         version: ChunkVersion,
         mint: bool,
     },
+    /// The last chunk was added but never granted to anyone (the master stopped
+    /// between logging it and the bump that creates its replicas), it holds nothing
+    /// committed and no chunkserver ever reported it: nothing can have been
+    /// acknowledged on it. Drop it and close at the committed length.
+    DropEmpty,
     /// Mint `version` (log it), push it to `targets`, then seal.
     Bump {
         holder: ClientId,
@@ -243,6 +248,9 @@ pub fn decide(
         // Fenced in the log already: in recovery, at a version past the writer's.
         let fenced = matches!(write, WriteState::Recovering { .. }) && info.version > old_version;
         if proven_gone(info, old_version, holders) {
+            if holders.never_granted && info.length == 0 && info.replicas.is_empty() {
+                return Start::DropEmpty;
+            }
             return Start::Lost {
                 old_version,
                 version: if fenced {
@@ -285,6 +293,11 @@ pub struct Holders<'a> {
     /// The chunkservers (ever handed an id) that have not registered with this master
     /// since it started: their replicas are not in the chunk table yet.
     pub unreported: &'a [ChunkserverId],
+    /// No grant of the last chunk was ever logged (no `GrantedPipeline` for it): no
+    /// writer ever held a token for it. (A log written before grants named their
+    /// pipelines says this of every chunk; only a chunk that is also empty and never
+    /// reported is dropped on its strength, see [`Start::DropEmpty`].)
+    pub never_granted: bool,
 }
 
 impl Holders<'_> {
@@ -453,12 +466,14 @@ mod tests {
         loss_accepted: false,
         pipeline: None,
         unreported: &[],
+        never_granted: false,
     };
     /// Chunkserver 9 has not registered since the master started.
     const UNREPORTED: Holders<'static> = Holders {
         loss_accepted: false,
         pipeline: None,
         unreported: &[ChunkserverId(9)],
+        never_granted: false,
     };
 
     fn live_except(dead: &'static [u64]) -> impl Fn(ChunkserverId) -> Option<String> {
@@ -976,5 +991,80 @@ mod tests {
         s.done(F);
         assert!(s.may_start(F, 0));
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_chunk_added_but_never_granted_nor_reported_is_dropped_not_lost() {
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(1),
+        };
+        let never = Holders {
+            never_granted: true,
+            ..ALL
+        };
+        let empty = chunk(1, 0, &[]);
+        assert_eq!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&empty),
+                &never,
+                live_except(&[])
+            ),
+            Start::DropEmpty
+        );
+        // A grant was logged: a writer may have had bytes acknowledged on replicas
+        // that are gone now; the chunk is reported missing, never dropped.
+        assert!(matches!(
+            decide(write, Some(A), CHUNK, Some(&empty), &ALL, live_except(&[])),
+            Start::Lost { .. }
+        ));
+        // Committed bytes, or a replica ever reported (even a stale one): not dropped.
+        let committed = chunk(1, 10, &[]);
+        assert!(matches!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&committed),
+                &never,
+                live_except(&[])
+            ),
+            Start::Lost { .. }
+        ));
+        let reported = chunk(2, 0, &[(1, 1)]);
+        let write2 = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(2),
+        };
+        assert!(matches!(
+            decide(
+                write2,
+                Some(A),
+                CHUNK,
+                Some(&reported),
+                &never,
+                live_except(&[])
+            ),
+            Start::Lost { .. }
+        ));
+        // A chunkserver that has not reported since the master started may hold it.
+        let waiting = Holders {
+            never_granted: true,
+            ..UNREPORTED
+        };
+        assert!(matches!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&empty),
+                &waiting,
+                live_except(&[])
+            ),
+            Start::Fence { .. }
+        ));
     }
 }

@@ -163,6 +163,13 @@ impl Core {
                          chunkserver reported without it); file closed at its committed \
                          length and the chunk is MISSING"
                     ),
+                    Closing::DroppedEmpty { handle } => tracing::warn!(
+                        path = %outcome.path,
+                        %trigger,
+                        handle = %handle,
+                        length = outcome.length,
+                        "lease recovery: the last chunk was never granted, is empty and no                          chunkserver ever held it (the master stopped before creating its                          replicas); dropped it, file closed at its committed length"
+                    ),
                 }
                 return Ok(outcome);
             }

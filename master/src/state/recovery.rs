@@ -61,6 +61,9 @@ pub enum Closing {
         handle: ChunkHandle,
         version: ChunkVersion,
     },
+    /// The last chunk was never granted, held nothing and was never reported
+    /// ([`crate::recovery::Start::DropEmpty`]): dropped, the file closed.
+    DroppedEmpty { handle: ChunkHandle },
 }
 
 /// What [`MasterState::begin_recovery`] did.
@@ -184,6 +187,8 @@ impl MasterState {
             ),
             pipeline: handle.and_then(|h| self.pipeline_of(inode, h, write.floor()?)),
             unreported: &unreported,
+            never_granted: handle
+                .is_some_and(|h| self.pipelines.get(&inode).is_none_or(|p| p.handle != h)),
         };
         let start = recovery::decide(
             write,
@@ -220,6 +225,24 @@ impl MasterState {
                 Ok(RecoveryBegin::Done {
                     outcome: self.recovery_outcome(inode, path)?,
                     how: Closing::AtCommitted,
+                })
+            }
+            Start::DropEmpty => {
+                let Some(handle) = handle else {
+                    return Err(Error::bad_request("an empty chunk to drop without a chunk"));
+                };
+                self.commit(Record::AbandonChunk { inode, handle }, now_ms)?;
+                self.commit(
+                    Record::Close {
+                        inode,
+                        last: None,
+                        mtime_ms,
+                    },
+                    now_ms,
+                )?;
+                Ok(RecoveryBegin::Done {
+                    outcome: self.recovery_outcome(inode, path)?,
+                    how: Closing::DroppedEmpty { handle },
                 })
             }
             Start::Lost {
