@@ -281,15 +281,18 @@ impl Clients {
         p.start().await
     }
 
-    /// SIGKILL client `i` (and its mount).
+    /// SIGKILL client `i` (and its mount). The mount goes first: its death aborts the
+    /// FUSE connection, which releases the writer from any request it is blocked in
+    /// (a `close` waits for its flush uninterruptibly, and reaping a writer stuck
+    /// there would hold up the whole schedule).
     pub fn kill(&mut self, i: usize) {
         self.killed[i] = true;
         self.pending[i] = None;
-        self.procs[i].kill();
         if let Some(m) = self.mounts[i].as_mut() {
             m.proc.kill();
             detach(&m.point);
         }
+        self.procs[i].kill();
     }
 
     /// Starts client `i` again after [`Clients::kill`] (without waiting for it).
@@ -378,7 +381,7 @@ impl Clients {
                 );
                 tracing::warn!(%note);
                 self.unexpected_exits.push(note);
-                self.procs[i].kill();
+                self.kill(i);
             }
         }
         for m in self.mounts.iter_mut().flatten() {
@@ -399,12 +402,13 @@ impl Clients {
 
 impl Drop for Clients {
     fn drop(&mut self) {
-        for p in &mut self.procs {
-            p.kill();
-        }
+        // Mounts first (see `Clients::kill`).
         for m in self.mounts.iter_mut().flatten() {
             m.proc.kill();
             detach(&m.point);
+        }
+        for p in &mut self.procs {
+            p.kill();
         }
     }
 }
