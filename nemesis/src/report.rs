@@ -23,6 +23,10 @@ pub struct RunReport {
     /// Crash points armed in the servers.
     #[serde(default)]
     pub crash_points: bool,
+    /// How late the latest step of the schedule was carried out (each step waits for
+    /// the one before it, e.g. a restart for its server to listen).
+    #[serde(default)]
+    pub max_step_lag_ms: u64,
     /// Faults injected, by kind name (`kill_master`, ...).
     pub faults: BTreeMap<String, u64>,
     /// The fault schedule, for reproducing.
@@ -76,6 +80,12 @@ impl RunReport {
             },
             self.violations.len()
         );
+        if self.max_step_lag_ms >= 1000 {
+            s += &format!(
+                "\n  note: the schedule ran up to {:.1} s late",
+                self.max_step_lag_ms as f64 / 1000.0
+            );
+        }
         for note in &self.unexpected_exits {
             s += &format!("\n  note: {note}");
         }

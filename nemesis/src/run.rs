@@ -267,6 +267,8 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     let steps_log = logs.join("nemesis-steps.log");
     let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
     let t0 = Instant::now();
+    // How late the latest step ran (a step waits for the one before it).
+    let mut max_lag = Duration::ZERO;
     for step in schedule::steps(&faults) {
         while t0.elapsed() < step.at {
             clients.restart_exited().await?;
@@ -274,6 +276,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             let left = step.at.saturating_sub(t0.elapsed());
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
+        max_lag = max_lag.max(t0.elapsed().saturating_sub(step.at));
         {
             use std::io::Write;
             let cut = step.cut.map(|c| format!(" {c}")).unwrap_or_default();
@@ -455,6 +458,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         net: cfg.net,
         small_disks: cfg.cluster.small_disk_mib.is_some(),
         crash_points: cfg.crash_points,
+        max_step_lag_ms: max_lag.as_millis() as u64,
         faults: injected,
         schedule: faults,
         sessions: history.sessions,
