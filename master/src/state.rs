@@ -559,10 +559,13 @@ impl MasterState {
             // The open last chunk: only the granted pipeline holds what the writer
             // hflushed. A replica that applied the grant's bump late is at the same
             // version without those bytes, and would hide them from the reader.
+            // Listed in pipeline order (head first), whatever order the bumps were
+            // acknowledged in.
             if let WriteState::Open { granted, .. } = f.write {
                 if !complete && granted == info.version {
                     if let Some(p) = self.pipeline_of(ino, *h, granted) {
                         replicas.retain(|r| p.contains(&r.chunkserver));
+                        replicas.sort_by_key(|r| p.iter().position(|s| *s == r.chunkserver));
                     }
                 }
             }
@@ -1018,6 +1021,46 @@ mod tests {
             "the deleted open file's lease is gone"
         );
         assert!(st.ns.is_empty());
+    }
+
+    #[test]
+    fn the_open_last_chunk_is_listed_in_pipeline_order_whatever_the_ack_order() {
+        let mut st = state_with_servers(3);
+        let ino = create(&mut st, "/f", A);
+        let add = AddChunk {
+            path: "/f".into(),
+            client: A,
+            previous: None,
+        };
+        let plan = st.add_chunk(&add, ino, 0, 2).expect("chunk").bump;
+        let pipeline: Vec<_> = plan.targets.iter().map(|t| t.id).collect();
+        // The tail's bump answered first, the head's last.
+        let mut acks: Vec<_> = pipeline
+            .iter()
+            .map(|id| {
+                (
+                    *id,
+                    ReplicaReport {
+                        handle: plan.handle,
+                        version: plan.version,
+                        length: 0,
+                        state: ReplicaState::Writing,
+                    },
+                )
+            })
+            .collect();
+        acks.reverse();
+        st.record_replicas(plan.handle, &acks);
+        st.grant_made(&plan, A, &pipeline, 0).expect("granted");
+        let loc = st
+            .locations("/f", B, &ClusterKey::from_bytes([1; 32]), 0)
+            .expect("locations");
+        let listed: Vec<_> = loc.chunks[0]
+            .replicas
+            .iter()
+            .map(|r| r.chunkserver)
+            .collect();
+        assert_eq!(listed, pipeline, "head first, as the writer streams");
     }
 
     #[test]
