@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{flip, fsck_json, pattern, proc_of, Opts, TestCluster};
+use common::{flip, fsck_json, pattern, proc_of, runtime, Opts, TestCluster};
 use serde_json::Value;
 use stampfs_proto::{
     ChunkHandle, ChunkserverId, ClusterKey, RemoteError, ReportCorrupt, RpcClient, Signed,
@@ -31,13 +31,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
 }
 
 /// Sends `ReportCorrupt { handle, chunkserver }` `times` times as a client would.

@@ -48,43 +48,42 @@
 //! [`WAIT`]. The pipeline order is taken to be the order in which the master lists the
 //! replicas (as in `tests/frozen_head.rs`); step 2 checks it, since only a stopped tail
 //! lets the two others reach the longer length.
+//!
+//! [`WAIT`]: common::WAIT
 
 mod common;
 
-use common::{pattern, Opts, TestCluster};
-use stampfs_client::{Client, ClientConfig, CreateOptions};
-use stampfs_proto::{ChunkToken, ChunkVersion, LocatedChunk, ReplicaInfo, RpcClient};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use common::writer::{replica_length, Writer, WriterProcess, MORE};
+use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
+use stampfs_client::{Client, ClientConfig};
+use stampfs_proto::{ChunkVersion, LocatedChunk};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PATH: &str = "/dirty";
 /// Bytes the writer hsyncs: acknowledged, on every replica.
 const SYNCED: usize = 200_000;
 /// Bytes the writer sends after the tail froze: never acknowledged.
 const UNACKED: usize = 100_000;
-/// The cap of every wait on a state.
-const WAIT: Duration = Duration::from_secs(30);
 /// The reader's request timeout: how long it waits for the stopped tail's answer.
 const READER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Names the master in the environment of the writer process; without it
-/// [`writer_process`] is not the writer and does nothing.
-const WRITER_ENV: &str = "STAMPFS_DIRTY_READ_MASTER";
+/// The writer process, [`writer_process`]. `STAMPFS_DIRTY_READ_MASTER` names the
+/// master in its environment; without it [`writer_process`] is not the writer and does
+/// nothing.
+const WRITER: WriterProcess = WriterProcess {
+    test: "writer_process",
+    started_by: "a_reader_never_sees_bytes_that_lease_recovery_cuts",
+    master_env: "STAMPFS_DIRTY_READ_MASTER",
+    path: PATH,
+    synced: SYNCED,
+    synced_seed: 103,
+    hsynced: HSYNCED,
+    unacked: UNACKED,
+    unacked_seed: 104,
+    hflushed: "dirty-read writer: hflush returned",
+};
 /// What the writer process prints once its hsync returned.
 const HSYNCED: &str = "dirty-read writer: hsynced";
-/// What the test sends the writer process for the unacknowledged bytes.
-const MORE: &str = "more";
-
-fn synced_bytes() -> Vec<u8> {
-    pattern(SYNCED, 103)
-}
-
-fn unacked_bytes() -> Vec<u8> {
-    pattern(UNACKED, 104)
-}
 
 /// The writer process. Run by [`a_reader_never_sees_bytes_that_lease_recovery_cuts`]
 /// (this binary with `writer_process --exact --ignored`), never on its own: it creates
@@ -94,128 +93,7 @@ fn unacked_bytes() -> Vec<u8> {
 #[test]
 #[ignore = "the dirty-read test's writer process, started by that test"]
 fn writer_process() {
-    let Ok(master) = std::env::var(WRITER_ENV) else {
-        eprintln!("SKIPPED: writer_process is the writer of a_reader_never_sees_bytes_that_lease_recovery_cuts and runs only under it");
-        return;
-    };
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // Acks that do not come must not make this writer recover its pipeline before the
-    // test stops it (the chunkservers' --ack-timeout is raised to match).
-    let config = ClientConfig {
-        ack_timeout: Duration::from_secs(600),
-        ..ClientConfig::default()
-    };
-    let (_client, mut writer) = rt.block_on(async {
-        let client = Client::connect_with(&master, config)
-            .await
-            .expect("connect to the master");
-        let opts = CreateOptions {
-            replication: Some(3),
-            ..CreateOptions::default()
-        };
-        let mut writer = client.create(PATH, opts).await.expect("create");
-        writer.write_all(&synced_bytes()).await.expect("write");
-        writer.hsync().await.expect("hsync");
-        (client, writer)
-    });
-    println!("{HSYNCED}");
-    std::io::stdout().flush().expect("stdout");
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).expect("stdin");
-    rt.block_on(async {
-        writer.write_all(&unacked_bytes()).await.expect("write");
-        let flushed = writer.hflush().await;
-        println!("dirty-read writer: hflush returned {flushed:?}");
-    });
-}
-
-/// The writer process, killed and reaped on drop.
-struct Writer {
-    child: Child,
-    stdin: ChildStdin,
-    /// Lines the writer printed, from a thread reading its stdout (it ends at the
-    /// writer's EOF).
-    lines: mpsc::Receiver<String>,
-    stderr: std::path::PathBuf,
-}
-
-impl Writer {
-    fn start(c: &TestCluster) -> Writer {
-        let stderr = c.dir.path().join("writer.stderr");
-        let file = std::fs::File::create(&stderr).expect("writer stderr file");
-        let exe = std::env::current_exe().expect("this test binary");
-        let mut child = Command::new(exe)
-            .args(["writer_process", "--exact", "--ignored", "--nocapture"])
-            .env(WRITER_ENV, &c.master.addr)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("spawn the writer process");
-        let stdin = child.stdin.take().expect("writer stdin");
-        let stdout = child.stdout.take().expect("writer stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Writer {
-            child,
-            stdin,
-            lines,
-            stderr,
-        }
-    }
-
-    /// Waits until the writer prints a line containing `what`.
-    fn wait_for_line(&self, what: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(what) => return,
-                Ok(_) => {}
-                Err(e) => panic!(
-                    "the writer did not print {what:?} within {WAIT:?} ({e}); its stderr:\n{}",
-                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
-                ),
-            }
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}")
-            .and_then(|()| self.stdin.flush())
-            .expect("write to the writer's stdin");
-    }
-
-    fn stop(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
-    }
-
-    /// SIGKILL and reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
+    WRITER.run();
 }
 
 fn reader_config() -> ClientConfig {
@@ -234,45 +112,9 @@ async fn last_chunk(c: &TestCluster) -> LocatedChunk {
     locs.chunks.last().cloned().expect("the file has a chunk")
 }
 
-/// How many bytes the replica at `addr` holds (`ReplicaInfo`), `None` when it does
-/// not answer.
-async fn replica_length(addr: &str, token: ChunkToken) -> Option<u64> {
-    let ask = async {
-        let mut conn = RpcClient::connect(addr, READER_TIMEOUT).await.ok()?;
-        conn.call(ReplicaInfo { token }).await.ok()
-    };
-    match tokio::time::timeout(READER_TIMEOUT, ask).await {
-        Ok(Some(report)) => Some(report.length),
-        _ => None,
-    }
-}
-
 /// Everything a new reader sees of the file now.
 async fn read_all(c: &TestCluster) -> Vec<u8> {
-    let client = Client::connect_with(&c.master.addr, reader_config())
-        .await
-        .expect("connect to the master");
-    let mut reader = client.open(PATH).await.expect("open for reading");
-    let mut got = Vec::new();
-    reader.read_to_end(&mut got).await.expect("read");
-    got
-}
-
-/// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// Waits until `f` holds (at most [`WAIT`]); `what` names the state in the failure.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::writer::read_all(c, reader_config(), PATH).await
 }
 
 #[test]
@@ -289,11 +131,11 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
         chunkserver_args: args(&["--heartbeat", "200ms", "--ack-timeout", "300s"]),
     });
     let rt = runtime();
-    let synced = synced_bytes();
+    let synced = WRITER.synced_bytes();
     let total = (SYNCED + UNACKED) as u64;
 
     // 1. SYNCED bytes hsynced: on every replica.
-    let mut w = Writer::start(&c);
+    let mut w = Writer::start(&c, &WRITER);
     w.wait_for_line(HSYNCED);
     let chunk = rt.block_on(last_chunk(&c));
     let granted: ChunkVersion = chunk.version;
@@ -302,7 +144,7 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
     let lengths = rt.block_on(async {
         let mut l = Vec::new();
         for addr in &pipeline {
-            l.push(replica_length(addr, chunk.token).await);
+            l.push(replica_length(addr, chunk.token, READER_TIMEOUT).await);
         }
         l
     });
@@ -329,7 +171,7 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
         || {
             rt.block_on(async {
                 for addr in &pipeline[..2] {
-                    if replica_length(addr, chunk.token).await != Some(total) {
+                    if replica_length(addr, chunk.token, READER_TIMEOUT).await != Some(total) {
                         return false;
                     }
                 }
@@ -374,7 +216,10 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
     let lengths = rt.block_on(async {
         let mut l = Vec::new();
         for r in &chunk.replicas {
-            l.push((r.addr.clone(), replica_length(&r.addr, chunk.token).await));
+            l.push((
+                r.addr.clone(),
+                replica_length(&r.addr, chunk.token, READER_TIMEOUT).await,
+            ));
         }
         l
     });

@@ -6,7 +6,7 @@
 mod common;
 
 use common::mount::{fuse_or_skip, is_fuse_mount, MountGuard};
-use common::{pattern, Opts, TestCluster};
+use common::{pattern, wait_for, Opts, TestCluster};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
@@ -17,14 +17,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
-
-fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Cleans up after a background `stampfs mount` if its test fails half-way.
 struct BackgroundServer {
@@ -103,10 +95,9 @@ fn ordinary_tools_work_through_the_mount() {
     let local_s = local.display().to_string();
     tool_ok("cp", &[&local_s, &m.p("big.bin")]);
     tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
-    wait_for(
-        || file_state(&c, "/big.bin") == "closed",
-        "the copied file to be closed",
-    );
+    wait_for("the copied file to be closed", || {
+        file_state(&c, "/big.bin") == "closed"
+    });
     assert_eq!(c.stat_json("/big.bin")["length"], (100 * MIB) as u64);
 
     // `ls -l` shows names and sizes.
@@ -260,14 +251,12 @@ fn open_files_show_flushed_data_and_many_stay_open_at_once() {
     let first = pattern(70_000, 50);
     stdin.write_all(&first).expect("feed put");
     stdin.flush().expect("flush");
-    wait_for(
-        || c.run(&["cat", "/growing"]).stdout.len() == first.len(),
-        "the CLI writer's bytes to be acknowledged",
-    );
-    wait_for(
-        || std::fs::metadata(m.path("growing")).is_ok_and(|md| md.len() == first.len() as u64),
-        "the mount to show the open file's flushed length",
-    );
+    wait_for("the CLI writer's bytes to be acknowledged", || {
+        c.run(&["cat", "/growing"]).stdout.len() == first.len()
+    });
+    wait_for("the mount to show the open file's flushed length", || {
+        std::fs::metadata(m.path("growing")).is_ok_and(|md| md.len() == first.len() as u64)
+    });
     let mut got = Vec::new();
     File::open(m.path("growing"))
         .expect("open growing")
@@ -293,7 +282,7 @@ fn open_files_show_flushed_data_and_many_stay_open_at_once() {
     drop(files);
     for i in 0..40 {
         let remote = format!("/many/f{i}");
-        wait_for(|| file_state(&c, &remote) == "closed", "files to be closed");
+        wait_for("files to be closed", || file_state(&c, &remote) == "closed");
         assert!(c.cat(&remote) == pattern(10_000 + i, i as u64), "{remote}");
     }
     let f = File::open(m.path("many/f39")).expect("open");
@@ -400,19 +389,16 @@ fn sigterm_and_umount_unmount_cleanly_and_close_open_files() {
     assert!(tool("umount", &[root.to_str().expect("utf8")])
         .status
         .success());
-    wait_for(
-        || {
-            // Gone, or a zombie waiting for whoever adopted it.
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| {
-                    s.rsplit(')')
-                        .next()
-                        .is_some_and(|r| r.trim_start().starts_with('Z'))
-                })
-                .unwrap_or(true)
-        },
-        "the background server to exit after umount",
-    );
+    wait_for("the background server to exit after umount", || {
+        // Gone, or a zombie waiting for whoever adopted it.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    });
 
     // SIGINT works the same way on an idle mount.
     let mut m = MountGuard::start(&c);
@@ -537,10 +523,9 @@ fn df_shows_the_clusters_raw_capacity_and_it_fills_up() {
     // heartbeats and the mount's 2 s cache have caught up, df shows it used.
     let data = pattern(4 * MIB, 21);
     std::fs::write(m.path("space.bin"), &data).expect("write through the mount");
-    wait_for(
-        || file_state(&c, "/space.bin") == "closed",
-        "the written file to be closed",
-    );
+    wait_for("the written file to be closed", || {
+        file_state(&c, "/space.bin") == "closed"
+    });
     let replication = c.stat_json("/space.bin")["replication"]
         .as_u64()
         .expect("replication");

@@ -77,46 +77,44 @@
 //! master lists the replicas (as in `tests/frozen_head.rs` and `tests/dirty_read.rs`);
 //! step 2 checks it, since only a stopped middle lets the head alone reach the longer
 //! length.
+//!
+//! [`WAIT`]: common::WAIT
 
 mod common;
 
-use common::{pattern, Opts, TestCluster};
-use stampfs_client::{Client, ClientConfig, CreateOptions};
+use common::writer::{replica_info, replica_length, Writer, WriterProcess, MORE};
+use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
+use stampfs_client::{Client, ClientConfig};
 use stampfs_proto::{
-    ChunkToken, ChunkVersion, FileLocations, FileState, LocatedChunk, RecoveryOutcome, ReplicaInfo,
-    ReplicaReport, RpcClient,
+    ChunkVersion, FileLocations, FileState, LocatedChunk, RecoveryOutcome, ReplicaReport,
 };
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PATH: &str = "/recovering";
 /// Bytes the writer hsyncs: acknowledged, on every replica.
 const SYNCED: usize = 200_000;
 /// Bytes the writer sends after the middle froze: never acknowledged, on the head only.
 const UNACKED: usize = 100_000;
-/// The cap of every wait on a state.
-const WAIT: Duration = Duration::from_secs(30);
 /// How long the test's own requests to a chunkserver may take.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Names the master in the environment of the writer process; without it
-/// [`writer_process`] is not the writer and does nothing.
-const WRITER_ENV: &str = "STAMPFS_RECOVERING_READ_MASTER";
+/// The writer process, [`writer_process`]. `STAMPFS_RECOVERING_READ_MASTER` names the
+/// master in its environment; without it [`writer_process`] is not the writer and does
+/// nothing.
+const WRITER: WriterProcess = WriterProcess {
+    test: "writer_process",
+    started_by: "a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts",
+    master_env: "STAMPFS_RECOVERING_READ_MASTER",
+    path: PATH,
+    synced: SYNCED,
+    synced_seed: 21,
+    hsynced: HSYNCED,
+    unacked: UNACKED,
+    unacked_seed: 22,
+    hflushed: "recovering-read writer: hflush returned",
+};
 /// What the writer process prints once its hsync returned.
 const HSYNCED: &str = "recovering-read writer: hsynced";
-/// What the test sends the writer process for the unacknowledged bytes.
-const MORE: &str = "more";
-
-fn synced_bytes() -> Vec<u8> {
-    pattern(SYNCED, 21)
-}
-
-fn unacked_bytes() -> Vec<u8> {
-    pattern(UNACKED, 22)
-}
 
 /// The writer process. Run by
 /// [`a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts`] (this
@@ -127,123 +125,7 @@ fn unacked_bytes() -> Vec<u8> {
 #[test]
 #[ignore = "the recovering-read test's writer process, started by that test"]
 fn writer_process() {
-    let Ok(master) = std::env::var(WRITER_ENV) else {
-        eprintln!("SKIPPED: writer_process is the writer of a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts and runs only under it");
-        return;
-    };
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // Acks that do not come must not make this writer recover its pipeline before the
-    // test kills it (the chunkservers' --ack-timeout is raised to match).
-    let config = ClientConfig {
-        ack_timeout: Duration::from_secs(600),
-        ..ClientConfig::default()
-    };
-    let (_client, mut writer) = rt.block_on(async {
-        let client = Client::connect_with(&master, config)
-            .await
-            .expect("connect to the master");
-        let opts = CreateOptions {
-            replication: Some(3),
-            ..CreateOptions::default()
-        };
-        let mut writer = client.create(PATH, opts).await.expect("create");
-        writer.write_all(&synced_bytes()).await.expect("write");
-        writer.hsync().await.expect("hsync");
-        (client, writer)
-    });
-    println!("{HSYNCED}");
-    std::io::stdout().flush().expect("stdout");
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).expect("stdin");
-    rt.block_on(async {
-        writer.write_all(&unacked_bytes()).await.expect("write");
-        let flushed = writer.hflush().await;
-        println!("recovering-read writer: hflush returned {flushed:?}");
-    });
-}
-
-/// The writer process, killed and reaped on drop.
-struct Writer {
-    child: Child,
-    stdin: ChildStdin,
-    /// Lines the writer printed, from a thread reading its stdout (it ends at the
-    /// writer's EOF).
-    lines: mpsc::Receiver<String>,
-    stderr: std::path::PathBuf,
-}
-
-impl Writer {
-    fn start(c: &TestCluster) -> Writer {
-        let stderr = c.dir.path().join("writer.stderr");
-        let file = std::fs::File::create(&stderr).expect("writer stderr file");
-        let exe = std::env::current_exe().expect("this test binary");
-        let mut child = Command::new(exe)
-            .args(["writer_process", "--exact", "--ignored", "--nocapture"])
-            .env(WRITER_ENV, &c.master.addr)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("spawn the writer process");
-        let stdin = child.stdin.take().expect("writer stdin");
-        let stdout = child.stdout.take().expect("writer stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Writer {
-            child,
-            stdin,
-            lines,
-            stderr,
-        }
-    }
-
-    /// Waits until the writer prints a line containing `what`.
-    fn wait_for_line(&self, what: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(what) => return,
-                Ok(_) => {}
-                Err(e) => panic!(
-                    "the writer did not print {what:?} within {WAIT:?} ({e}); its stderr:\n{}",
-                    std::fs::read_to_string(&self.stderr).unwrap_or_default()
-                ),
-            }
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}")
-            .and_then(|()| self.stdin.flush())
-            .expect("write to the writer's stdin");
-    }
-
-    /// SIGKILL and reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
+    WRITER.run();
 }
 
 async fn client(c: &TestCluster) -> Client {
@@ -261,56 +143,13 @@ fn last(locs: &FileLocations) -> LocatedChunk {
     locs.chunks.last().cloned().expect("the file has a chunk")
 }
 
-/// What the replica at `addr` says of itself under `token` (`ReplicaInfo`): its
-/// version and length, or the error (a replica at another version refuses the token).
-async fn replica_info(addr: &str, token: ChunkToken) -> Result<ReplicaReport, String> {
-    let ask = async {
-        let mut conn = RpcClient::connect(addr, ASK_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        conn.call(ReplicaInfo { token })
-            .await
-            .map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(ASK_TIMEOUT, ask).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no answer within {ASK_TIMEOUT:?}")),
-    }
-}
-
-/// How many bytes the replica at `addr` holds under `token`, `None` when it does not
-/// answer with a length.
-async fn replica_length(addr: &str, token: ChunkToken) -> Option<u64> {
-    replica_info(addr, token).await.ok().map(|r| r.length)
-}
-
 /// Everything a new reader sees of the file now.
 async fn read_all(c: &TestCluster) -> Vec<u8> {
-    let mut reader = client(c).await.open(PATH).await.expect("open for reading");
-    let mut got = Vec::new();
-    reader.read_to_end(&mut got).await.expect("read");
-    got
+    common::writer::read_all(c, ClientConfig::default(), PATH).await
 }
 
 async fn file_state(c: &TestCluster) -> FileState {
     client(c).await.stat(PATH).await.expect("stat").state
-}
-
-/// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// Waits until `f` holds (at most [`WAIT`]); `what` names the state in the failure.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -337,11 +176,11 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
         ]),
     });
     let rt = runtime();
-    let synced = synced_bytes();
+    let synced = WRITER.synced_bytes();
     let total = (SYNCED + UNACKED) as u64;
 
     // 1. SYNCED bytes hsynced: on every replica.
-    let mut w = Writer::start(&c);
+    let mut w = Writer::start(&c, &WRITER);
     w.wait_for_line(HSYNCED);
     let chunk = last(&rt.block_on(locations(&c)));
     let granted: ChunkVersion = chunk.version;
@@ -350,7 +189,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
     let lengths = rt.block_on(async {
         let mut l = Vec::new();
         for addr in &pipeline {
-            l.push(replica_length(addr, chunk.token).await);
+            l.push(replica_length(addr, chunk.token, ASK_TIMEOUT).await);
         }
         l
     });
@@ -381,9 +220,9 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
     wait_for(
         "the head to hold the unacknowledged bytes (if it does not, the first replica \
          listed was not the pipeline's head, or the second not its middle)",
-        || rt.block_on(replica_length(&pipeline[0], chunk.token)) == Some(total),
+        || rt.block_on(replica_length(&pipeline[0], chunk.token, ASK_TIMEOUT)) == Some(total),
     );
-    let tail_length = rt.block_on(replica_length(&pipeline[2], chunk.token));
+    let tail_length = rt.block_on(replica_length(&pipeline[2], chunk.token, ASK_TIMEOUT));
     assert_eq!(
         tail_length,
         Some(SYNCED as u64),
@@ -425,7 +264,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
         FileState::Recovering,
         "stat of the file while its lease recovery waits for the middle and the tail"
     );
-    let report = rt.block_on(replica_info(&pipeline[0], recovering.token));
+    let report = rt.block_on(replica_info(&pipeline[0], recovering.token, ASK_TIMEOUT));
     assert!(
         matches!(report, Ok(r) if r.version == recovering.version && r.length == total),
         "the head took the recovery's version {} and still holds the {total} bytes: \
@@ -494,7 +333,10 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
     let sealed = rt.block_on(async {
         let mut l = Vec::new();
         for r in &closed.replicas {
-            l.push((r.addr.clone(), replica_info(&r.addr, closed.token).await));
+            l.push((
+                r.addr.clone(),
+                replica_info(&r.addr, closed.token, ASK_TIMEOUT).await,
+            ));
         }
         l
     });

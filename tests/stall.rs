@@ -27,7 +27,7 @@
 mod common;
 
 use common::mount::{fuse_or_skip, MountGuard};
-use common::{pattern, Opts, Proc, TestCluster};
+use common::{common_prefix, pattern, Opts, Proc, TestCluster};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::IntoRawFd;
@@ -134,11 +134,6 @@ fn file_state(c: &TestCluster) -> Option<String> {
     let out = run_bounded(c, &["stat", "--json", PATH], b"", Duration::from_secs(10))?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     v["state"].as_str().map(String::from)
-}
-
-/// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// A `put - PATH` that holds its file open: its stdin stays open between pieces.

@@ -2,11 +2,13 @@
 //! loopback ports in a temp dir. Each process logs to a file; the logs are printed when
 //! a test fails. Processes can be SIGKILLed, SIGSTOPped, SIGCONTed and restarted, and
 //! every child is killed and reaped on drop. [`mount::MountGuard`] mounts such a
-//! cluster through FUSE.
+//! cluster through FUSE; [`writer::Writer`] is a writer of its files in a process of
+//! its own. And small helpers: [`wait_for`] a state, [`common_prefix`], [`runtime`].
 
 #![allow(dead_code)]
 
 pub mod mount;
+pub mod writer;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -457,4 +459,33 @@ pub fn fsck_json(c: &TestCluster, args: &[&str]) -> (Option<i32>, serde_json::Va
         )
     });
     (out.status.code(), v)
+}
+
+/// The cap of [`wait_for`] and [`writer::Writer::wait_for_line`].
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until `f` holds (at most [`WAIT`], polling every 50 ms); `what` names the
+/// state in the failure.
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How many leading bytes `a` and `b` share.
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// A current-thread tokio runtime, for a test's `block_on`s.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
