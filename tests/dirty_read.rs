@@ -45,9 +45,9 @@
 //! well (SIGKILL, restart).
 //!
 //! Nothing here waits for a time to pass: every wait is for a state, bounded by
-//! [`WAIT`]. The pipeline order is taken to be the order in which the master lists the
-//! replicas (as in `tests/frozen_head.rs`); step 2 checks it, since only a stopped tail
-//! lets the two others reach the longer length.
+//! [`WAIT`]. The master lists an open chunk's replicas in pipeline order (head first;
+//! `MasterState::locations`), which is how the test knows which one is the tail; step 2
+//! checks it, since only a stopped tail lets the two others reach the longer length.
 //!
 //! [`WAIT`]: common::WAIT
 

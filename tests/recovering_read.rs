@@ -73,10 +73,10 @@
 //! took that long would have failed the test first), and its `--dead-after` (600 s)
 //! keeps the stopped chunkservers listed as live, so they are bump targets and the
 //! master waits for them (a dead one is not a target: the attempt would bump the head
-//! alone and seal it at once). The pipeline order is taken to be the order in which the
-//! master lists the replicas (as in `tests/frozen_head.rs` and `tests/dirty_read.rs`);
-//! step 2 checks it, since only a stopped middle lets the head alone reach the longer
-//! length.
+//! alone and seal it at once). The master lists an open chunk's replicas in pipeline
+//! order (head first; `MasterState::locations`), which is how the test knows which one
+//! is the middle; step 2 checks it, since only a stopped middle lets the head alone
+//! reach the longer length.
 //!
 //! [`WAIT`]: common::WAIT
 
