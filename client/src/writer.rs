@@ -39,7 +39,7 @@ use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use stampfs_proto::{
     AddChunk, ChunkCommit, ChunkVersion, ChunkserverId, Close, FileStatus, RemoteError,
-    UpdatePipeline, WriteGrant,
+    ReplicaInfo, UpdatePipeline, WriteGrant,
 };
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -492,6 +492,29 @@ fn after_stream_end(end: StreamEnd, outstanding: bool, quiet_burst: bool) -> End
 /// exactly as if the head were unreachable, so the bytes the other replicas hold are
 /// never lost to it. Only a refusal of the token itself (which every chunkserver of the
 /// cluster would give) or of the request's shape ends the writer.
+/// Where a reopened stream starts: the least that every member of the (new) pipeline
+/// holds, between what this writer saw acknowledged (`acked`) and the end of what it
+/// sent (`unacked_end`); `acked` when a member did not answer.
+///
+/// Not `acked` itself: the members may all hold bytes whose ack never reached this
+/// writer, and a reader may have read them (a reader reads what every replica holds).
+/// Opening at `acked` would cut them; if this writer then died before its resend, lease
+/// recovery would find them gone, and the reader would have seen bytes that are not in
+/// the file (the nemesis saw exactly that). What every member holds came from this
+/// writer's own stream, so the packets resent below the start are idempotent retries.
+pub(crate) fn resume_offset(acked: u64, unacked_end: u64, lengths: &[Option<u64>]) -> u64 {
+    if lengths.iter().any(Option::is_none) {
+        return acked;
+    }
+    lengths
+        .iter()
+        .flatten()
+        .min()
+        .copied()
+        .unwrap_or(acked)
+        .clamp(acked, unacked_end.max(acked))
+}
+
 fn head_refusal_is_fatal(e: &RemoteError) -> bool {
     match e {
         RemoteError::BadToken { .. }
@@ -856,7 +879,10 @@ impl Streamer {
     }
 
     /// (Re)opens the stream of the current chunk, first excluding `bad` replicas
-    /// through a version bump at the master, then resending every unacked packet.
+    /// through a version bump at the master, then resending every unacked packet. The
+    /// stream starts at [`resume_offset`]: what every member already holds is kept (the
+    /// resent packets below it are idempotent retries), not cut back to what this
+    /// writer saw acknowledged.
     async fn reopen(&mut self, mut bad: Vec<ChunkserverId>) -> Result<()> {
         for _ in 0..MAX_RECOVERIES {
             let Some(chunk) = self.chunk.as_mut() else {
@@ -901,9 +927,43 @@ impl Streamer {
             };
             let timeout = self.client.config().request_timeout;
             let ack_timeout = self.client.config().ack_timeout;
+            let unacked_end = chunk
+                .unacked
+                .back()
+                .map_or(chunk.acked, |p| p.offset + p.data.len() as u64);
+            let start = if unacked_end > chunk.acked {
+                let mut lengths = Vec::with_capacity(chunk.grant.pipeline.len());
+                for m in &chunk.grant.pipeline {
+                    let info = ReplicaInfo {
+                        token: chunk.grant.token,
+                    };
+                    lengths.push(match self.client.call_chunkserver(&m.addr, info).await {
+                        Ok((report, _)) => Some(report.length),
+                        Err(e) => {
+                            tracing::debug!(chunkserver = %m.id, error = %e, "replica info failed");
+                            None
+                        }
+                    });
+                }
+                let start = resume_offset(chunk.acked, unacked_end, &lengths);
+                if start > chunk.acked {
+                    tracing::info!(
+                        acked = chunk.acked,
+                        start,
+                        "reopening where every member's replica ends: their bytes past the \
+                         acknowledged length are kept"
+                    );
+                }
+                start
+            } else {
+                chunk.acked
+            };
+            let Some(chunk) = self.chunk.as_mut() else {
+                return Ok(());
+            };
             let (mut stream, reply) = match PipelineStream::open(
                 &chunk.grant,
-                chunk.acked,
+                start,
                 timeout,
                 ack_timeout,
             )
@@ -1099,6 +1159,20 @@ async fn stream_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reopened_stream_keeps_what_every_member_holds() {
+        // Every member holds 150 of the 200 bytes sent; 100 were acknowledged.
+        assert_eq!(resume_offset(100, 200, &[Some(150), Some(180)]), 150);
+        // Nothing beyond the acknowledged bytes on one member: start there.
+        assert_eq!(resume_offset(100, 200, &[Some(100), Some(180)]), 100);
+        // A member that does not answer: the acknowledged length, as before.
+        assert_eq!(resume_offset(100, 200, &[Some(150), None]), 100);
+        // Never past what this writer sent, never below what it saw acknowledged.
+        assert_eq!(resume_offset(100, 200, &[Some(250), Some(300)]), 200);
+        assert_eq!(resume_offset(100, 200, &[Some(50)]), 100);
+        assert_eq!(resume_offset(100, 100, &[]), 100);
+    }
 
     #[test]
     fn only_a_refused_token_or_request_ends_the_writer_at_set_up() {
