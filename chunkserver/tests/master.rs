@@ -69,7 +69,8 @@ async fn next_matching(
     what: &str,
     f: impl Fn(&MasterRequest) -> bool,
 ) -> MasterRequest {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // A bound on a state, not a timing assertion: generous for a loaded machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let req = tokio::time::timeout_at(deadline, rx.recv())
             .await
