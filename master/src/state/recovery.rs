@@ -214,36 +214,15 @@ impl MasterState {
                 how: Closing::HolderChanged { holder },
             }),
             Start::CloseAtCommitted => {
-                self.commit(
-                    Record::Close {
-                        inode,
-                        last: None,
-                        mtime_ms,
-                    },
-                    now_ms,
-                )?;
-                Ok(RecoveryBegin::Done {
-                    outcome: self.recovery_outcome(inode, path)?,
-                    how: Closing::AtCommitted,
-                })
+                self.close_at_committed(inode, path, mtime_ms, now_ms, Closing::AtCommitted)
             }
             Start::DropEmpty => {
                 let Some(handle) = handle else {
                     return Err(Error::bad_request("an empty chunk to drop without a chunk"));
                 };
                 self.commit(Record::AbandonChunk { inode, handle }, now_ms)?;
-                self.commit(
-                    Record::Close {
-                        inode,
-                        last: None,
-                        mtime_ms,
-                    },
-                    now_ms,
-                )?;
-                Ok(RecoveryBegin::Done {
-                    outcome: self.recovery_outcome(inode, path)?,
-                    how: Closing::DroppedEmpty { handle },
-                })
+                let how = Closing::DroppedEmpty { handle };
+                self.close_at_committed(inode, path, mtime_ms, now_ms, how)
             }
             Start::Lost {
                 old_version,
@@ -384,6 +363,29 @@ impl MasterState {
         outcome.old_version = Some(plan.old_version);
         outcome.new_version = Some(plan.version);
         Ok(outcome)
+    }
+
+    /// Logs the close of `inode` at its committed length; `how` says why.
+    fn close_at_committed(
+        &mut self,
+        inode: InodeId,
+        path: String,
+        mtime_ms: u64,
+        now_ms: u64,
+        how: Closing,
+    ) -> Result<RecoveryBegin> {
+        self.commit(
+            Record::Close {
+                inode,
+                last: None,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(RecoveryBegin::Done {
+            outcome: self.recovery_outcome(inode, path)?,
+            how,
+        })
     }
 
     /// The recovery view of a file as it is now: closed (no versions), or still in
