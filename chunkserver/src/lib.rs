@@ -28,8 +28,11 @@
 //! - [`stall`]: the bound on writes to a peer that stopped reading (a timeout on
 //!   progress, restarted by every byte it takes).
 //! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.
+//! - [`bench`](mod@bench): a generator of replica files and the measure of the start-up scan
+//!   and the chunk report over them (`cargo bench --bench scan`).
 //! - [`config`] and [`error`].
 
+pub mod bench;
 pub mod checksum;
 pub mod config;
 pub mod deletion;
