@@ -426,7 +426,7 @@ async fn story(n: &mut Narrator) -> Result<()> {
 
 /// The version in the replica header of `handle` in a chunkserver directory, if any.
 fn version_on_disk(dir: &std::path::Path, handle: stampfs_proto::ChunkHandle) -> Option<u64> {
-    let bytes = std::fs::read(dir.join(format!("{handle}.chunk"))).ok()?;
+    let bytes = std::fs::read(stampfs_chunkserver::layout::replica_path(dir, handle)).ok()?;
     let slot = stampfs_chunkserver::header::SLOT_SIZE as usize;
     if bytes.len() < 2 * slot {
         return None;

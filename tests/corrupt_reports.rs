@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{flip, fsck_json, pattern, proc_of, runtime, Opts, TestCluster};
+use common::{
+    flip, fsck_json, pattern, proc_of, replica_file, replica_file_with, runtime, Opts, TestCluster,
+};
 use serde_json::Value;
 use stampfs_proto::{
     ChunkHandle, ChunkserverId, ClusterKey, RemoteError, ReportCorrupt, RpcClient, Signed,
@@ -113,9 +115,9 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
     let r: Value = serde_json::from_slice(&c.ok(&["admin", "report", "--json"])).expect("json");
     assert_eq!(r["chunks"]["healthy"], 1, "{r}");
     for p in &c.chunkservers {
-        assert!(p.dir.join(format!("{hex}.chunk")).exists(), "{}", p.name);
+        assert!(replica_file(p, &hex).exists(), "{}", p.name);
         assert!(
-            !p.dir.join(format!("{hex}.chunk.corrupt")).exists(),
+            !replica_file_with(p, &hex, ".corrupt").exists(),
             "{}",
             p.name
         );
@@ -184,8 +186,7 @@ fn a_report_of_a_really_corrupt_replica_still_gets_it_repaired() {
     // Nobody reads it and the scrub is off: only the report's verification finds it.
     report(&c, h, bad, 3);
     wait_for("the corrupt replica moved aside and replaced", || {
-        p.dir.join(format!("{hex}.chunk.corrupt")).exists()
-            && p.dir.join(format!("{hex}.chunk")).exists()
+        replica_file_with(p, &hex, ".corrupt").exists() && replica_file(p, &hex).exists()
     });
     wait_for("fsck healthy after the repair", || {
         fsck_json(&c, &[]).1["healthy"] == true

@@ -246,14 +246,10 @@ fn a_chunkserver_killed_before_answering_a_bump_leaves_a_replica_that_is_replace
     assert!(c.cat("/bumped") == data);
 }
 
-/// The names of the files in a chunkserver's directory that end with `suffix`.
-fn files_ending(p: &common::Proc, suffix: &str) -> Vec<String> {
-    std::fs::read_dir(&p.dir)
-        .expect("chunkserver dir")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(suffix))
-        .collect()
+/// The files in a chunkserver's data directory (and its replica subdirectories) that
+/// end with `suffix`.
+fn files_ending(p: &common::Proc, suffix: &str) -> Vec<std::path::PathBuf> {
+    common::data_files_ending(p, suffix)
 }
 
 /// A re-replication target dies with the whole copy sealed in its temporary file,

@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::{flip, fsck_json, id_of, pattern, proc_of, replica_file, Opts, Proc, TestCluster};
+use common::{
+    flip, fsck_json, id_of, pattern, proc_of, replica_file, replica_file_with, Opts, Proc,
+    TestCluster,
+};
 use serde_json::Value;
 use stampfs_chunkserver::header::{Header, SLOT_SIZE};
 use std::os::unix::fs::FileExt;
@@ -222,7 +225,7 @@ fn a_corrupt_replica_is_detected_excluded_and_repaired() {
         wait_for(
             &format!("{h} on cs{bad} to be moved aside and replaced"),
             &c,
-            || p.dir.join(format!("{h}.chunk.corrupt")).exists() && replica_file(p, h).exists(),
+            || replica_file_with(p, h, ".corrupt").exists() && replica_file(p, h).exists(),
         );
     }
     wait_for("fsck healthy after the repair", &c, || healthy(&c));

@@ -24,14 +24,8 @@ struct Acked {
 fn max_versions_on_disk(c: &TestCluster) -> BTreeMap<u64, u64> {
     let mut max = BTreeMap::new();
     for cs in &c.chunkservers {
-        let Ok(entries) = std::fs::read_dir(&cs.dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if !e.file_name().to_string_lossy().ends_with(".chunk") {
-                continue;
-            }
-            let bytes = std::fs::read(e.path()).expect("read replica");
+        for path in common::data_files_ending(cs, ".chunk") {
+            let bytes = std::fs::read(path).expect("read replica");
             let slot = stampfs_chunkserver::header::SLOT_SIZE as usize;
             if let Ok(h) =
                 stampfs_chunkserver::header::Header::newest(&bytes[..slot], &bytes[slot..2 * slot])
@@ -101,6 +95,7 @@ fn acknowledged_mutations_and_versions_survive_a_master_sigkill() {
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
     assert!(acked.dirs.len() > 10, "the mutation stream was running");
     let on_disk_before = max_versions_on_disk(&c);
+    assert!(!on_disk_before.is_empty(), "replica headers found on disk");
 
     c.master.restart();
     c.wait_live(3);

@@ -138,6 +138,8 @@ pub struct FileCache {
     /// or an `.await`.
     files: Mutex<Lru<FileId, Arc<File>>>,
     next_id: AtomicU64,
+    /// Misses that opened a file again (see [`FileCache::reopened`]).
+    reopened: AtomicU64,
 }
 
 impl std::fmt::Debug for FileCache {
@@ -156,6 +158,7 @@ impl FileCache {
         Self {
             files: Mutex::new(Lru::new(capacity)),
             next_id: AtomicU64::new(0),
+            reopened: AtomicU64::new(0),
         }
     }
 
@@ -184,15 +187,32 @@ impl FileCache {
     /// The open file of replica `id` at `path`: from the cache, or reopened (off the
     /// async threads) and cached, evicting the least recently used file if full.
     pub async fn get(&self, id: FileId, path: &Path) -> Result<Arc<File>> {
+        self.get_or_open(id, || path.to_path_buf()).await
+    }
+
+    /// [`FileCache::get`] with the path made only on a miss (a hit costs one lookup).
+    pub async fn get_or_open(
+        &self,
+        id: FileId,
+        path: impl FnOnce() -> PathBuf,
+    ) -> Result<Arc<File>> {
         if let Some(file) = lock(&self.files).get(id) {
             return Ok(file);
         }
-        let owned: PathBuf = path.to_path_buf();
+        let path = path();
+        let owned = path.clone();
         let file = tokio::task::spawn_blocking(move || open_replica(&owned))
             .await
-            .map_err(|e| Error::io("open", path, std::io::Error::other(e.to_string())))?
-            .map_err(|e| Error::io("open", path, e))?;
+            .map_err(|e| Error::io("open", &path, std::io::Error::other(e.to_string())))?
+            .map_err(|e| Error::io("open", &path, e))?;
+        self.reopened.fetch_add(1, Ordering::Relaxed);
         Ok(self.insert(id, Arc::new(file)))
+    }
+
+    /// Files opened on a miss so far: every one is a replica whose descriptor had been
+    /// evicted (or never opened since start-up) and was reopened by path.
+    pub fn reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
     }
 
     /// Caches `file` (already open, e.g. just created) as replica `id`'s; returns the

@@ -10,16 +10,25 @@
 //!    command of the reply (each verified with the cluster key; `Replicate` runs in the
 //!    background, `Delete` is paced by [`crate::deletion`]); `reregister` makes it
 //!    register again with a full report;
-//! 4. sends a full `ChunkReport` every `--report-every`, or after a change.
+//! 4. sends a full `ChunkReport` every `--report-every`, or after a change (at most
+//!    every `--heartbeat` per 64 Ki replicas held, see [`report_due`]).
+//!
+//! A full report (in `Register` and `ChunkReport`) is read from the store page by
+//! page ([`Store::report_page`](crate::store::Store::report_page), 64 Ki replicas) and
+//! sent as it is read: every page but the last as a [`ReportPart`], the last in the
+//! message that completes the report. At most two pages are held, whatever the
+//! number of replicas; a store of one page sends the same messages as before parts
+//! existed.
 //!
 //! Any failure drops the connection and retries with exponential backoff (100 ms up to
 //! 5 s, jittered), logging each failure; the data path never depends on the master.
 
 use crate::error::{Error, Result};
 use crate::server::{run_command, Shared};
+use crate::store::REPORT_PAGE;
 use rand::Rng;
 use stampfs_proto::{
-    ChunkReport, Heartbeat, Register, ReplicaReport, ReportCorrupt, Rpc, RpcClient,
+    ChunkReport, Heartbeat, Register, ReplicaReport, ReportCorrupt, ReportPart, Rpc, RpcClient,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -64,14 +73,11 @@ impl Backoff {
     }
 }
 
-/// Space to report: `--capacity` (used = bytes of replica data) or the file system's.
-pub fn space(
-    dir: &std::path::Path,
-    capacity: Option<u64>,
-    replicas: &[ReplicaReport],
-) -> (u64, u64) {
+/// Space to report: `--capacity` (used = `replica_bytes`, the bytes of replica data)
+/// or the file system's.
+pub fn space(dir: &std::path::Path, capacity: Option<u64>, replica_bytes: u64) -> (u64, u64) {
     match capacity {
-        Some(cap) => (cap, replicas.iter().map(|r| r.length).sum()),
+        Some(cap) => (cap, replica_bytes),
         None => match rustix::fs::statvfs(dir) {
             Ok(s) => {
                 let total = s.f_blocks.saturating_mul(s.f_frsize);
@@ -90,6 +96,8 @@ struct Session {
     client: Option<RpcClient>,
     registered: bool,
     last_report: Instant,
+    /// A change the master has not had a full report of yet.
+    changed: bool,
 }
 
 /// Runs until shutdown.
@@ -98,6 +106,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         client: None,
         registered: false,
         last_report: Instant::now(),
+        changed: false,
     };
     let mut backoff = Backoff::default();
     let mut ticker = tokio::time::interval(shared.config.heartbeat);
@@ -149,10 +158,71 @@ async fn call<Q: Rpc>(shared: &Shared, client: &mut RpcClient, req: Q) -> Result
         .map_err(Error::from)
 }
 
+/// What a full report held.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
+    replicas: u64,
+    bytes: u64,
+}
+
+/// Sends every page of the full report but the last as a [`ReportPart`] and returns
+/// the last, for the message that completes the report, with the totals.
+async fn report_parts(
+    shared: &Shared,
+    client: &mut RpcClient,
+) -> Result<(Vec<ReplicaReport>, Totals)> {
+    let store = &shared.store;
+    let mut totals = Totals::default();
+    let mut page = store.report_page(None, REPORT_PAGE).await;
+    loop {
+        totals.replicas += page.replicas.len() as u64;
+        totals.bytes += page.replicas.iter().map(|r| r.length).sum::<u64>();
+        let Some(after) = page.next else {
+            return Ok((page.replicas, totals));
+        };
+        let following = store.report_page(Some(after), REPORT_PAGE).await;
+        if following.replicas.is_empty() && following.next.is_none() {
+            return Ok((page.replicas, totals));
+        }
+        call(
+            shared,
+            client,
+            ReportPart {
+                replicas: page.replicas,
+            },
+        )
+        .await?;
+        page = following;
+    }
+}
+
+/// Whether a full report is due: `--report-every` after the last one, or after a
+/// change: at once for a store of one page (64 Ki replicas), otherwise once
+/// `--heartbeat` has passed since the last report for every page held (a large store
+/// changes every second while it deletes; its full report must not go out that
+/// often: about one page per heartbeat on average).
+pub fn report_due(
+    changed: bool,
+    since_last: Duration,
+    report_every: Duration,
+    heartbeat: Duration,
+    replicas: u64,
+) -> bool {
+    if since_last >= report_every {
+        return true;
+    }
+    let pages = replicas.div_ceil(REPORT_PAGE as u64);
+    if pages <= 1 {
+        return changed;
+    }
+    let spacing = heartbeat.saturating_mul(u32::try_from(pages).unwrap_or(u32::MAX));
+    changed && since_last >= spacing
+}
+
 async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
-    let replicas = shared.store.reports().await;
-    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, &replicas);
-    let count = replicas.len();
+    let (replicas, totals) = report_parts(shared, client).await?;
+    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, totals.bytes);
+    let count = totals.replicas;
     let reply = call(
         shared,
         client,
@@ -212,8 +282,13 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
             }
         }
     }
-    let replicas = shared.store.reports().await;
-    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, &replicas);
+    // Summing every replica's length is only needed for `--capacity`.
+    let bytes = match shared.config.capacity {
+        Some(_) => shared.store.replica_bytes().await,
+        None => 0,
+    };
+    let (capacity, used) = space(&shared.config.dir, shared.config.capacity, bytes);
+    let replica_count = shared.store.replica_count();
     let reply = call(
         shared,
         client,
@@ -221,7 +296,7 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
             id,
             capacity,
             used,
-            replica_count: replicas.len() as u64,
+            replica_count,
             active_streams: shared.active_streams.load(Ordering::Relaxed),
         },
     )
@@ -238,12 +313,20 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
             let _ = run_command(shared, command).await;
         }
     }
-    if changed || session.last_report.elapsed() >= shared.config.report_every {
-        let replicas = shared.store.reports().await;
-        let count = replicas.len();
+    session.changed |= changed;
+    let due = report_due(
+        session.changed,
+        session.last_report.elapsed(),
+        shared.config.report_every,
+        shared.config.heartbeat,
+        replica_count,
+    );
+    if due {
+        let (replicas, totals) = report_parts(shared, client).await?;
         call(shared, client, ChunkReport { id, replicas }).await?;
         session.last_report = Instant::now();
-        tracing::debug!(replicas = count, "chunk report sent");
+        session.changed = false;
+        tracing::debug!(replicas = totals.replicas, "chunk report sent");
     }
     Ok(())
 }
@@ -268,17 +351,38 @@ mod tests {
 
     #[test]
     fn capacity_override_reports_replica_bytes() {
-        let r = ReplicaReport {
-            handle: stampfs_proto::ChunkHandle(1),
-            version: stampfs_proto::ChunkVersion(1),
-            length: 100,
-            state: stampfs_proto::ReplicaState::Writing,
-        };
         assert_eq!(
-            space(std::path::Path::new("/"), Some(1000), &[r, r]),
+            space(std::path::Path::new("/"), Some(1000), 200),
             (1000, 200)
         );
-        let (total, used) = space(std::path::Path::new("/"), None, &[]);
+        let (total, used) = space(std::path::Path::new("/"), None, 200);
         assert!(total >= used);
+    }
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_full_report_is_due_every_report_interval() {
+        assert!(report_due(false, 60 * S, 60 * S, S, 0));
+        assert!(report_due(false, 60 * S, 60 * S, S, 10_000_000));
+        assert!(!report_due(false, 59 * S, 60 * S, S, 0));
+    }
+
+    #[test]
+    fn a_store_of_one_page_reports_a_change_at_once() {
+        assert!(report_due(true, Duration::ZERO, 60 * S, S, 0));
+        assert!(report_due(true, S / 10, 60 * S, S, REPORT_PAGE as u64));
+        assert!(!report_due(false, S / 10, 60 * S, S, 10));
+    }
+
+    #[test]
+    fn a_large_store_reports_a_change_after_a_beat_per_page() {
+        let million = 1_000_000;
+        // 16 pages of 64 Ki replicas.
+        assert!(!report_due(true, 15 * S, 60 * S, S, million));
+        assert!(report_due(true, 16 * S, 60 * S, S, million));
+        // Never later than the report interval.
+        assert!(report_due(true, 60 * S, 60 * S, S, 1 << 40));
+        assert!(!report_due(true, 59 * S, 60 * S, S, 1 << 40));
     }
 }

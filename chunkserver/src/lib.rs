@@ -11,8 +11,11 @@
 //! - [`gate`]: the version comparison every data-path request passes (pure).
 //! - [`io`]: the [`io::IoEngine`] trait with io_uring ([`io::UringEngine`]) and
 //!   plain-threads ([`io::ThreadsEngine`]) implementations.
+//! - [`layout`]: where replica files live (`DIR/<hh>/<handle>.chunk`, 256
+//!   subdirectories) and how files of the flat layout are put in place.
 //! - [`store`]: the [`store::Store`] of replicas, per-chunk locks, durability rules,
-//!   start-up scan and recovery, corrupt replicas moved aside.
+//!   the streaming start-up scan and recovery, corrupt replicas moved aside, the
+//!   chunk report in pages.
 //! - [`fdcache`]: the bounded LRU of open replica files ([`fdcache::FileCache`],
 //!   `--max-open-files`), so replicas are not limited by the open-file limit.
 //! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
@@ -25,8 +28,11 @@
 //! - [`stall`]: the bound on writes to a peer that stopped reading (a timeout on
 //!   progress, restarted by every byte it takes).
 //! - [`server`]: start-up, listener, connection handlers, request dispatch, shutdown.
+//! - [`bench`](mod@bench): a generator of replica files and the measure of the start-up scan
+//!   and the chunk report over them (`cargo bench --bench scan`).
 //! - [`config`] and [`error`].
 
+pub mod bench;
 pub mod checksum;
 pub mod config;
 pub mod deletion;
@@ -36,6 +42,7 @@ pub mod gate;
 pub mod header;
 pub mod heartbeat;
 pub mod io;
+pub mod layout;
 pub mod pipeline;
 pub mod replication;
 pub mod scrub;

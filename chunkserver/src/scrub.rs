@@ -88,49 +88,69 @@ async fn pass(shared: &Shared, rate: u64) -> Option<PassStats> {
     let store = &shared.store;
     let step = piece(rate);
     let mut stats = PassStats::default();
-    let finalized = store
-        .reports()
-        .await
-        .into_iter()
-        .filter(|r| r.state == ReplicaState::Finalized);
-    for replica in finalized {
-        let handle = replica.handle;
-        stats.replicas += 1;
-        let mut offset = 0u64;
-        loop {
-            // Version and length as they are now: the replica may have been bumped,
-            // grown or deleted since the last piece.
-            let Ok(info) = store.info(handle).await else {
-                break;
-            };
-            if offset >= info.length || info.state != ReplicaState::Finalized {
-                break;
-            }
-            let want = step.min(info.length - offset);
-            match store.read(handle, info.version, offset, want).await {
-                Ok((_, data)) if data.is_empty() => break,
-                Ok((_, data)) => {
-                    offset += data.len() as u64;
-                    stats.bytes += data.len() as u64;
-                }
-                Err(Error::ChecksumMismatch { offset: bad, .. }) => {
-                    tracing::error!(chunk = %handle, version = %info.version, offset = bad, "scrub found a corrupt replica; it was moved aside and is reported to the master");
-                    stats.corrupt += 1;
-                    break;
-                }
-                // Bumped or deleted meanwhile: the next pass sees it again.
-                Err(e) => {
-                    tracing::debug!(chunk = %handle, error = %e, "scrub skipped a replica");
-                    break;
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(pace(want, rate)) => {}
-                _ = shared.cancel.cancelled() => return None,
-            }
+    // Page by page, so a pass over millions of replicas holds one page of reports.
+    let mut page = store.report_page(None, SCRUB_PAGE).await;
+    loop {
+        for replica in page
+            .replicas
+            .iter()
+            .filter(|r| r.state == ReplicaState::Finalized)
+        {
+            scrub_one(shared, rate, step, replica.handle, &mut stats).await?;
+        }
+        match page.next {
+            Some(after) => page = store.report_page(Some(after), SCRUB_PAGE).await,
+            None => return Some(stats),
         }
     }
-    Some(stats)
+}
+
+/// Replicas per page of a scrub pass.
+const SCRUB_PAGE: usize = 4096;
+
+/// Reads one replica whole at the scrub rate; `None` at shutdown.
+async fn scrub_one(
+    shared: &Shared,
+    rate: u64,
+    step: u64,
+    handle: ChunkHandle,
+    stats: &mut PassStats,
+) -> Option<()> {
+    let store = &shared.store;
+    stats.replicas += 1;
+    let mut offset = 0u64;
+    loop {
+        // Version and length as they are now: the replica may have been bumped,
+        // grown or deleted since the last piece.
+        let Ok(info) = store.info(handle).await else {
+            return Some(());
+        };
+        if offset >= info.length || info.state != ReplicaState::Finalized {
+            return Some(());
+        }
+        let want = step.min(info.length - offset);
+        match store.read(handle, info.version, offset, want).await {
+            Ok((_, data)) if data.is_empty() => return Some(()),
+            Ok((_, data)) => {
+                offset += data.len() as u64;
+                stats.bytes += data.len() as u64;
+            }
+            Err(Error::ChecksumMismatch { offset: bad, .. }) => {
+                tracing::error!(chunk = %handle, version = %info.version, offset = bad, "scrub found a corrupt replica; it was moved aside and is reported to the master");
+                stats.corrupt += 1;
+                return Some(());
+            }
+            // Bumped or deleted meanwhile: the next pass sees it again.
+            Err(e) => {
+                tracing::debug!(chunk = %handle, error = %e, "scrub skipped a replica");
+                return Some(());
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pace(want, rate)) => {}
+            _ = shared.cancel.cancelled() => return None,
+        }
+    }
 }
 
 /// Version changes tolerated while verifying one replica (a bump between two pieces
@@ -303,7 +323,7 @@ mod tests {
         );
         assert!(!path.exists(), "moved aside");
         assert!(
-            std::fs::read_dir(dir.path())
+            std::fs::read_dir(path.parent().expect("its subdirectory"))
                 .expect("ls")
                 .filter_map(|e| e.ok())
                 .any(|e| e.file_name().to_string_lossy().ends_with(".corrupt")),

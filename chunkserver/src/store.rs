@@ -1,5 +1,8 @@
-//! The replica store: one file per replica under the data directory, the version gate,
-//! and every operation on replica data.
+//! The replica store: one file per replica under the data directory (in the
+//! subdirectory of its handle, see [`crate::layout`]), the version gate, and every
+//! operation on replica data. Opening it scans the directory (`store::scan`, streaming,
+//! on [`SCAN_THREADS`] threads) and recovers each replica (`store::recovery`); the
+//! replica table is read back in pages for the chunk report ([`Store::report_page`]).
 //!
 //! A replica holds no descriptor of its own: its file is opened through the store's
 //! bounded [`FileCache`] (`--max-open-files`), keyed by the replica instance, so
@@ -47,29 +50,29 @@
 //!   block may; recovery extends a replica past its header to a record's length when
 //!   the data bears the record out. Cuts erase the records.
 
-use crate::checksum::{self, BlockCheck};
+mod recovery;
+mod scan;
+
+use crate::checksum;
 use crate::error::{Error, Result};
 use crate::fdcache::{self, FileCache, FileId};
 use crate::gate;
 use crate::header::{
-    self, Header, SyncRecord, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, RECORD_LEN, SLOT_SIZE, TABLE_LEN,
+    self, Header, SyncRecord, BLOCK, DATA_OFFSET, MAX_CHUNK_SIZE, RECORD_LEN, TABLE_LEN,
 };
 use crate::io::{IoEngine, IoOp};
+use crate::layout::Layout;
 use bytes::Bytes;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaReport, ReplicaState, MAX_DATA_LEN};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OwnedRwLockWriteGuard, RwLock};
 
-/// Suffix of replica files.
-pub const REPLICA_SUFFIX: &str = ".chunk";
-/// Suffix appended to a replica file that was moved aside as corrupt.
-pub const CORRUPT_SUFFIX: &str = ".corrupt";
-/// Suffix of temporary files (removed at start-up).
-pub const TEMP_SUFFIX: &str = ".tmp";
+pub use crate::layout::{sync_dir, CORRUPT_SUFFIX, REPLICA_SUFFIX, TEMP_SUFFIX};
+pub use scan::{ScanStats, SCAN_THREADS};
 
 /// The per-chunk lock and what it protects.
 type Slot = RwLock<SlotState>;
@@ -82,16 +85,24 @@ enum SlotState {
     Removed,
 }
 
+/// Where a store's replica files are and which of them are open; shared by the store
+/// and every replica, so a replica keeps neither a path nor a descriptor of its own.
+#[derive(Debug)]
+struct Disk {
+    layout: Layout,
+    /// The replica files kept open (bounded); each replica's entry is keyed by its id.
+    cache: FileCache,
+}
+
 /// One replica in memory. Its file is opened through the store's [`FileCache`]
-/// (see [`Replica::file`]); dropping the replica drops its cache entry.
+/// (see [`Replica::file`]); dropping the replica drops its cache entry. Its path is
+/// its handle's in the [`Layout`].
 #[derive(Debug)]
 struct Replica {
-    /// The store's open files; this replica's entry is keyed by `id`.
-    files: Arc<FileCache>,
-    /// This replica instance's identity in `files`: a new one whenever the file at
-    /// `path` may be a different inode (load, creation, a received copy renamed in).
+    disk: Arc<Disk>,
+    /// This replica instance's identity in the cache: a new one whenever the file at
+    /// its path may be a different inode (load, creation, a received copy renamed in).
     id: FileId,
-    path: PathBuf,
     /// The last header written.
     header: Header,
     /// Whether `header` is known durable (false after an hsync header, which rides on
@@ -111,14 +122,19 @@ struct Replica {
 
 impl Drop for Replica {
     fn drop(&mut self) {
-        self.files.forget(self.id);
+        self.disk.cache.forget(self.id);
     }
 }
 
 impl Replica {
-    /// The replica's open file (cached, or reopened at `path`).
+    /// Where the replica's file is.
+    fn path(&self) -> PathBuf {
+        self.disk.layout.replica_path(self.header.handle)
+    }
+
+    /// The replica's open file (cached, or reopened at its path).
     async fn file(&self) -> Result<Arc<File>> {
-        self.files.get(self.id, &self.path).await
+        self.disk.cache.get_or_open(self.id, || self.path()).await
     }
 
     fn report(&self) -> ReplicaReport {
@@ -131,7 +147,7 @@ impl Replica {
     }
 
     fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> Error + '_ {
-        move |e| Error::io(op, &self.path, e)
+        move |e| Error::io(op, self.path(), e)
     }
 
     /// Writes the next header after `pre`, then fsyncs, as one linked chain.
@@ -236,7 +252,10 @@ impl Replica {
             .map_err(self.io("read checksums"))?;
         if bytes.len() as u64 != count * 4 {
             return Err(Error::CorruptHeader {
-                reason: format!("{} is shorter than its checksum table", self.path.display()),
+                reason: format!(
+                    "{} is shorter than its checksum table",
+                    self.path().display()
+                ),
             });
         }
         Ok(checksum::parse_table(&bytes))
@@ -562,7 +581,7 @@ impl Replica {
         engine
             .run(self.file().await?, ops)
             .await
-            .map_err(|e| Error::io("write", &self.path, e))
+            .map_err(|e| Error::io("write", self.path(), e))
     }
 
     /// After a write chain failed part-way (ENOSPC, EIO): its data and table writes
@@ -889,9 +908,8 @@ impl Incoming {
         // Sealed and durable, but only as a temporary file: start-up removes it.
         stampfs_proto::crash_point!("copy-before-rename");
         let replica = Replica {
-            files: store.files.clone(),
-            id: store.files.next_id(),
-            path: store.replica_path(self.handle),
+            disk: store.disk.clone(),
+            id: store.disk.cache.next_id(),
             header,
             header_durable: true,
             length: self.received,
@@ -913,7 +931,8 @@ impl Incoming {
                 }
                 SlotState::Live(_) | SlotState::Creating => {}
             }
-            let (tmp, dst, dir) = (self.tmp.clone(), replica.path.clone(), store.dir.clone());
+            let (tmp, dst) = (self.tmp.clone(), replica.path());
+            let dir = store.disk.layout.dir_of(self.handle);
             blocking(move || {
                 std::fs::rename(&tmp, &dst).map_err(|e| Error::io("rename", &tmp, e))?;
                 sync_dir(&dir)
@@ -922,7 +941,7 @@ impl Incoming {
             self.finished = true;
             // The new inode under a new identity; the replaced replica's entry goes
             // with it (dropped here, under the lock).
-            store.files.insert(replica.id, self.file.clone());
+            store.disk.cache.insert(replica.id, self.file.clone());
             *guard = SlotState::Live(replica);
             store.changed.notify_one();
             return Ok(report);
@@ -940,13 +959,13 @@ impl Drop for Incoming {
 
 /// The replicas of one data directory.
 pub struct Store {
-    dir: PathBuf,
     engine: Arc<dyn IoEngine>,
-    /// The replica files kept open (bounded; every [`Replica`] holds it too).
-    files: Arc<FileCache>,
-    /// handle → per-chunk lock. This std mutex is held only to look up, insert or
-    /// remove entries, never across I/O or an `.await`.
-    slots: Mutex<HashMap<ChunkHandle, Arc<Slot>>>,
+    /// The layout and the open replica files (every [`Replica`] holds it too).
+    disk: Arc<Disk>,
+    /// handle → per-chunk lock, in handle order (the chunk report is read from it in
+    /// pages). This std mutex is held only to look up, insert or remove entries, or to
+    /// copy out one page, never across I/O or an `.await`.
+    slots: Mutex<BTreeMap<ChunkHandle, Arc<Slot>>>,
     /// Replicas moved aside as corrupt and not yet reported to the master; drained by
     /// the heartbeat task through [`Store::take_corrupt`].
     corrupt: Mutex<Vec<ChunkHandle>>,
@@ -963,9 +982,9 @@ pub const DEFAULT_WRITE_BEHIND: u64 = 2 << 20;
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("dir", &self.dir)
+            .field("dir", &self.disk.layout.root())
             .field("engine", &self.engine.name())
-            .field("files", &self.files)
+            .field("files", &self.disk.cache)
             .finish_non_exhaustive()
     }
 }
@@ -979,13 +998,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
             path: String::new(),
             source: std::io::Error::other(e.to_string()),
         })?
-}
-
-/// fsyncs a directory, making renames and unlinks in it durable.
-pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
 /// Writes `contents` to `path` durably and atomically: temp file, fsync, rename, fsync
@@ -1010,7 +1022,7 @@ pub fn replace_file(path: &Path, contents: &[u8]) -> Result<()> {
 
 /// Renames `path` aside as `<name>.corrupt` (or `<name>.corrupt.N` if taken); returns
 /// the new path.
-fn move_aside(path: &Path) -> Result<PathBuf> {
+pub(crate) fn move_aside(path: &Path) -> Result<PathBuf> {
     let mut n = 0u32;
     loop {
         let mut name = path.as_os_str().to_owned();
@@ -1027,186 +1039,6 @@ fn move_aside(path: &Path) -> Result<PathBuf> {
             return Ok(dst);
         }
         n += 1;
-    }
-}
-
-fn parse_replica_name(name: &str) -> Option<ChunkHandle> {
-    let stem = name.strip_suffix(REPLICA_SUFFIX)?;
-    if stem.len() != 16 || !stem.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u64::from_str_radix(stem, 16).ok().map(ChunkHandle)
-}
-
-/// Loads one replica file at start-up (blocking).
-/// The file is closed again when it returns: the replica reopens it through `files`.
-fn load_replica(path: &Path, handle: ChunkHandle, files: &Arc<FileCache>) -> Result<Replica> {
-    let io = |op| move |e| Error::io(op, path, e);
-    let file = fdcache::open_replica(path).map_err(io("open"))?;
-    let file_len = file.metadata().map_err(io("stat"))?.len();
-    let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
-    let got = read_full_at(&file, &mut slots, 0).map_err(io("read header"))?;
-    slots[got..].fill(0);
-    let (s0, s1) = slots.split_at(SLOT_SIZE as usize);
-    let header = Header::newest(s0, s1)?;
-    if header.handle != handle {
-        return Err(Error::CorruptHeader {
-            reason: format!("header names chunk {}", header.handle),
-        });
-    }
-    let on_disk = file_len.saturating_sub(DATA_OFFSET).min(MAX_CHUNK_SIZE);
-    let mut table_bytes = vec![0u8; TABLE_LEN as usize];
-    let got = read_full_at(&file, &mut table_bytes, header::TABLE_OFFSET)
-        .map_err(io("read checksums"))?;
-    table_bytes[got..].fill(0);
-    let table = checksum::parse_table(&table_bytes);
-    let (length, tail_crc) = match header.state {
-        ReplicaState::Finalized => {
-            if on_disk < header.length {
-                return Err(Error::CorruptHeader {
-                    reason: format!(
-                        "finalized at {} bytes but the file holds {on_disk}",
-                        header.length
-                    ),
-                });
-            }
-            let tail = if header.length % BLOCK == 0 {
-                0
-            } else {
-                table[checksum::block_of(header.length) as usize]
-            };
-            (header.length, tail)
-        }
-        ReplicaState::Writing => {
-            // Every header's length was synced before the header was written, so data
-            // that does not bear it out is corruption, never a torn write.
-            let Some(base_tail) =
-                vouches(&file, &table, on_disk, &header, 0).map_err(io("read"))?
-            else {
-                return Err(Error::CorruptHeader {
-                    reason: format!(
-                        "the data does not bear out the header's {} bytes at version {}",
-                        header.length, header.version
-                    ),
-                });
-            };
-            if header.capped {
-                (header.length, base_tail)
-            } else {
-                let (length, tail) =
-                    past_header(&file, &table, on_disk, &header, base_tail, &slots)
-                        .map_err(io("read"))?;
-                extend_length(&file, on_disk, &table, length, tail).map_err(io("read"))?
-            }
-        }
-    };
-    let mut replica = Replica {
-        files: files.clone(),
-        id: files.next_id(),
-        path: path.to_path_buf(),
-        header,
-        header_durable: true,
-        length,
-        tail_crc,
-        behind: length,
-        padded: on_disk,
-    };
-    if header.capped {
-        replica
-            .finish_cut(&file)
-            .map_err(io("finish an interrupted cut"))?;
-    }
-    if header.state == ReplicaState::Writing && !header.capped {
-        replica
-            .forget_past_end(&file, &table, file_len)
-            .map_err(io("drop what lies past the recovered length"))?;
-    }
-    if header.state == ReplicaState::Finalized && file_len > DATA_OFFSET + header.length {
-        // A crash between finalize's header and its cut left zeros (or a recovered
-        // tail) past the final length: finish the cut.
-        file.set_len(DATA_OFFSET + header.length)
-            .and_then(|()| file.sync_all())
-            .map_err(io("cut a finalized replica to its length"))?;
-        replica.padded = header.length;
-    }
-    Ok(replica)
-}
-
-impl Replica {
-    /// After start-up recovery of a `Writing` replica: checksum entries past the
-    /// recovered length (left by appends a crash cut short) are zeroed and the file is
-    /// cut to the length, so no later write can end up next to an old entry that
-    /// vouches for bytes nobody wrote at this length (zeros written ahead by a later
-    /// small hsync could otherwise match one). Writes only when something is there.
-    fn forget_past_end(
-        &mut self,
-        file: &File,
-        table: &[u32],
-        file_len: u64,
-    ) -> std::io::Result<()> {
-        let first = checksum::block_of(self.length) as usize;
-        let tail_stale =
-            self.length % BLOCK != 0 && table.get(first).is_some_and(|e| *e != self.tail_crc);
-        let later = if self.length % BLOCK == 0 {
-            first
-        } else {
-            first + 1
-        };
-        let stale = tail_stale || table.iter().skip(later).any(|e| *e != 0);
-        if stale {
-            if let Some((offset, entries)) = stale_table_entries(self.length, self.tail_crc) {
-                file.write_all_at(&entries, offset)?;
-                file.sync_data()?;
-            }
-        }
-        if file_len > DATA_OFFSET + self.length {
-            file.set_len(DATA_OFFSET + self.length)?;
-            self.padded = self.length;
-        }
-        if stale || file_len > DATA_OFFSET + self.length {
-            file.sync_all()?;
-            tracing::info!(chunk = %self.header.handle, length = self.length, "dropped what lay past the recovered length");
-        }
-        Ok(())
-    }
-
-    /// Completes a cut that a crash interrupted after its capped header (see
-    /// [`Replica::cut_to`]): the data ends at the header's length; the bytes and
-    /// checksums past it are removed and the header is rewritten uncapped (blocking,
-    /// at start-up).
-    fn finish_cut(&mut self, file: &File) -> std::io::Result<()> {
-        let length = self.header.length;
-        let in_block = length % BLOCK;
-        let tail = if in_block == 0 {
-            0
-        } else {
-            let start = checksum::block_start(checksum::block_of(length));
-            let mut buf = vec![0u8; in_block as usize];
-            let got = read_full_at(file, &mut buf, DATA_OFFSET + start)?;
-            crc32fast::hash(&buf[..got])
-        };
-        if let Some((offset, entries)) = stale_table_entries(length, tail) {
-            file.write_all_at(&entries, offset)?;
-        }
-        for seq in 0..2 {
-            file.write_all_at(&[0; RECORD_LEN], SyncRecord::offset(seq))?;
-        }
-        file.sync_data()?;
-        file.set_len(DATA_OFFSET + length)?;
-        file.sync_all()?;
-        let next = self
-            .header
-            .next(self.header.version, self.header.state, length)
-            .with_tail(tail);
-        file.write_all_at(&next.encode_head(), next.slot_offset())?;
-        file.sync_all()?;
-        tracing::info!(chunk = %next.handle, length, "finished a cut interrupted by a crash");
-        self.header = next;
-        self.length = length;
-        self.tail_crc = tail;
-        self.behind = length;
-        self.padded = length;
-        Ok(())
     }
 }
 
@@ -1251,199 +1083,47 @@ fn stale_table_entries(length: u64, tail: u32) -> Option<(u64, Vec<u8>)> {
     Some((offset, entries))
 }
 
-fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], offset + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
-/// Whether the data bears out `h`'s length: every whole block below it matches its
-/// checksum entry, and the partial block matches the header's tail CRC (or, for a
-/// header written without one, the entry covers at least that much). Returns the CRC
-/// of the partial block (0 when aligned).
-///
-/// Whole blocks below `checked` are taken as verified already (a claim past a header
-/// that was itself borne out need not read them again).
-fn vouches(
-    file: &File,
-    table: &[u32],
-    on_disk: u64,
-    h: &Header,
-    checked: u64,
-) -> std::io::Result<Option<u32>> {
-    if h.length > on_disk {
-        return Ok(None);
-    }
-    let last = checksum::block_of(h.length);
-    let mut buf = vec![0u8; BLOCK as usize];
-    for block in checksum::block_of(checked).min(last)..last {
-        let got = read_full_at(file, &mut buf, DATA_OFFSET + checksum::block_start(block))?;
-        let stored = table.get(block as usize).copied().unwrap_or(0);
-        if got < buf.len() || crc32fast::hash(&buf) != stored {
-            return Ok(None);
-        }
-    }
-    let rem = (h.length % BLOCK) as usize;
-    if rem == 0 {
-        return Ok(Some(0));
-    }
-    let start = checksum::block_start(last);
-    let want = ((on_disk - start).min(BLOCK)) as usize;
-    let got = read_full_at(file, &mut buf[..want], DATA_OFFSET + start)?;
-    if got < rem {
-        return Ok(None);
-    }
-    let tail = crc32fast::hash(&buf[..rem]);
-    let ok = match h.tail_crc {
-        Some(t) => t == tail,
-        None => {
-            match checksum::check_block(&buf[..got], table.get(last as usize).copied().unwrap_or(0))
-            {
-                BlockCheck::Full => true,
-                BlockCheck::Prefix(n) => n >= rem,
-                BlockCheck::Bad => false,
-            }
-        }
-    };
-    Ok(ok.then_some(tail))
-}
-
-/// How far a `Writing` replica's sync records take it past its (vouched) header: the
-/// longest record of the same chunk and version that the data bears out, else the
-/// header's own length. Returns the length and its tail CRC.
-fn past_header(
-    file: &File,
-    table: &[u32],
-    on_disk: u64,
-    header: &Header,
-    tail: u32,
-    slots: &[u8],
-) -> std::io::Result<(u64, u32)> {
-    let mut records: Vec<SyncRecord> = SyncRecord::both(slots)
-        .into_iter()
-        .filter(|r| {
-            r.handle == header.handle && r.version == header.version && r.length > header.length
-        })
-        .collect();
-    records.sort_by_key(|r| std::cmp::Reverse(r.length));
-    for r in records {
-        let claim = header
-            .next(r.version, ReplicaState::Writing, r.length)
-            .with_tail(r.tail_crc);
-        if let Some(t) = vouches(file, table, on_disk, &claim, header.length)? {
-            tracing::info!(chunk = %r.handle, length = r.length, header = header.length, "an hsync's record carries the replica past its header");
-            return Ok((r.length, t));
-        }
-    }
-    Ok((header.length, tail))
-}
-
-/// The length of a `Writing` replica's valid data past a vouched `length` (with tail
-/// CRC `tail`): blocks from the one holding `length` are checked in order against the
-/// checksum table (appends after the last durable header); the first block that does
-/// not match in full ends it at the longest prefix its entry covers, and nothing after
-/// it counts. Never shorter than `length`. Returns the length and its tail CRC.
-fn extend_length(
-    file: &File,
-    on_disk: u64,
-    table: &[u32],
-    length: u64,
-    tail: u32,
-) -> std::io::Result<(u64, u32)> {
-    let mut best = (length, tail);
-    let mut block = checksum::block_of(length);
-    let mut buf = vec![0u8; BLOCK as usize];
-    loop {
-        let start = checksum::block_start(block);
-        if start >= on_disk {
-            return Ok(best);
-        }
-        let end = (start + BLOCK).min(on_disk);
-        let want = (end - start) as usize;
-        let got = read_full_at(file, &mut buf[..want], DATA_OFFSET + start)?;
-        let stored = table.get(block as usize).copied().unwrap_or(0);
-        let (found, more) = match checksum::check_block(&buf[..got], stored) {
-            BlockCheck::Full if got == want && end % BLOCK == 0 => ((end, 0), true),
-            BlockCheck::Full => ((start + got as u64, stored), false),
-            BlockCheck::Prefix(n) => ((start + n as u64, stored), false),
-            BlockCheck::Bad => return Ok(best),
-        };
-        if found.0 > best.0 {
-            best = found;
-        }
-        if !more {
-            return Ok(best);
-        }
-        block += 1;
-    }
-}
-
 impl Store {
-    /// Opens (creating if needed) the data directory: removes leftover temporary files,
-    /// loads and verifies every replica header, recovers the length of replicas that
-    /// were being written, and moves aside (never deletes) replicas that fail.
+    /// Opens (creating if needed) the data directory: puts replica files in their
+    /// subdirectories (migrating a flat layout, see [`crate::layout`]), removes leftover
+    /// temporary files, loads and verifies every replica header, recovers the length of
+    /// replicas that were being written, and moves aside (never deletes) replicas that
+    /// fail. The scan streams through the directories (see `store::scan`).
     pub async fn open(dir: &Path, engine: Arc<dyn IoEngine>) -> Result<Store> {
-        let dir = dir.to_path_buf();
-        let scan_dir = dir.clone();
-        let files = Arc::new(FileCache::new(fdcache::DEFAULT_CAPACITY));
-        let scan_files = files.clone();
-        let (loaded, corrupt) = blocking(move || {
-            std::fs::create_dir_all(&scan_dir).map_err(|e| Error::io("create", &scan_dir, e))?;
-            let mut loaded = HashMap::new();
-            let mut corrupt = Vec::new();
-            let entries = std::fs::read_dir(&scan_dir).map_err(|e| Error::io("list", &scan_dir, e))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| Error::io("list", &scan_dir, e))?;
-                let path = entry.path();
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                    continue;
-                };
-                if name.ends_with(TEMP_SUFFIX) {
-                    tracing::info!(path = %path.display(), "removing leftover temporary file");
-                    std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
-                    continue;
-                }
-                let Some(handle) = parse_replica_name(&name) else {
-                    continue;
-                };
-                match load_replica(&path, handle, &scan_files) {
-                    Ok(r) => {
-                        tracing::debug!(chunk = %handle, version = %r.header.version, length = r.length, state = ?r.header.state, "replica loaded");
-                        loaded.insert(handle, r);
-                    }
-                    Err(e @ Error::Io { .. }) => return Err(e),
-                    Err(e) => {
-                        let aside = move_aside(&path)?;
-                        tracing::error!(chunk = %handle, error = %e, moved_to = %aside.display(), "corrupt replica moved aside");
-                        corrupt.push(handle);
-                    }
-                }
-            }
-            sync_dir(&scan_dir)?;
-            Ok((loaded, corrupt))
-        })
-        .await?;
-        tracing::info!(dir = %dir.display(), replicas = loaded.len(), corrupt = corrupt.len(), "replica store opened");
-        let slots = loaded
-            .into_iter()
-            .map(|(h, r)| (h, Arc::new(RwLock::new(SlotState::Live(r)))))
-            .collect();
-        Ok(Store {
-            dir,
+        Ok(Self::open_with_stats(dir, engine).await?.0)
+    }
+
+    /// [`Store::open`], also returning what the scan found.
+    pub async fn open_with_stats(
+        dir: &Path,
+        engine: Arc<dyn IoEngine>,
+    ) -> Result<(Store, ScanStats)> {
+        let disk = Arc::new(Disk {
+            layout: Layout::new(dir),
+            cache: FileCache::new(fdcache::DEFAULT_CAPACITY),
+        });
+        let scan_disk = disk.clone();
+        let started = std::time::Instant::now();
+        let scanned = blocking(move || scan::scan(&scan_disk)).await?;
+        let stats = scanned.stats;
+        tracing::info!(
+            dir = %dir.display(),
+            replicas = stats.replicas,
+            corrupt = stats.corrupt,
+            ignored = stats.ignored,
+            moved = stats.placed.moved,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "replica store opened"
+        );
+        let store = Store {
             engine,
-            files,
-            slots: Mutex::new(slots),
-            corrupt: Mutex::new(corrupt),
+            disk,
+            slots: Mutex::new(scanned.slots),
+            corrupt: Mutex::new(scanned.corrupt),
             changed: Notify::new(),
             write_behind: DEFAULT_WRITE_BEHIND,
-        })
+        };
+        Ok((store, stats))
     }
 
     /// Starts writing appended data back to disk every `bytes` per replica, without
@@ -1459,23 +1139,29 @@ impl Store {
     /// more only while operations in flight still hold evicted ones.
     #[must_use]
     pub fn with_max_open_files(self, max: usize) -> Self {
-        self.files.set_capacity(max);
+        self.disk.cache.set_capacity(max);
         self
     }
 
     /// The most replica files the store keeps open.
     pub fn max_open_files(&self) -> usize {
-        self.files.capacity()
+        self.disk.cache.capacity()
     }
 
     /// Replica files the store keeps open now (operations in flight may hold more).
     pub fn open_files(&self) -> usize {
-        self.files.open_files()
+        self.disk.cache.open_files()
+    }
+
+    /// Replica files reopened by path since the store opened (each one a cache miss:
+    /// evicted, or not used since start-up).
+    pub fn reopened_files(&self) -> u64 {
+        self.disk.cache.reopened()
     }
 
     /// The data directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.disk.layout.root()
     }
 
     /// The I/O engine's name.
@@ -1485,7 +1171,7 @@ impl Store {
 
     /// Where the replica of `handle` lives.
     pub fn replica_path(&self, handle: ChunkHandle) -> PathBuf {
-        self.dir.join(format!("{handle}{REPLICA_SUFFIX}"))
+        self.disk.layout.replica_path(handle)
     }
 
     /// Corrupt replicas found since the last call (for ReportCorrupt).
@@ -1531,7 +1217,7 @@ impl Store {
         why: &Error,
     ) {
         if let SlotState::Live(r) = &*state {
-            let path = r.path.clone();
+            let path = r.path();
             match blocking(move || move_aside(&path)).await {
                 Ok(aside) => {
                     tracing::error!(chunk = %handle, error = %why, moved_to = %aside.display(), "corrupt replica moved aside")
@@ -1638,9 +1324,7 @@ impl Store {
 
     async fn create_replica(&self, handle: ChunkHandle, version: ChunkVersion) -> Result<Replica> {
         let path = self.replica_path(handle);
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(TEMP_SUFFIX);
-        let tmp = PathBuf::from(tmp);
+        let tmp = self.disk.layout.create_path(handle);
         let create_tmp = tmp.clone();
         let file = Arc::new(
             blocking(move || {
@@ -1676,18 +1360,17 @@ impl Store {
             )
             .await
             .map_err(io("write header"))?;
-        let (src, dst, dir) = (tmp.clone(), path.clone(), self.dir.clone());
+        let (src, dst, dir) = (tmp.clone(), path, self.disk.layout.dir_of(handle));
         blocking(move || {
             std::fs::rename(&src, &dst).map_err(|e| Error::io("rename", &src, e))?;
             sync_dir(&dir)
         })
         .await?;
-        let id = self.files.next_id();
-        self.files.insert(id, file);
+        let id = self.disk.cache.next_id();
+        self.disk.cache.insert(id, file);
         Ok(Replica {
-            files: self.files.clone(),
+            disk: self.disk.clone(),
             id,
-            path,
             header,
             header_durable: true,
             length: 0,
@@ -1749,7 +1432,7 @@ impl Store {
             tracing::info!(version = %r.header.version, "replica newer than the deletion bound; kept");
             return Ok(Some(r.report()));
         }
-        let (path, dir) = (r.path.clone(), self.dir.clone());
+        let (path, dir) = (r.path(), self.disk.layout.dir_of(handle));
         blocking(move || {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
@@ -1827,7 +1510,7 @@ impl Store {
             engine.read_at(file, DATA_OFFSET + start, (stop - start) as usize),
             r.read_table(engine, first, last - first + 1)
         );
-        let data = data.map_err(|e| Error::io("read", &r.path, e))?;
+        let data = data.map_err(|e| Error::io("read", r.path(), e))?;
         let mut table = table?;
         // A partial last block is checked against the CRC the replica holds in memory
         // (the header's tail CRC), never its table entry: a write that failed half-way
@@ -1981,10 +1664,7 @@ impl Store {
                 )));
             }
         }
-        let tmp = self.dir.join(format!(
-            "{handle}{REPLICA_SUFFIX}.recv-{:016x}{TEMP_SUFFIX}",
-            rand::random::<u64>()
-        ));
+        let tmp = self.disk.layout.receive_path(handle, rand::random::<u64>());
         let create = tmp.clone();
         let file = blocking(move || {
             let f = OpenOptions::new()
@@ -2012,18 +1692,88 @@ impl Store {
         })
     }
 
-    /// Reports of every replica (the full chunk report).
-    pub async fn reports(&self) -> Vec<ReplicaReport> {
-        let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
-        let mut out = Vec::with_capacity(slots.len());
-        for slot in slots {
+    /// One page of the full chunk report: the reports of the replicas among the next
+    /// `max` (at least 1) entries of the table after handle `after` (from the first
+    /// when `None`), in handle order. Only that page's slots are copied out of the
+    /// table, so a report of any size costs memory for one page. Pages are no
+    /// snapshot: a replica created or deleted while they are read may or may not be
+    /// in them (a report may always be late; the master allows for that).
+    pub async fn report_page(&self, after: Option<ChunkHandle>, max: usize) -> ReportPage {
+        let max = max.max(1);
+        let page: Vec<(ChunkHandle, Arc<Slot>)> = {
+            let slots = lock(&self.slots);
+            let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+            slots
+                .range((from, Bound::Unbounded))
+                .take(max)
+                .map(|(h, s)| (*h, s.clone()))
+                .collect()
+        };
+        let next = (page.len() == max).then(|| page[max - 1].0);
+        let mut replicas = Vec::with_capacity(page.len());
+        for (_, slot) in page {
             if let SlotState::Live(r) = &*slot.read().await {
-                out.push(r.report());
+                replicas.push(r.report());
             }
         }
-        out.sort_by_key(|r| r.handle);
-        out
+        ReportPage { replicas, next }
     }
+
+    /// Reports of every replica, in handle order (read page by page; the whole list is
+    /// held, so the chunk report sends pages instead).
+    pub async fn reports(&self) -> Vec<ReplicaReport> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.report_page(after, REPORT_PAGE).await;
+            out.extend(page.replicas);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return out,
+            }
+        }
+    }
+
+    /// Replicas in the table (those being created included).
+    pub fn replica_count(&self) -> u64 {
+        lock(&self.slots).len() as u64
+    }
+
+    /// Bytes of data of every replica, summed page by page.
+    pub async fn replica_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        let mut after = None;
+        loop {
+            let page = self.report_page(after, REPORT_PAGE).await;
+            total += page.replicas.iter().map(|r| r.length).sum::<u64>();
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return total,
+            }
+        }
+    }
+}
+
+/// Replicas per page of the chunk report: 64 Ki reports are 2 MiB in memory and
+/// about 1 MiB on the wire (well inside one frame and the master's decode limit).
+pub const REPORT_PAGE: usize = 1 << 16;
+
+/// Bytes the replica table holds per replica, before allocator overhead: one entry of
+/// the table (handle and pointer) and one slot (the per-chunk lock around the replica's
+/// state: header, lengths, cache identity) behind its two reference counts. The
+/// start-up scan also holds one such entry per replica in a list before the table is
+/// built from it, and nothing else that grows with the replica count.
+pub const TABLE_BYTES_PER_REPLICA: usize = std::mem::size_of::<(ChunkHandle, Arc<Slot>)>()
+    + 2 * std::mem::size_of::<usize>()
+    + std::mem::size_of::<Slot>();
+
+/// See [`Store::report_page`].
+#[derive(Debug)]
+pub struct ReportPage {
+    /// The live replicas of the page, in handle order.
+    pub replicas: Vec<ReplicaReport>,
+    /// Where the next page starts (after this handle); `None`: this was the last.
+    pub next: Option<ChunkHandle>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -2035,17 +1785,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replica_names_parse_only_sixteen_hex_digits() {
-        assert_eq!(
-            parse_replica_name("000000000000002a.chunk"),
-            Some(ChunkHandle(42))
-        );
-        assert_eq!(parse_replica_name("2a.chunk"), None);
-        assert_eq!(parse_replica_name("000000000000002a.chunk.corrupt"), None);
-        assert_eq!(parse_replica_name("zzzzzzzzzzzzzzzz.chunk"), None);
-    }
 
     #[test]
     fn zeros_go_ahead_of_small_hsyncs_only() {
@@ -2289,7 +2028,10 @@ mod tests {
                 &new[..],
                 "the renamed-in inode, never the old one"
             );
-            assert!(!s.files.holds(old_id), "the old replica's entry is dropped");
+            assert!(
+                !s.disk.cache.holds(old_id),
+                "the old replica's entry is dropped"
+            );
             assert_eq!(s.open_files(), 1);
             // Another replica evicts it; a reopen by path finds the new inode too.
             let other = ChunkHandle(0xb47d);

@@ -434,9 +434,8 @@ async fn a_slow_reader_of_a_large_reply_gets_all_of_it() {
 
 /// Temporary files of incoming replicas in `dir`.
 fn incoming_files(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .expect("dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+    data_file_names(dir)
+        .into_iter()
         .filter(|name| name.contains(".recv-"))
         .collect()
 }

@@ -96,7 +96,7 @@ async fn registers_heartbeats_reports_and_obeys_the_master() {
             .expect("replica");
     }
     std::fs::write(
-        dir.join(format!("{}.chunk", ChunkHandle(6))),
+        stampfs_chunkserver::layout::replica_path(&dir, ChunkHandle(6)),
         pattern(9000, 1),
     )
     .expect("garbage");
@@ -174,9 +174,9 @@ async fn registers_heartbeats_reports_and_obeys_the_master() {
         unreachable!()
     };
     assert_eq!(report.id, ChunkserverId(42));
-    assert!(!dir.join(format!("{}.chunk", ChunkHandle(5))).exists());
+    assert!(!stampfs_chunkserver::layout::replica_path(&dir, ChunkHandle(5)).exists());
     assert!(
-        !dir.join(format!("{}.chunk", ChunkHandle(99))).exists(),
+        !stampfs_chunkserver::layout::replica_path(&dir, ChunkHandle(99)).exists(),
         "forged command ran"
     );
 

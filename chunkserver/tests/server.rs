@@ -115,7 +115,13 @@ async fn three_chunkserver_pipeline_produces_identical_replicas() {
             assert_eq!(r.state, ReplicaState::Finalized);
         }
         let files: Vec<_> = (1..=3)
-            .map(|n| std::fs::read(cluster.dir(n).join(format!("{:016x}.chunk", 7))).expect("file"))
+            .map(|n| {
+                std::fs::read(stampfs_chunkserver::layout::replica_path(
+                    &cluster.dir(n),
+                    ChunkHandle(7),
+                ))
+                .expect("file")
+            })
             .collect();
         assert!(
             files[0] == files[1] && files[1] == files[2],
@@ -247,8 +253,11 @@ async fn hsync_makes_the_length_durable_before_the_ack() {
         let ack = w.ack().await.expect("ack");
         assert!(ack.replicas.iter().all(|r| r.result == Ok(3345)), "{ack:?}");
         for n in 1..=2 {
-            let f = std::fs::File::open(cluster.dir(n).join(format!("{:016x}.chunk", 10)))
-                .expect("file");
+            let f = std::fs::File::open(stampfs_chunkserver::layout::replica_path(
+                &cluster.dir(n),
+                ChunkHandle(10),
+            ))
+            .expect("file");
             let mut slots = vec![0u8; 2 * SLOT_SIZE as usize];
             f.read_exact_at(&mut slots, 0).expect("header");
             let (a, b) = slots.split_at(SLOT_SIZE as usize);
@@ -611,7 +620,7 @@ async fn commands_are_authenticated_and_carried_out() {
             ),
             "{err}"
         );
-        assert!(!cluster.dir(1).join(format!("{h}.chunk")).exists());
+        assert!(!stampfs_chunkserver::layout::replica_path(&cluster.dir(1), h).exists());
         let info = c
             .call(cluster.command(ChunkCommand::Info { handle: h }))
             .await
@@ -709,7 +718,7 @@ async fn commands_are_authenticated_and_carried_out() {
             .await
             .expect("delete");
         assert!(gone.is_none());
-        assert!(!cluster.dir(1).join(format!("{h}.chunk")).exists());
+        assert!(!stampfs_chunkserver::layout::replica_path(&cluster.dir(1), h).exists());
         cs.shutdown().await.expect("shutdown");
     }
 }
@@ -724,7 +733,7 @@ async fn a_corrupt_block_is_detected_on_read_over_tcp() {
         let w = Writer::open(&cs, token, 0, vec![]).await.expect("setup");
         let data = pattern(300_000, 16);
         stream_all(w, data.clone(), 0).await;
-        let path = cluster.dir(1).join(format!("{:016x}.chunk", 16));
+        let path = stampfs_chunkserver::layout::replica_path(&cluster.dir(1), ChunkHandle(16));
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -747,10 +756,9 @@ async fn a_corrupt_block_is_detected_on_read_over_tcp() {
             "{kind:?}: {err}"
         );
         assert!(!path.exists());
-        assert!(cluster
-            .dir(1)
-            .join(format!("{:016x}.chunk.corrupt", 16))
-            .exists());
+        let mut aside = path.clone().into_os_string();
+        aside.push(".corrupt");
+        assert!(std::path::Path::new(&aside).exists());
         assert!(matches!(
             read(&cs, token, 0, 10).await,
             Err(RemoteError::NotFound { .. })
@@ -806,8 +814,16 @@ async fn replicate_copies_a_finalized_replica_to_another_chunkserver() {
             (ChunkVersion(4), ReplicaState::Finalized, data.len() as u64)
         );
         assert!(got == data, "{kind:?}");
-        let a = std::fs::read(cluster.dir(1).join(format!("{:016x}.chunk", 17))).expect("a");
-        let b = std::fs::read(cluster.dir(2).join(format!("{:016x}.chunk", 17))).expect("b");
+        let a = std::fs::read(stampfs_chunkserver::layout::replica_path(
+            &cluster.dir(1),
+            ChunkHandle(17),
+        ))
+        .expect("a");
+        let b = std::fs::read(stampfs_chunkserver::layout::replica_path(
+            &cluster.dir(2),
+            ChunkHandle(17),
+        ))
+        .expect("b");
         assert_eq!(a.len(), b.len());
         assert!(
             a[stampfs_chunkserver::header::TABLE_OFFSET as usize..]
@@ -818,8 +834,7 @@ async fn replicate_copies_a_finalized_replica_to_another_chunkserver() {
         }
         // No temporary files are left behind.
         for n in 1..=2 {
-            for e in std::fs::read_dir(cluster.dir(n)).expect("dir") {
-                let name = e.expect("entry").file_name().to_string_lossy().to_string();
+            for name in data_file_names(&cluster.dir(n)) {
                 assert!(!name.ends_with(".tmp"), "{name}");
             }
         }

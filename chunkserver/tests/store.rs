@@ -22,7 +22,14 @@ async fn open(dir: &Path, kind: IoEngineKind) -> Store {
 }
 
 fn replica_file(dir: &Path, h: ChunkHandle) -> std::path::PathBuf {
-    dir.join(format!("{h}.chunk"))
+    stampfs_chunkserver::layout::replica_path(dir, h)
+}
+
+/// `replica_file` with `suffix` appended (a moved-aside or temporary file).
+fn beside(dir: &Path, h: ChunkHandle, suffix: &str) -> std::path::PathBuf {
+    let mut p = replica_file(dir, h).into_os_string();
+    p.push(suffix);
+    p.into()
 }
 
 /// Writes `data[range]` at its own offset under version 1 (synced when `sync`).
@@ -182,7 +189,7 @@ async fn flipped_data_byte_is_detected_and_the_replica_moved_aside() {
             "{err}"
         );
         assert!(!path.exists(), "{kind:?}: the corrupt file must be moved");
-        let aside = dir.path().join(format!("{H}.chunk.corrupt"));
+        let aside = beside(dir.path(), H, ".corrupt");
         assert!(aside.exists(), "{kind:?}: renamed aside, never deleted");
         assert!(matches!(s.info(H).await, Err(Error::NotFound { .. })));
         assert_eq!(s.take_corrupt(), vec![H]);
@@ -200,13 +207,13 @@ async fn garbage_header_slots_are_moved_aside_at_startup() {
         }
         let bad = ChunkHandle(0xbad);
         std::fs::write(replica_file(dir.path(), bad), pattern(100_000, 4)).expect("garbage");
-        std::fs::write(dir.path().join("0000000000000bad.chunk.tmp"), b"leftover").expect("tmp");
+        std::fs::write(beside(dir.path(), bad, ".tmp"), b"leftover").expect("tmp");
         let s = open(dir.path(), kind).await;
         assert!(s.info(H).await.is_ok());
         assert!(matches!(s.info(bad).await, Err(Error::NotFound { .. })));
         assert!(!replica_file(dir.path(), bad).exists());
-        assert!(dir.path().join("0000000000000bad.chunk.corrupt").exists());
-        assert!(!dir.path().join("0000000000000bad.chunk.tmp").exists());
+        assert!(beside(dir.path(), bad, ".corrupt").exists());
+        assert!(!beside(dir.path(), bad, ".tmp").exists());
         assert_eq!(s.take_corrupt(), vec![bad]);
     }
 }
@@ -303,7 +310,7 @@ async fn a_writing_replica_recovers_its_length_from_the_file() {
         let s = open(dir.path(), kind).await;
         assert!(matches!(s.info(H).await, Err(Error::NotFound { .. })));
         assert_eq!(s.take_corrupt(), vec![H]);
-        assert!(dir.path().join(format!("{H}.chunk.corrupt")).exists());
+        assert!(beside(dir.path(), H, ".corrupt").exists());
     }
 }
 

@@ -87,7 +87,8 @@ impl Cluster {
 }
 
 fn read_header(dir: &Path, handle: ChunkHandle) -> Header {
-    let bytes = std::fs::read(dir.join(format!("{handle}.chunk"))).expect("replica file");
+    let bytes = std::fs::read(stampfs_chunkserver::layout::replica_path(dir, handle))
+        .expect("replica file");
     let slot = SLOT_SIZE as usize;
     Header::newest(&bytes[..slot], &bytes[slot..2 * slot]).expect("a valid header")
 }

@@ -42,9 +42,12 @@ async fn a_read_token_cannot_cut_a_writers_acknowledged_bytes() {
         })
         .await;
     let hd = cl.header(head.chunkserver, h);
-    let on_disk = std::fs::metadata(cl.dirs[&head.chunkserver].join(format!("{h}.chunk")))
-        .expect("replica file")
-        .len();
+    let on_disk = std::fs::metadata(stampfs_chunkserver::layout::replica_path(
+        &cl.dirs[&head.chunkserver],
+        h,
+    ))
+    .expect("replica file")
+    .len();
     assert!(
         res.is_err() && hd.length == data.len() as u64,
         "a reader's token opened a write stream ({res:?}); the replica on {} now has \

@@ -308,6 +308,18 @@ pub struct ChunkReport {
     pub replicas: Vec<ReplicaReport>,
 }
 
+/// One part of a full report too long for one message (a chunkserver sends at most
+/// 64 Ki replicas per message). The master keeps the parts a connection sends, in
+/// order, and puts them before the replicas of the next [`Register`] or
+/// [`ChunkReport`] on the same connection, which completes the report; parts not
+/// completed when the connection closes are forgotten. A report that fits in one
+/// message has no parts, so a master that predates this message still serves a
+/// chunkserver of up to 64 Ki replicas (upgrade masters first).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReportPart {
+    pub replicas: Vec<ReplicaReport>,
+}
+
 // ---------------------------------------------------------------- replica health
 
 /// `stampfs fsck [PATH]`: replica health of the files under `path` (`/` when absent).
@@ -456,6 +468,8 @@ pub enum MasterRequest {
     ChunkReport(ChunkReport),
     Fsck(Fsck),
     ClusterReport(ClusterReportRequest),
+    /// Last, so that every earlier variant keeps its wire index.
+    ReportPart(ReportPart),
 }
 
 // ---------------------------------------------------------------- → chunkserver

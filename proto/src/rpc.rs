@@ -59,6 +59,7 @@ rpc! {
     MasterRequest::ChunkReport(ChunkReport) -> ();
     MasterRequest::Fsck(Fsck) -> FsckReport;
     MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport;
+    MasterRequest::ReportPart(ReportPart) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

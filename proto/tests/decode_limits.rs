@@ -367,6 +367,22 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
             }),
         )
     });
+    decodes_at_every_edge("ReportPart", |n| {
+        (
+            1u64,
+            MasterRequest::ReportPart(ReportPart {
+                replicas: vec![
+                    ReplicaReport {
+                        handle: ChunkHandle(0),
+                        version: ChunkVersion(0),
+                        length: 0,
+                        state: ReplicaState::Writing,
+                    };
+                    n
+                ],
+            }),
+        )
+    });
     decodes_at_every_edge("UpdatePipeline", |n| {
         MasterRequest::UpdatePipeline(UpdatePipeline {
             path: String::new(),

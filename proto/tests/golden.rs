@@ -180,6 +180,36 @@ fn add_chunk_request_frame() {
 }
 
 #[test]
+fn report_part_request_frame() {
+    let frame = request_frame(
+        3,
+        ReportPart {
+            replicas: vec![ReplicaReport {
+                handle: ChunkHandle(0x2a),
+                version: ChunkVersion(7),
+                length: 300,
+                state: ReplicaState::Finalized,
+            }],
+        },
+        Bytes::new(),
+    )
+    .expect("frame");
+    let expected = concat!(
+        "0000000d", // len 13
+        "8494b944", // crc
+        "00000009", // hlen 9
+        "03",       // request id 3
+        "13",       // MasterRequest::ReportPart (index 19, after every older variant)
+        "01",       // replicas: 1
+        "2a",       //   handle 0x2a
+        "07",       //   version 7
+        "fb2c01",   //   length 300
+        "01",       //   state Finalized
+    );
+    check(&frame, expected);
+}
+
+#[test]
 fn write_setup_request_frame() {
     let frame = request_frame(
         3,

@@ -23,6 +23,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_stampfs");
 pub struct Proc {
     pub name: String,
     pub dir: PathBuf,
+    /// A program (and its arguments) that runs `stampfs` (e.g. `prlimit --nofile=..`);
+    /// empty: `stampfs` itself.
+    launcher: Vec<String>,
     args: Vec<String>,
     /// Environment variables set on the process at every (re)start.
     env: Vec<(String, String)>,
@@ -33,12 +36,23 @@ pub struct Proc {
 
 impl Proc {
     fn spawn(name: &str, dir: &Path, args: Vec<String>, logs: &Path) -> Proc {
+        Self::spawn_under(&[], name, dir, args, logs)
+    }
+
+    fn spawn_under(
+        launcher: &[&str],
+        name: &str,
+        dir: &Path,
+        args: Vec<String>,
+        logs: &Path,
+    ) -> Proc {
         std::fs::create_dir_all(dir).expect("create server dir");
         let _ = std::fs::remove_file(dir.join("addr"));
         let log = logs.join(format!("{name}.log"));
         let mut p = Proc {
             name: name.to_string(),
             dir: dir.to_path_buf(),
+            launcher: launcher.iter().map(|a| a.to_string()).collect(),
             args,
             env: Vec::new(),
             log,
@@ -56,7 +70,15 @@ impl Proc {
             .append(true)
             .open(&self.log)
             .expect("open log");
-        let child = Command::new(BIN)
+        let mut command = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = command
             .args(&self.args)
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -269,6 +291,13 @@ impl TestCluster {
 
     /// Starts one more chunkserver and returns its index.
     pub fn add_chunkserver(&mut self) -> usize {
+        self.add_chunkserver_under(&[])
+    }
+
+    /// Starts one more chunkserver through `launcher` (a program that runs the
+    /// `stampfs` command line it is given, e.g. `prlimit --nofile=256:256`; it is used
+    /// again at every restart) and returns its index.
+    pub fn add_chunkserver_under(&mut self, launcher: &[&str]) -> usize {
         let i = self.chunkservers.len();
         let cdir = self.dir.path().join(format!("cs{i}"));
         let mut args: Vec<String> = vec![
@@ -284,8 +313,13 @@ impl TestCluster {
         ];
         args.extend(self.opts.chunkserver_args.iter().cloned());
         let logs = self.dir.path().join("logs");
-        self.chunkservers
-            .push(Proc::spawn(&format!("cs{i}"), &cdir, args, &logs));
+        self.chunkservers.push(Proc::spawn_under(
+            launcher,
+            &format!("cs{i}"),
+            &cdir,
+            args,
+            &logs,
+        ));
         i
     }
 
@@ -427,7 +461,31 @@ pub fn proc_of(c: &TestCluster, id: u64) -> &Proc {
 
 /// The replica file of chunk `handle` (16 hex digits) in a chunkserver's directory.
 pub fn replica_file(p: &Proc, handle: &str) -> PathBuf {
-    p.dir.join(format!("{handle}.chunk"))
+    let h = u64::from_str_radix(handle, 16).expect("a chunk handle in hex");
+    stampfs_chunkserver::layout::replica_path(&p.dir, stampfs_proto::ChunkHandle(h))
+}
+
+/// [`replica_file`] with `suffix` appended (`.corrupt`: the replica moved aside).
+pub fn replica_file_with(p: &Proc, handle: &str, suffix: &str) -> PathBuf {
+    let mut path = replica_file(p, handle).into_os_string();
+    path.push(suffix);
+    path.into()
+}
+
+/// The files in a chunkserver's data directory and its replica subdirectories whose
+/// names end with `suffix`.
+pub fn data_files_ending(p: &Proc, suffix: &str) -> Vec<PathBuf> {
+    let subdirs = std::fs::read_dir(&p.dir)
+        .expect("chunkserver dir")
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path());
+    std::iter::once(p.dir.clone())
+        .chain(subdirs)
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Flips one byte of a replica's data (at data offset `at`) and syncs it.

@@ -244,9 +244,28 @@ impl Writer {
     }
 }
 
+/// The names of the files in a data directory and its replica subdirectories.
+pub fn data_file_names(dir: &Path) -> Vec<String> {
+    let subdirs = std::fs::read_dir(dir)
+        .expect("data dir")
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path());
+    std::iter::once(dir.to_path_buf())
+        .chain(subdirs)
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Replica data straight from the file (skipping header and checksum table).
 pub fn file_data(dir: &Path, handle: u64, length: u64) -> Vec<u8> {
-    let bytes = std::fs::read(dir.join(format!("{:016x}.chunk", handle))).expect("replica file");
+    let bytes = std::fs::read(stampfs_chunkserver::layout::replica_path(
+        dir,
+        stampfs_proto::ChunkHandle(handle),
+    ))
+    .expect("replica file");
     let start = stampfs_chunkserver::header::DATA_OFFSET as usize;
     bytes[start..start + length as usize].to_vec()
 }

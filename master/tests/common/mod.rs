@@ -148,7 +148,7 @@ impl Cluster {
 }
 
 fn replica_path(dir: &Path, handle: ChunkHandle) -> PathBuf {
-    dir.join(format!("{handle}.chunk"))
+    stampfs_chunkserver::layout::replica_path(dir, handle)
 }
 
 pub async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {

@@ -617,6 +617,12 @@ prop_compose! {
     }
 }
 
+prop_compose! {
+    pub fn arb_report_part()(replicas in small_vec(arb_replica_report())) -> ReportPart {
+        ReportPart { replicas }
+    }
+}
+
 pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
     prop_oneof![
         arb_mkdir().prop_map(MasterRequest::Mkdir).boxed(),
@@ -652,6 +658,9 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_cluster_report_request()
             .prop_map(MasterRequest::ClusterReport)
             .boxed(),
+        arb_report_part()
+            .prop_map(MasterRequest::ReportPart)
+            .boxed(),
     ]
     .boxed()
 }
@@ -679,6 +688,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::ChunkReport(_) => "ChunkReport",
         MasterRequest::Fsck(_) => "Fsck",
         MasterRequest::ClusterReport(_) => "ClusterReport",
+        MasterRequest::ReportPart(_) => "ReportPart",
     }
 }
 
