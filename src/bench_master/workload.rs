@@ -187,10 +187,14 @@ pub fn spawn_heartbeats(driver: Driver, sims: Arc<Sims>, stop: Arc<AtomicBool>) 
                 if busy[i].swap(true, Ordering::Relaxed) {
                     continue; // its previous beat is still waiting
                 }
-                let (driver, sims, busy) = (driver.clone(), sims.clone(), busy.clone());
+                let (driver, sims, busy, stop) =
+                    (driver.clone(), sims.clone(), busy.clone(), stop.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = heartbeat(&driver, &sims, i).await {
-                        tracing::warn!(error = %e, "simulated heartbeat failed");
+                    match heartbeat(&driver, &sims, i).await {
+                        // The master is stopping: a beat in flight may be cut.
+                        Err(_) if stop.load(Ordering::Relaxed) => {}
+                        Err(e) => tracing::warn!(error = %e, "simulated heartbeat failed"),
+                        Ok(()) => {}
                     }
                     busy[i].store(false, Ordering::Relaxed);
                 });
