@@ -56,7 +56,7 @@ pub enum Command {
     Mount(MountArgs),
     /// Show lease recovery and fencing of a paused writer on a local cluster.
     Demo(DemoArgs),
-    /// Write-pipeline benchmarks.
+    /// Benchmarks: the write pipeline, and the master.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Randomized process faults against a real local cluster, judged by a history
@@ -239,6 +239,71 @@ pub struct DemoArgs {}
 pub enum BenchCommand {
     /// Write throughput and latency through the full pipeline, next to the raw disk.
     Pipeline(BenchPipelineArgs),
+    /// The master's throughput, latency and memory per file and chunk, driven by client
+    /// tasks and simulated chunkservers (after HDFS's NNThroughputBenchmark).
+    Master(BenchMasterArgs),
+}
+
+/// How `stampfs bench master` reaches the master.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchVia {
+    /// Direct calls to the master's request layer (`stampfs_master::service::Core`),
+    /// the methods its connection handlers call: the master alone, no wire.
+    Service,
+    /// The wire protocol over loopback TCP (`RpcClient`, the client library's
+    /// transport), one request at a time per connection: the master plus framing,
+    /// sockets and wake-ups on both sides.
+    Rpc,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchMasterArgs {
+    /// Files built: each created and closed empty (create+close, and the memory per
+    /// file), then reopened and given `--chunks-per-file` chunks (add chunk, and the
+    /// memory per chunk).
+    #[arg(long, default_value_t = 100_000)]
+    pub files: u64,
+    /// Chunks added to each built file.
+    #[arg(long, default_value_t = 10)]
+    pub chunks_per_file: u64,
+    /// Simulated chunkservers (plus one dense one when `--report-replicas` is set).
+    #[arg(long, default_value_t = 1000)]
+    pub chunkservers: usize,
+    /// Concurrent client tasks.
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+    /// Operations measured for each of mkdirs, stat, open, list, rename, delete and
+    /// heartbeat.
+    #[arg(long, default_value_t = 100_000)]
+    pub ops: u64,
+    /// Size of the big full chunk report: one more simulated chunkserver (full, so
+    /// placement passes it by) takes a copy of this many built chunks after the build
+    /// and sends its full report, first with every replica new to the master, then
+    /// twice more with every replica known (other requests timed meanwhile). 0: none.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub report_replicas: u64,
+    /// Files per directory of the built namespace (what one `list` returns).
+    #[arg(long, default_value_t = 100)]
+    pub files_per_dir: u64,
+    /// Replication factor of the built files (1 to 3).
+    #[arg(long, default_value_t = 3)]
+    pub replication: u8,
+    /// How client tasks and simulated chunkservers reach the master.
+    #[arg(long, value_enum, default_value_t = BenchVia::Service)]
+    pub via: BenchVia,
+    /// The master's `--health-interval` (its default; 0 turns the replica-health
+    /// worker off, whose pass scans every chunk under the state lock).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub health_interval: std::time::Duration,
+    /// Write the results as JSON to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Directory for the master's log and checkpoint (a temp dir under it, removed at
+    /// the end; default: the current directory, so the disk measured is the one you
+    /// are on).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -4,10 +4,14 @@
 //! signals, exit statuses) and the presentation of results ([`commands`]). Storage
 //! logic lives in `stampfs-master`, `stampfs-chunkserver` and `stampfs-client`.
 //! [`cluster::LocalCluster`] runs a master and chunkservers in one process for
-//! `stampfs dev`, the demo and benchmarks. [`FAULT_INJECTION`] tells whether this
-//! build has crash points (cargo feature `fault-injection`, on in tests only).
+//! `stampfs dev`, the demo and benchmarks: [`bench`] (`stampfs bench pipeline`, the
+//! write path next to the raw disk) and [`bench_master`] (`stampfs bench master`, the
+//! master's throughput and memory against simulated chunkservers).
+//! [`FAULT_INJECTION`] tells whether this build has crash points (cargo feature
+//! `fault-injection`, on in tests only).
 
 pub mod bench;
+pub mod bench_master;
 pub mod cli;
 pub mod cluster;
 pub mod commands;
@@ -106,6 +110,7 @@ async fn dispatch(command: Command) -> u8 {
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,
+        Command::Bench(BenchCommand::Master(args)) => bench_master::run(args).await,
         Command::Nemesis(args) => commands::nemesis(args).await,
         Command::NemesisClient(cfg) => commands::nemesis_client(cfg).await,
     }

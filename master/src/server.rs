@@ -82,6 +82,13 @@ impl MasterHandle {
         self.core.log.stats()
     }
 
+    /// The request layer this master serves from: what its connection handlers call
+    /// for each request. In-process drivers (`stampfs bench master`) call it directly
+    /// to measure the master without the wire in between.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
     /// Stops serving, waits for in-flight requests, stops the workers and flushes the
     /// operation log.
     pub async fn shutdown(mut self) -> Result<()> {
