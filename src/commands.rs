@@ -687,6 +687,9 @@ fn nemesis_bar(runs: u64, seed: u64) -> indicatif::ProgressBar {
 
 /// `stampfs nemesis-client`: one client process of the nemesis.
 pub async fn nemesis_client(cfg: stampfs_nemesis::workload::WorkloadConfig) -> u8 {
+    if !arm_crash_points("nemesis client") {
+        return EXIT_ERROR;
+    }
     match stampfs_nemesis::workload::run(cfg).await {
         Ok(()) => EXIT_OK,
         Err(e) => {

@@ -884,12 +884,16 @@ impl Streamer {
     /// resent packets below it are idempotent retries), not cut back to what this
     /// writer saw acknowledged.
     async fn reopen(&mut self, mut bad: Vec<ChunkserverId>) -> Result<()> {
+        // Whether this is a pipeline recovery (a replica excluded), not the first open
+        // of the chunk's stream or a reopen after an idle close.
+        let mut recovering = false;
         for _ in 0..MAX_RECOVERIES {
             let Some(chunk) = self.chunk.as_mut() else {
                 return Ok(());
             };
             chunk.stream = None;
             if !bad.is_empty() {
+                recovering = true;
                 let survivors: Vec<ChunkserverId> = chunk
                     .grant
                     .pipeline
@@ -937,13 +941,22 @@ impl Streamer {
                     let info = ReplicaInfo {
                         token: chunk.grant.token,
                     };
-                    lengths.push(match self.client.call_chunkserver(&m.addr, info).await {
-                        Ok((report, _)) => Some(report.length),
-                        Err(e) => {
-                            tracing::debug!(chunkserver = %m.id, error = %e, "replica info failed");
-                            None
+                    match self.client.call_chunkserver(&m.addr, info).await {
+                        Ok((report, _)) => lengths.push(Some(report.length)),
+                        Err(Error::Remote(RemoteError::StaleToken { current, .. })) => {
+                            return Err(self.fenced(Some(current)));
                         }
-                    });
+                        Err(e) => {
+                            // Not opened at `acked` with it: a member that cannot answer
+                            // may still receive the set-up (a one-way partition), and a
+                            // set-up below its length cuts bytes a reader may have seen.
+                            tracing::warn!(chunkserver = %m.id, error = %e, "replica info failed: excluding the replica");
+                            bad.push(m.id);
+                        }
+                    }
+                }
+                if !bad.is_empty() {
+                    continue;
                 }
                 let start = resume_offset(chunk.acked, unacked_end, &lengths);
                 if start > chunk.acked {
@@ -1003,6 +1016,10 @@ impl Streamer {
                 stream.finish().await;
                 continue;
             }
+            stampfs_proto::crash_point!(
+                "writer-reopen-before-resend",
+                if recovering && !chunk.unacked.is_empty()
+            );
             let token = chunk.grant.token;
             let mut ok = true;
             for p in &chunk.unacked {

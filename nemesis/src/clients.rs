@@ -79,6 +79,8 @@ pub struct ClientSpec<'a> {
     pub mounts: usize,
     pub files: u32,
     pub dir: &'a str,
+    /// Arm the library writers' crash points, drawn from this seed, until the heal.
+    pub crash_seed: Option<u64>,
 }
 
 /// The client processes and their bookkeeping.
@@ -97,6 +99,10 @@ pub struct Clients {
     pending: Vec<Option<Instant>>,
     /// Exits nobody asked for, noted for the report.
     pub unexpected_exits: Vec<String>,
+    /// The seed of the library writers' crash points; `None` once healed.
+    crash_seed: Option<u64>,
+    /// The crash points library writers died at (each one an injected fault).
+    pub crash_hits: Vec<String>,
 }
 
 impl Clients {
@@ -150,6 +156,8 @@ impl Clients {
             files: spec.files,
             dir: spec.dir.to_string(),
             unexpected_exits: Vec::new(),
+            crash_seed: spec.crash_seed,
+            crash_hits: Vec::new(),
         }
     }
 
@@ -273,10 +281,17 @@ impl Clients {
             "--dir".into(),
             dir,
         ];
-        if let Some(point) = mount {
+        if let Some(point) = &mount {
             args.push("--mount".into());
             args.push(point.display().to_string());
         }
+        // The mount's writer uses no client library of its own: nothing to arm there.
+        let seed = if mount.is_none() {
+            self.crash_seed
+        } else {
+            None
+        };
+        crate::cluster::arm(p, seed, Target::Client(i));
         p.set_args(args);
         p.start().await
     }
@@ -341,6 +356,13 @@ impl Clients {
                 continue;
             }
             if let Some(status) = self.procs[i].exited() {
+                if let Some(point) = crate::crash::crash_point_hit(&self.procs[i].log_since_start())
+                {
+                    tracing::info!(client = i, %point, "client died at a crash point; restarting it");
+                    self.crash_hits.push(point);
+                    self.request_start(i);
+                    continue;
+                }
                 let note = format!(
                     "client{i} (incarnation {}) exited by itself: {status}",
                     self.procs[i].incarnation
@@ -356,6 +378,8 @@ impl Clients {
     /// The heal: every client continued, and started again if it is down; waits until
     /// all run.
     pub async fn heal(&mut self) -> Result<()> {
+        // Crash points end with the faults, as the servers' do.
+        self.crash_seed = None;
         for i in 0..self.procs.len() {
             self.cont(i)?;
         }

@@ -300,14 +300,15 @@ fn dur(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
-/// Sets the crash points of `p`'s next start (server `t` of a run whose crash seed is
+/// Sets the crash points of `p`'s next start (process `t` of a run whose crash seed is
 /// `seed`; none without a seed).
 pub fn arm(p: &mut Proc, seed: Option<u64>, t: Target) {
     use stampfs_proto::crash::{Process, ENV_POINTS, ENV_SEED};
     let (process, index) = match t {
         Target::Master => (Process::Master, 0),
         Target::Chunkserver(i) => (Process::Chunkserver, i),
-        Target::Client(_) | Target::Network => return,
+        Target::Client(i) => (Process::Client, i),
+        Target::Network => return,
     };
     let env = seed
         .and_then(|s| crate::crash::arming(s, process, index, p.incarnation + 1))

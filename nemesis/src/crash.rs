@@ -1,14 +1,16 @@
-//! Crash points armed in the run's servers (a binary built with the `fault-injection`
-//! feature; see `stampfs_proto::crash`).
+//! Crash points armed in the run's servers and library writers (a binary built with
+//! the `fault-injection` feature; see `stampfs_proto::crash`).
 //!
-//! [`arming`] picks, from the run's seed, the points a server process is started with
+//! [`arming`] picks, from the run's seed, the points a process is started with
 //! and their probabilities: pure, so a seed arms the same points. A point's
 //! probability is scaled to how often it is hit (lease recovery and replica copies a
 //! few times a run; version bumps on every append), so that a run crashes a server a
 //! few times, not every second. A server that dies at one of them is seen by
 //! [`crash_point_hit`] in its log, counted as an injected fault and started again; a
 //! server that dies otherwise is a violation of its own. The heal restarts every
-//! server without crash points, so the checks run on a quiet cluster.
+//! server without crash points, so the checks run on a quiet cluster. A library writer
+//! (`nemesis-client`) that dies at one is counted and started again the same way; the
+//! heal disarms the writers' later starts.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -16,7 +18,8 @@ use stampfs_proto::crash::{self, Process, CATALOGUE};
 
 /// How likely one hit of `name` is to fire when it is armed: rare hits more.
 fn weight(name: &str) -> f64 {
-    if name.starts_with("recovery-") || name.starts_with("copy-") {
+    if name.starts_with("recovery-") || name.starts_with("copy-") || name.starts_with("writer-") {
+        // Rare: a few lease recoveries, replica copies and pipeline recoveries a run.
         0.3
     } else if name == "replica-bump-before-reply" {
         // Every bump on every chunkserver.
@@ -39,6 +42,7 @@ pub fn arming(
     let tag = match process {
         Process::Master => 0u64,
         Process::Chunkserver => 1 + index as u64,
+        Process::Client => 1000 + index as u64,
     };
     let mut rng = StdRng::seed_from_u64(seed ^ (tag << 40) ^ (incarnation << 56) ^ 0xC4A5_4000);
     if rng.gen_ratio(1, 3) {
@@ -79,7 +83,11 @@ mod tests {
     fn armings_are_valid_for_the_servers_and_a_function_of_the_seed() {
         let mut armed = 0;
         for seed in 0..100 {
-            for (process, index) in [(Process::Master, 0), (Process::Chunkserver, 2)] {
+            for (process, index) in [
+                (Process::Master, 0),
+                (Process::Chunkserver, 2),
+                (Process::Client, 1),
+            ] {
                 let a = arming(seed, process, index, 1);
                 assert_eq!(a, arming(seed, process, index, 1));
                 if let Some((value, s)) = a {
@@ -94,7 +102,7 @@ mod tests {
             }
         }
         // Most starts arm something, some arm nothing.
-        assert!(armed > 100 && armed < 200, "{armed} of 200 starts armed");
+        assert!(armed > 100 && armed < 250, "{armed} of 300 starts armed");
     }
 
     #[test]

@@ -321,6 +321,34 @@ impl Net {
         Ok(())
     }
 
+    /// Drops, in `at`'s namespace only, what arrives from `from`: a one-way fault, in
+    /// which `at`'s packets still reach them and their answers (TCP acknowledgements
+    /// included) are lost. Healed by [`Net::heal`] like a partition.
+    pub fn drop_arriving(&self, at: Target, from: &[Target]) -> Result<()> {
+        let what = || format!("drop what {at} receives from {from:?}");
+        let Some(h) = self.hosts.get(&at) else {
+            return Err(Error::Net {
+                what: what(),
+                detail: format!("{at} has no namespace of its own in this run"),
+            });
+        };
+        let ips: Vec<Ipv4Addr> = from
+            .iter()
+            .filter_map(|t| self.hosts.get(t).map(|h| h.ip))
+            .collect();
+        if ips.len() != from.len() {
+            return Err(Error::Net {
+                what: what(),
+                detail: "a sender has no namespace of its own in this run".into(),
+            });
+        }
+        tool(
+            "ip",
+            &["netns", "exec", &h.ns, "nft", "-f", "-"],
+            Some(&drop_rule(&ips)),
+        )
+    }
+
     /// Lets all traffic through again.
     pub fn heal(&self) -> Result<()> {
         for h in self.hosts.values() {

@@ -243,6 +243,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         mounts: cfg.mounts,
         files: FILES,
         dir: DIR,
+        crash_seed: cfg.crash_points.then_some(cfg.seed),
     };
     let mut clients = Clients::new(&spec, &net);
     for i in 0..cfg.clients {
@@ -435,6 +436,9 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     restart_crashed(&mut cluster, &mut injected, &mut violations).await?;
 
     let unexpected_exits = std::mem::take(&mut clients.unexpected_exits);
+    for point in clients.crash_hits.drain(..) {
+        *injected.entry(format!("crash:{point}")).or_default() += 1;
+    }
     drop(clients);
     if violations.is_empty() && cfg.keep_dir.is_none() {
         // Otherwise the replicas on small disks are copied out before the unmount.

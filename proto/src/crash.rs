@@ -37,11 +37,14 @@ pub const ENV_POINTS: &str = "STAMPFS_CRASH_POINTS";
 /// The environment variable holding the seed of the draws.
 pub const ENV_SEED: &str = "STAMPFS_CRASH_SEED";
 
-/// The server process a crash point is in.
+/// The process a crash point is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Process {
     Master,
     Chunkserver,
+    /// A client library writer (armed by the processes that call [`arm_from_env`]:
+    /// `stampfs nemesis-client` and test writer processes).
+    Client,
 }
 
 /// One crash point: its name, the process it is in and where it sits.
@@ -94,6 +97,9 @@ pub const CATALOGUE: &[Point] = &[
           "copy target: every byte received and the temp file sealed and fsynced; not renamed into place"),
     point("copy-before-ack", Process::Chunkserver,
           "copy target: the replica renamed into place and durable; the source has no answer"),
+    // A writer's pipeline recovery (client/src/writer.rs).
+    point("writer-reopen-before-resend", Process::Client,
+          "pipeline recovery: the new stream is open at its start offset; no unacknowledged packet resent"),
 ];
 
 const N: usize = CATALOGUE.len();
@@ -408,11 +414,15 @@ macro_rules! crash_point {
 
 /// A crash point: with the cargo feature `crash-points`, kills the process here when
 /// the point `NAME` is armed and its draw fires (see [`crate::crash`]). Without the
-/// feature (this build) it expands to nothing, the condition included.
+/// feature (this build) it does nothing: the condition is type-checked (so what it
+/// reads counts as used) but never evaluated.
 #[cfg(not(feature = "crash-points"))]
 #[macro_export]
 macro_rules! crash_point {
-    ($name:literal $(, if $cond:expr)?) => {};
+    ($name:literal) => {};
+    ($name:literal, if $cond:expr) => {
+        if false && $cond {}
+    };
 }
 
 #[cfg(test)]
@@ -563,10 +573,12 @@ mod tests {
     }
 
     #[test]
-    fn every_point_is_in_a_master_or_a_chunkserver() {
+    fn every_point_is_in_a_master_a_chunkserver_or_a_client() {
         let master = points_of(Process::Master).count();
         let chunkserver = points_of(Process::Chunkserver).count();
-        assert_eq!(master + chunkserver, POINTS.len());
+        let client = points_of(Process::Client).count();
+        assert_eq!(master + chunkserver + client, POINTS.len());
+        assert!(points_of(Process::Client).any(|n| n == "writer-reopen-before-resend"));
         assert!(points_of(Process::Master).any(|n| n == "recovery-after-bump"));
         assert!(points_of(Process::Chunkserver).any(|n| n == "copy-mid-stream"));
     }
