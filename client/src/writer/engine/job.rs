@@ -32,12 +32,14 @@ pub(super) struct Pieces {
     switch: Option<Switch>,
 }
 
+/// Where a chunk switch is.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Switch {
     Draining,
     Adding,
 }
 
+/// Where an `hflush` / `hsync` is.
 #[derive(Debug)]
 pub(super) enum FlushStage {
     Data(Pieces),
@@ -46,11 +48,18 @@ pub(super) enum FlushStage {
     Drain,
 }
 
+/// The front's command being carried out.
 #[derive(Debug)]
 pub(super) enum Job {
     Write(Pieces),
-    Flush { sync: bool, stage: FlushStage },
-    Close { committing: bool },
+    Flush {
+        sync: bool,
+        stage: FlushStage,
+    },
+    /// Draining, then (`committing`) waiting for the master's `Close`.
+    Close {
+        committing: bool,
+    },
 }
 
 /// What a step of the job came to.
