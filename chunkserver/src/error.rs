@@ -59,6 +59,9 @@ pub enum Error {
     /// A peer or the master could not be reached or went away.
     #[error("unavailable: {reason}")]
     Unavailable { reason: String },
+    /// A broken expectation inside the chunkserver (a bug, reported, never a panic).
+    #[error("internal error: {reason}")]
+    Internal { reason: String },
     /// A configuration value is unusable.
     #[error("invalid configuration --{field}: {reason}")]
     Config { field: &'static str, reason: String },
@@ -112,6 +115,7 @@ impl Error {
             Error::CorruptHeader { .. } => ErrorCode::Io,
             Error::Io { .. } => ErrorCode::Io,
             Error::Unavailable { .. } => ErrorCode::Unavailable,
+            Error::Internal { .. } => ErrorCode::Internal,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::ClusterKey(_) => ErrorCode::BadRequest,
             Error::DirLocked { .. } => ErrorCode::Unavailable,
@@ -162,6 +166,9 @@ impl Error {
             },
             Error::DirLocked { .. } => RemoteError::Unavailable {
                 reason: self.to_string(),
+            },
+            Error::Internal { reason } => RemoteError::Internal {
+                reason: reason.clone(),
             },
             Error::Config { .. } | Error::ClusterKey(_) => RemoteError::BadRequest {
                 reason: self.to_string(),
