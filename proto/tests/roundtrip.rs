@@ -235,8 +235,8 @@ fn strategies_cover_every_enum_variant() {
         3,
         "Verification variants drawn: {verification:?}"
     );
-    let err = variants_drawn(arb_remote_error(), remote_error_variant, 600);
-    assert_eq!(err.len(), 22, "RemoteError variants drawn: {err:?}");
+    let err = variants_drawn(arb_remote_error(), remote_error_variant, 800);
+    assert_eq!(err.len(), 24, "RemoteError variants drawn: {err:?}");
 }
 
 // ---------------------------------------------------------------- RpcClient

@@ -311,10 +311,11 @@ impl Replica {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
         if length > self.length {
-            return Err(Error::bad_request(format!(
-                "cannot truncate chunk {handle} to {length}: it holds {} bytes",
-                self.length
-            )));
+            return Err(Error::ReplicaShort {
+                handle,
+                offset: length,
+                length: self.length,
+            });
         }
         if length < self.length {
             self.cut_to(engine, length).await?;
@@ -339,16 +340,17 @@ impl Replica {
             if length == self.length {
                 return Ok(self.report());
             }
-            return Err(Error::bad_request(format!(
-                "chunk {handle} is already finalized at {} bytes, not {length}",
-                self.length
-            )));
+            return Err(Error::ReplicaFinalized {
+                handle,
+                length: self.length,
+            });
         }
         if length > self.length {
-            return Err(Error::bad_request(format!(
-                "cannot finalize chunk {handle} at {length}: it holds {} bytes",
-                self.length
-            )));
+            return Err(Error::ReplicaShort {
+                handle,
+                offset: length,
+                length: self.length,
+            });
         }
         if length < self.length {
             self.cut_to(engine, length).await?;
@@ -382,15 +384,17 @@ impl Replica {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
         if self.header.state != ReplicaState::Writing {
-            return Err(Error::bad_request(format!(
-                "chunk {handle} is finalized; a write needs a version bump first"
-            )));
+            return Err(Error::ReplicaFinalized {
+                handle,
+                length: self.length,
+            });
         }
         if offset > self.length {
-            return Err(Error::bad_request(format!(
-                "write at {offset} is not contiguous: chunk {handle} holds {} bytes",
-                self.length
-            )));
+            return Err(Error::ReplicaShort {
+                handle,
+                offset,
+                length: self.length,
+            });
         }
         if offset < self.length {
             tracing::info!(

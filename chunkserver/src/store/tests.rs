@@ -80,7 +80,14 @@ async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
             )
             .await;
         assert_eq!(out.lengths, vec![150_002]);
-        assert!(matches!(out.error, Some(Error::BadRequest { .. })));
+        assert!(matches!(
+            out.error,
+            Some(Error::ReplicaShort {
+                offset: 150_010,
+                length: 150_002,
+                ..
+            })
+        ));
     }
 }
 

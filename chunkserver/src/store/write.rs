@@ -19,7 +19,10 @@ impl Replica {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
         if self.header.state != ReplicaState::Writing {
-            return Err(Error::bad_request(format!("chunk {handle} is finalized")));
+            return Err(Error::ReplicaFinalized {
+                handle,
+                length: self.length,
+            });
         }
         let end = offset.saturating_add(len);
         if end > MAX_CHUNK_SIZE {
@@ -28,9 +31,11 @@ impl Replica {
             )));
         }
         if offset > length {
-            return Err(Error::bad_request(format!(
-                "write at {offset} is not contiguous: chunk {handle} holds {length} bytes"
-            )));
+            return Err(Error::ReplicaShort {
+                handle,
+                offset,
+                length,
+            });
         }
         Ok(())
     }

@@ -288,6 +288,19 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
             .boxed(),
         s().prop_map(|reason| RemoteError::NotSupported { reason })
             .boxed(),
+        (arb_u64(), arb_u64(), arb_u64())
+            .prop_map(|(h, offset, length)| RemoteError::ReplicaShort {
+                handle: ChunkHandle(h),
+                offset,
+                length,
+            })
+            .boxed(),
+        (arb_u64(), arb_u64())
+            .prop_map(|(h, length)| RemoteError::ReplicaFinalized {
+                handle: ChunkHandle(h),
+                length,
+            })
+            .boxed(),
     ]
     .boxed()
 }
@@ -904,5 +917,7 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::Unavailable { .. } => "Unavailable",
         RemoteError::InvalidPath { .. } => "InvalidPath",
         RemoteError::NotSupported { .. } => "NotSupported",
+        RemoteError::ReplicaShort { .. } => "ReplicaShort",
+        RemoteError::ReplicaFinalized { .. } => "ReplicaFinalized",
     }
 }
