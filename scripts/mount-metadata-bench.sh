@@ -3,21 +3,28 @@
 #
 # Starts, all on 127.0.0.1 and in a temp dir on the current disk:
 #   - a stampfs cluster (`stampfs dev`: master + 1 chunkserver) and `stampfs mount`;
-#   - a MooseFS master, one chunkserver and mfsmount (Debian: moosefs-master,
-#     moosefs-chunkserver, moosefs-client), unless --no-moosefs;
+#   - a MooseFS master and mfsmount (Debian: moosefs-master, moosefs-client), unless
+#     --no-moosefs. No MooseFS chunkserver: mfschunkserver refuses a master on
+#     127.0.0.0/8 ("localhost can't be used for connecting with master"), and the
+#     metadata of empty files (create, stat, unlink, mkdir, rmdir) never reaches one;
 # runs `stampfs bench mount-metadata` on both mounts (same loop, same minute), then
 # unmounts and stops everything it started (by pid / its own config).
 #
-# Usage (as root, for FUSE): scripts/mount-metadata-bench.sh [STAMPFS_BINARY] [--no-moosefs] [-- BENCH ARGS]
+# Usage (as root, for FUSE):
+#   scripts/mount-metadata-bench.sh [STAMPFS_BINARY] [--baseline OTHER_BINARY] [--no-moosefs] [-- BENCH ARGS]
 #   e.g. scripts/mount-metadata-bench.sh target/release/stampfs -- --files 5000 --rounds 3
+# --baseline also runs a second stampfs cluster and mount from another build (e.g. the
+# code before a change), measured as `stampfs-base` in the same run.
 set -euo pipefail
 
 BIN=target/release/stampfs
 MOOSEFS=1
+BASELINE=""
 BENCH_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-moosefs) MOOSEFS=0 ;;
+        --baseline) shift; BASELINE=$(readlink -f "$1") ;;
         --) shift; BENCH_ARGS=("$@"); break ;;
         *) BIN="$1" ;;
     esac
@@ -36,7 +43,6 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
     if [ -n "$MFS_CFG" ]; then
-        mfschunkserver -c "$WORK/mfs/mfschunkserver.cfg" stop >/dev/null 2>&1
         mfsmaster -c "$MFS_CFG" stop >/dev/null 2>&1
     fi
     rm -rf "$WORK"
@@ -53,26 +59,34 @@ wait_for() { # FILE-or-CMD, what
 }
 
 # --- stampfs: master + one chunkserver on 127.0.0.1, and its mount.
+start_stampfs() { # BINARY NAME PORT
+    local bin=$1 name=$2 port=$3
+    "$bin" dev --dir "$WORK/$name" --chunkservers 1 --listen "127.0.0.1:$port" \
+        >"$WORK/$name-dev.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "grep -q 'cluster is up' '$WORK/$name-dev.log'" "the $name cluster"
+    mkdir -p "$WORK/mnt-$name"
+    "$bin" mount --foreground --master "127.0.0.1:$port" "$WORK/mnt-$name" \
+        >"$WORK/$name-mount.out" 2>"$WORK/$name-mount.log" &
+    PIDS+=($!)
+    wait_for "grep -q 'stampfs: mounted' '$WORK/$name-mount.out'" "the $name mount"
+    MOUNTS+=("$WORK/mnt-$name")
+    TARGETS+=(--target "$name=$WORK/mnt-$name")
+}
 PORT=$((20000 + RANDOM % 20000))
-"$BIN" dev --dir "$WORK/stampfs" --chunkservers 1 --listen "127.0.0.1:$PORT" \
-    >"$WORK/stampfs-dev.log" 2>&1 &
-PIDS+=($!)
-wait_for "grep -q 'cluster is up' '$WORK/stampfs-dev.log'" "the stampfs cluster"
-mkdir -p "$WORK/mnt-stampfs"
-"$BIN" mount --foreground --master "127.0.0.1:$PORT" "$WORK/mnt-stampfs" \
-    >"$WORK/stampfs-mount.out" 2>"$WORK/stampfs-mount.log" &
-PIDS+=($!)
-wait_for "grep -q 'stampfs: mounted' '$WORK/stampfs-mount.out'" "the stampfs mount"
-MOUNTS+=("$WORK/mnt-stampfs")
-TARGETS=(--target "stampfs=$WORK/mnt-stampfs")
+TARGETS=()
+start_stampfs "$BIN" stampfs "$PORT"
+if [ -n "$BASELINE" ]; then
+    start_stampfs "$BASELINE" stampfs-base "$((PORT + 10))"
+fi
 
-# --- MooseFS: master, chunkserver and mfsmount, all bound to 127.0.0.1.
+# --- MooseFS: master and mfsmount, bound to 127.0.0.1.
 if [ "$MOOSEFS" = 1 ]; then
     command -v mfsmaster >/dev/null || { echo "MooseFS is not installed (apt-get install moosefs-master moosefs-chunkserver moosefs-client)" >&2; exit 2; }
     M="$WORK/mfs"
-    mkdir -p "$M/master" "$M/cs" "$M/hdd" "$WORK/mnt-moosefs"
+    mkdir -p "$M/master" "$WORK/mnt-moosefs"
     cp /var/lib/mfs/metadata.mfs.empty "$M/master/metadata.mfs"
-    MP=$((PORT + 1)); CP=$((PORT + 2)); CLP=$((PORT + 3)); CSP=$((PORT + 4))
+    MP=$((PORT + 1)); CP=$((PORT + 2)); CLP=$((PORT + 3))
     cat >"$M/mfsmaster.cfg" <<CFG
 WORKING_USER = root
 WORKING_GROUP = root
@@ -88,23 +102,9 @@ MATOCL_LISTEN_PORT = $CLP
 CFG
     echo "127.0.0.1 / rw,alldirs,maproot=0" >"$M/mfsexports.cfg"
     : >"$M/mfstopology.cfg"
-    cat >"$M/mfschunkserver.cfg" <<CFG
-WORKING_USER = root
-WORKING_GROUP = root
-DATA_PATH = $M/cs
-HDD_CONF_FILENAME = $M/mfshdd.cfg
-HDD_LEAVE_SPACE_DEFAULT = 64MiB
-BIND_HOST = 127.0.0.1
-MASTER_HOST = 127.0.0.1
-MASTER_PORT = $CP
-CSSERV_LISTEN_HOST = 127.0.0.1
-CSSERV_LISTEN_PORT = $CSP
-CFG
-    echo "$M/hdd" >"$M/mfshdd.cfg"
     MFS_CFG="$M/mfsmaster.cfg"
-    mfsmaster -c "$MFS_CFG" start >"$WORK/mfsmaster.log" 2>&1
-    mfschunkserver -c "$M/mfschunkserver.cfg" start >"$WORK/mfschunkserver.log" 2>&1
-    mfsmount -H 127.0.0.1 -P "$CLP" "$WORK/mnt-moosefs" >"$WORK/mfsmount.log" 2>&1
+    mfsmaster -c "$MFS_CFG" start >"$WORK/mfsmaster.log" 2>&1 || { cat "$WORK/mfsmaster.log" >&2; exit 1; }
+    mfsmount -H 127.0.0.1 -P "$CLP" "$WORK/mnt-moosefs" >"$WORK/mfsmount.log" 2>&1 || { cat "$WORK/mfsmount.log" >&2; exit 1; }
     MOUNTS+=("$WORK/mnt-moosefs")
     wait_for "grep -q ' $WORK/mnt-moosefs ' /proc/mounts" "the MooseFS mount"
     TARGETS+=(--target "moosefs=$WORK/mnt-moosefs")

@@ -98,7 +98,11 @@ fn timed(
     Ok((total, lat))
 }
 
-fn run_phase(phase: &str, files: &[PathBuf], dirs: &[PathBuf]) -> std::io::Result<(Duration, Vec<Duration>)> {
+fn run_phase(
+    phase: &str,
+    files: &[PathBuf],
+    dirs: &[PathBuf],
+) -> std::io::Result<(Duration, Vec<Duration>)> {
     match phase {
         "create+close" => timed(files, |p| {
             OpenOptions::new()
@@ -188,8 +192,12 @@ fn measure(args: &BenchMountArgs) -> std::io::Result<()> {
             let base = dir.join(format!("stampfs-bench-{}-{round}", std::process::id()));
             std::fs::create_dir(&base)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", base.display())))?;
-            let files: Vec<PathBuf> = (0..args.files).map(|i| base.join(format!("f{i:06}"))).collect();
-            let dirs: Vec<PathBuf> = (0..args.files).map(|i| base.join(format!("d{i:06}"))).collect();
+            let files: Vec<PathBuf> = (0..args.files)
+                .map(|i| base.join(format!("f{i:06}")))
+                .collect();
+            let dirs: Vec<PathBuf> = (0..args.files)
+                .map(|i| base.join(format!("d{i:06}")))
+                .collect();
             work.push((name.clone(), base, files, dirs));
         }
         for phase in PHASES {
@@ -265,7 +273,10 @@ fn print_table(results: &[PhaseResult], sync: &[SyncResult], targets: &[(String,
         println!();
         println!("128 B write + fdatasync on --dir ({} each)", sync[0].n);
         for s in sync {
-            println!("  {:<10} p50 {:>6.0}µs  p99 {:>6.0}µs", s.kind, s.p50_us, s.p99_us);
+            println!(
+                "  {:<10} p50 {:>6.0}µs  p99 {:>6.0}µs",
+                s.kind, s.p50_us, s.p99_us
+            );
         }
     }
 }
