@@ -410,6 +410,14 @@ prop_compose! {
 }
 
 prop_compose! {
+    pub fn arb_make_file()(path in arb_string(), client in arb_client(),
+                           replication in any::<Option<u8>>(),
+                           chunk_size in prop::option::of(arb_u64())) -> MakeFile {
+        MakeFile { path, client, replication, chunk_size }
+    }
+}
+
+prop_compose! {
     pub fn arb_append()(path in arb_string(), client in arb_client()) -> Append {
         Append { path, client }
     }
@@ -674,6 +682,7 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_report_part()
             .prop_map(MasterRequest::ReportPart)
             .boxed(),
+        arb_make_file().prop_map(MasterRequest::MakeFile).boxed(),
     ]
     .boxed()
 }
@@ -702,6 +711,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::Fsck(_) => "Fsck",
         MasterRequest::ClusterReport(_) => "ClusterReport",
         MasterRequest::ReportPart(_) => "ReportPart",
+        MasterRequest::MakeFile(_) => "MakeFile",
     }
 }
 
