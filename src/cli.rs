@@ -242,6 +242,33 @@ pub enum BenchCommand {
     /// The master's throughput, latency and memory per file and chunk, driven by client
     /// tasks and simulated chunkservers (after HDFS's NNThroughputBenchmark).
     Master(BenchMasterArgs),
+    /// Metadata operations (create+close, stat, unlink, mkdir, rmdir) through mounted
+    /// file systems, single-threaded, each target in turn in the same run.
+    MountMetadata(BenchMountArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchMountArgs {
+    /// A directory to measure in, as NAME=DIR (repeatable; the first is the baseline of
+    /// the `vs first` column). A fresh subdirectory is made there per round.
+    #[arg(long = "target", value_parser = crate::bench_mount::parse_target, required = true)]
+    pub targets: Vec<(String, PathBuf)>,
+    /// Files (and directories) per phase.
+    #[arg(long, default_value_t = 5000)]
+    pub files: u64,
+    /// Rounds; every phase runs on every target once per round.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Small writes plus fdatasync timed on `--dir`'s disk, appending and overwriting
+    /// (0: none).
+    #[arg(long, default_value_t = 500)]
+    pub sync_probe: u64,
+    /// Directory for the fdatasync probe (default: the current directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write the results as JSON to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// How `stampfs bench master` reaches the master.

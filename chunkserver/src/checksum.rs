@@ -51,6 +51,83 @@ pub fn append_crcs(offset: u64, tail_crc: u32, data: &[u8]) -> (u64, Vec<u32>) {
     (first, out)
 }
 
+/// The checksum entries of consecutive blocks from [`TableRun::first`] on, as a
+/// replica's data grows, and the tail CRC of its end: what an append plans under the
+/// lock, what a received copy builds, and what an overlapping write rewrites, with one
+/// set of rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRun {
+    first: u64,
+    crcs: Vec<u32>,
+    /// CRC of the partial block at the end (0 when the end is block aligned).
+    tail: u32,
+}
+
+impl TableRun {
+    /// An empty run at a replica's end `length` whose partial block's CRC is `tail`.
+    pub fn at(length: u64, tail: u32) -> Self {
+        Self {
+            first: block_of(length),
+            crcs: Vec::new(),
+            tail,
+        }
+    }
+
+    /// The block of the first entry.
+    pub fn first(&self) -> u64 {
+        self.first
+    }
+
+    /// The entries, from [`TableRun::first`] on.
+    pub fn entries(&self) -> &[u32] {
+        &self.crcs
+    }
+
+    /// The CRC of the partial block at the end (0 when block aligned).
+    pub fn tail(&self) -> u32 {
+        self.tail
+    }
+
+    /// Whether no entry was put.
+    pub fn is_empty(&self) -> bool {
+        self.crcs.is_empty()
+    }
+
+    /// Appends `data` at `offset` (the end so far, whose partial block's CRC is the
+    /// run's tail). `crc` is `crc32(data)` when the caller verified it already: a
+    /// block-aligned `data` of at most one block then needs no second pass.
+    pub fn append(&mut self, offset: u64, data: &[u8], crc: Option<u32>) {
+        let (first, crcs) = match crc {
+            Some(c) if offset % BLOCK == 0 && data.len() as u64 <= BLOCK => {
+                (block_of(offset), vec![c])
+            }
+            _ => append_crcs(offset, self.tail, data),
+        };
+        self.put(first, &crcs, offset + data.len() as u64);
+    }
+
+    /// Puts `crcs`, the entries of the blocks from `block` on, in place of the run's
+    /// entries from `block` on, the data now ending at `end`.
+    pub fn put(&mut self, block: u64, crcs: &[u32], end: u64) {
+        if self.crcs.is_empty() {
+            self.first = block;
+        }
+        self.crcs
+            .truncate(block.saturating_sub(self.first) as usize);
+        self.crcs.extend_from_slice(crcs);
+        self.tail = if end % BLOCK == 0 {
+            0
+        } else {
+            crcs.last().copied().unwrap_or(0)
+        };
+    }
+
+    /// The entries, encoded as the table stores them.
+    pub fn encode(&self) -> Vec<u8> {
+        encode_table(&self.crcs)
+    }
+}
+
 /// Index (within `table`) of the first block of `data` whose CRC does not match, where
 /// `data` starts at the boundary of the block `table[0]` describes.
 pub fn first_mismatch(data: &[u8], table: &[u32]) -> Option<usize> {
@@ -172,5 +249,56 @@ mod tests {
     fn table_bytes_round_trip() {
         let t = vec![1u32, 0xffff_ffff, 42];
         assert_eq!(parse_table(&encode_table(&t)), t);
+    }
+
+    #[test]
+    fn a_table_run_matches_the_whole_data_checksummed_at_once() {
+        let data = bytes(3 * BLOCK as usize + 1234, 9);
+        // Appended in uneven pieces (some with their CRC given), from an unaligned start.
+        let start = 5000usize;
+        let mut run = TableRun::at(start as u64, crc32fast::hash(&data[..start]));
+        let mut at = start;
+        for (i, n) in [100usize, BLOCK as usize - 5100, BLOCK as usize, 70_000, 1]
+            .into_iter()
+            .cycle()
+            .enumerate()
+        {
+            if at >= data.len() {
+                break;
+            }
+            let n = n.min(data.len() - at);
+            let piece = &data[at..at + n];
+            let crc = (i % 2 == 0).then(|| crc32fast::hash(piece));
+            run.append(at as u64, piece, crc);
+            at += n;
+        }
+        let whole = block_crcs(&data);
+        assert_eq!(run.first(), block_of(start as u64));
+        assert_eq!(run.entries(), &whole[run.first() as usize..]);
+        assert_eq!(run.tail(), *whole.last().expect("entries"));
+        assert_eq!(run.encode(), encode_table(run.entries()));
+        // Block aligned at the end: no tail.
+        let aligned = &data[..2 * BLOCK as usize];
+        let mut run = TableRun::at(0, 0);
+        run.append(0, aligned, None);
+        assert_eq!(run.tail(), 0);
+        assert_eq!(run.entries(), &block_crcs(aligned)[..]);
+    }
+
+    #[test]
+    fn put_replaces_the_entries_from_its_block_on() {
+        let mut run = TableRun::at(0, 0);
+        run.put(0, &[1, 2, 3], 3 * BLOCK - 1);
+        assert_eq!((run.entries(), run.tail()), (&[1, 2, 3][..], 3));
+        run.put(1, &[7], BLOCK + 10);
+        assert_eq!((run.entries(), run.tail()), (&[1, 7][..], 7));
+        // An empty run takes the first block of what is put.
+        let mut run = TableRun::at(10 * BLOCK, 0);
+        assert!(run.is_empty());
+        run.put(4, &[5, 6], 6 * BLOCK);
+        assert_eq!(
+            (run.first(), run.entries(), run.tail()),
+            (4, &[5, 6][..], 0)
+        );
     }
 }

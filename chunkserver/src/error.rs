@@ -59,6 +59,20 @@ pub enum Error {
     /// A peer or the master could not be reached or went away.
     #[error("unavailable: {reason}")]
     Unavailable { reason: String },
+    /// The replica holds `length` bytes, short of `offset` (see
+    /// [`RemoteError::ReplicaShort`]).
+    #[error("replica of chunk {handle} holds {length} bytes, short of offset {offset}")]
+    ReplicaShort {
+        handle: ChunkHandle,
+        offset: u64,
+        length: u64,
+    },
+    /// The replica is finalized at `length` (see [`RemoteError::ReplicaFinalized`]).
+    #[error("replica of chunk {handle} is finalized at {length} bytes")]
+    ReplicaFinalized { handle: ChunkHandle, length: u64 },
+    /// A broken expectation inside the chunkserver (a bug, reported, never a panic).
+    #[error("internal error: {reason}")]
+    Internal { reason: String },
     /// A configuration value is unusable.
     #[error("invalid configuration --{field}: {reason}")]
     Config { field: &'static str, reason: String },
@@ -112,6 +126,9 @@ impl Error {
             Error::CorruptHeader { .. } => ErrorCode::Io,
             Error::Io { .. } => ErrorCode::Io,
             Error::Unavailable { .. } => ErrorCode::Unavailable,
+            Error::Internal { .. } => ErrorCode::Internal,
+            Error::ReplicaShort { .. } => ErrorCode::ReplicaShort,
+            Error::ReplicaFinalized { .. } => ErrorCode::ReplicaFinalized,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::ClusterKey(_) => ErrorCode::BadRequest,
             Error::DirLocked { .. } => ErrorCode::Unavailable,
@@ -162,6 +179,22 @@ impl Error {
             },
             Error::DirLocked { .. } => RemoteError::Unavailable {
                 reason: self.to_string(),
+            },
+            Error::Internal { reason } => RemoteError::Internal {
+                reason: reason.clone(),
+            },
+            Error::ReplicaShort {
+                handle,
+                offset,
+                length,
+            } => RemoteError::ReplicaShort {
+                handle: *handle,
+                offset: *offset,
+                length: *length,
+            },
+            Error::ReplicaFinalized { handle, length } => RemoteError::ReplicaFinalized {
+                handle: *handle,
+                length: *length,
             },
             Error::Config { .. } | Error::ClusterKey(_) => RemoteError::BadRequest {
                 reason: self.to_string(),

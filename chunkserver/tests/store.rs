@@ -152,7 +152,7 @@ async fn the_gate_stale_equal_and_higher() {
         // A gap is refused.
         assert!(matches!(
             s.write(H, v(5), 80_000, pkt.clone(), false).await,
-            Err(Error::BadRequest { .. })
+            Err(Error::ReplicaShort { offset: 80_000, .. })
         ));
     }
 }
@@ -328,7 +328,11 @@ async fn truncate_finalize_and_stream_setup() {
                 .expect("write");
             assert!(matches!(
                 s.truncate(H, v(1), 150_001).await,
-                Err(Error::BadRequest { .. })
+                Err(Error::ReplicaShort {
+                    offset: 150_001,
+                    length: 150_000,
+                    ..
+                })
             ));
             assert!(matches!(
                 s.truncate(H, v(2), 10).await,
@@ -357,7 +361,11 @@ async fn truncate_finalize_and_stream_setup() {
             // ...and a gap is refused.
             assert!(matches!(
                 s.open_for_write(H, v(1), 110_001).await,
-                Err(Error::BadRequest { .. })
+                Err(Error::ReplicaShort {
+                    offset: 110_001,
+                    length: 110_000,
+                    ..
+                })
             ));
             s.write(
                 H,
@@ -370,7 +378,10 @@ async fn truncate_finalize_and_stream_setup() {
             .expect("append");
             assert!(matches!(
                 s.finalize(H, v(1), 130_001).await,
-                Err(Error::BadRequest { .. })
+                Err(Error::ReplicaShort {
+                    offset: 130_001,
+                    ..
+                })
             ));
             let r = s.finalize(H, v(1), 125_000).await.expect("finalize");
             assert_eq!((r.length, r.state), (125_000, ReplicaState::Finalized));
@@ -378,11 +389,17 @@ async fn truncate_finalize_and_stream_setup() {
             assert!(matches!(
                 s.write(H, v(1), 125_000, Bytes::from_static(b"x"), false)
                     .await,
-                Err(Error::BadRequest { .. })
+                Err(Error::ReplicaFinalized {
+                    length: 125_000,
+                    ..
+                })
             ));
             assert!(matches!(
                 s.open_for_write(H, v(1), 125_000).await,
-                Err(Error::BadRequest { .. })
+                Err(Error::ReplicaFinalized {
+                    length: 125_000,
+                    ..
+                })
             ));
         }
         let s = open(dir.path(), kind).await;

@@ -469,6 +469,7 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::ClusterReport(r) => reply(id, core.cluster_report(r).await),
         // Kept by the connection (`ReportParts`), never dispatched.
         MasterRequest::ReportPart(_) => reply(id, Ok(())),
+        MasterRequest::MakeFile(r) => reply(id, core.make_file(r).await),
     }
 }
 

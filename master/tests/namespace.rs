@@ -674,3 +674,73 @@ async fn the_checkpoint_worker_trims_the_log_when_it_grows() {
     assert!(list.contains(&"/after".to_string()));
     m.shutdown().await.expect("shutdown");
 }
+
+fn make_file(path: &str, client: ClientId) -> MakeFile {
+    MakeFile {
+        path: path.into(),
+        client,
+        replication: None,
+        chunk_size: None,
+    }
+}
+
+#[tokio::test]
+async fn make_file_creates_a_closed_empty_file_that_survives_a_crash_and_takes_appends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = master(dir.path()).await;
+    let mut c = client(&m).await;
+    let f = c.call(make_file("/touched", A)).await.expect("make_file");
+    assert_eq!(
+        (f.kind, f.state, f.length),
+        (FileKind::File, FileState::Closed, 0)
+    );
+    // No lease was taken: another client appends at once.
+    let e = remote(c.call(make_file("/touched", B)).await.unwrap_err());
+    assert_eq!(e.code(), ErrorCode::AlreadyExists);
+    let e = remote(c.call(create("/touched", B)).await.unwrap_err());
+    assert_eq!(e.code(), ErrorCode::AlreadyExists);
+    for i in 0..50 {
+        c.call(make_file(&format!("/many{i}"), A))
+            .await
+            .expect("make_file");
+    }
+    drop(c);
+    drop(m); // crash: the log is left with its preallocated zeros
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let m = master(dir.path()).await;
+    let mut c = client(&m).await;
+    let st = c
+        .call(Stat {
+            path: "/touched".into(),
+        })
+        .await
+        .expect("stat after the crash");
+    assert_eq!((st.state, st.length), (FileState::Closed, 0));
+    let list = c.call(List { path: "/".into() }).await.expect("list");
+    assert_eq!(list.len(), 51);
+    assert!(list.iter().all(|s| s.state == FileState::Closed));
+    let reply = c
+        .call(Append {
+            path: "/touched".into(),
+            client: B,
+        })
+        .await
+        .expect("append to a made file");
+    assert_eq!(reply.status.state, FileState::Open);
+    assert!(
+        reply.last_chunk.is_none(),
+        "an empty file has no last chunk"
+    );
+    m.shutdown().await.expect("shutdown");
+    // A clean shutdown leaves no zeros behind: every segment holds only records.
+    for (_, seg) in stampfs_master::oplog::segments(dir.path()).expect("segments") {
+        let bytes = std::fs::read(&seg).expect("read segment");
+        assert!(
+            (bytes.len() as u64) < stampfs_master::oplog::PREALLOC,
+            "{} was not cut at close ({} bytes)",
+            seg.display(),
+            bytes.len()
+        );
+    }
+}

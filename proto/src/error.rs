@@ -34,6 +34,8 @@ pub enum ErrorCode {
     Unavailable = 20,
     InvalidPath = 21,
     NotSupported = 22,
+    ReplicaShort = 23,
+    ReplicaFinalized = 24,
 }
 
 /// A typed error carried in a reply frame.
@@ -101,6 +103,19 @@ pub enum RemoteError {
     InvalidPath { path: String, reason: String },
     #[error("not supported: {reason}")]
     NotSupported { reason: String },
+    /// The replica holds fewer bytes than the request needs (a stream set-up or write
+    /// past its end, a truncate or finalize longer than it): it missed bytes. Appended
+    /// after every older variant, so their wire indexes stay.
+    #[error("replica of chunk {handle} holds {length} bytes, short of offset {offset}")]
+    ReplicaShort {
+        handle: ChunkHandle,
+        offset: u64,
+        length: u64,
+    },
+    /// The replica is finalized at `length`: writing to it needs a version bump first,
+    /// and it is not finalized again at another length.
+    #[error("replica of chunk {handle} is finalized at {length} bytes")]
+    ReplicaFinalized { handle: ChunkHandle, length: u64 },
 }
 
 impl RemoteError {
@@ -129,6 +144,8 @@ impl RemoteError {
             RemoteError::Unavailable { .. } => ErrorCode::Unavailable,
             RemoteError::InvalidPath { .. } => ErrorCode::InvalidPath,
             RemoteError::NotSupported { .. } => ErrorCode::NotSupported,
+            RemoteError::ReplicaShort { .. } => ErrorCode::ReplicaShort,
+            RemoteError::ReplicaFinalized { .. } => ErrorCode::ReplicaFinalized,
         }
     }
 }

@@ -155,6 +155,19 @@ pub struct Create {
     pub overwrite: bool,
 }
 
+/// Creates an empty file that is closed at once, in one durable step and without a
+/// write lease: `mknod`, and the FUSE mount's `create`, whose lease is taken by an
+/// [`Append`] at the first write. A file with nothing written then costs one record
+/// and no close; a crash at any point leaves it either absent or closed and empty.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct MakeFile {
+    pub path: String,
+    /// Who asks (logged; it holds no lease).
+    pub client: ClientId,
+    pub replication: Option<u8>,
+    pub chunk_size: Option<u64>,
+}
+
 /// Reopens a closed file for writing at its end.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Append {
@@ -468,8 +481,10 @@ pub enum MasterRequest {
     ChunkReport(ChunkReport),
     Fsck(Fsck),
     ClusterReport(ClusterReportRequest),
-    /// Last, so that every earlier variant keeps its wire index.
+    /// After every older variant, so that each keeps its wire index.
     ReportPart(ReportPart),
+    /// After every older variant, so that each keeps its wire index.
+    MakeFile(MakeFile),
 }
 
 // ---------------------------------------------------------------- → chunkserver

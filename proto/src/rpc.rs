@@ -60,6 +60,7 @@ rpc! {
     MasterRequest::Fsck(Fsck) -> FsckReport;
     MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport;
     MasterRequest::ReportPart(ReportPart) -> ();
+    MasterRequest::MakeFile(MakeFile) -> FileStatus;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

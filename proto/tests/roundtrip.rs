@@ -57,6 +57,7 @@ frame_round_trips! {
     // client → master
     mkdir: arb_mkdir();
     create: arb_create();
+    make_file: arb_make_file();
     append: arb_append();
     append_reply: arb_append_reply();
     add_chunk: arb_add_chunk();
@@ -199,6 +200,7 @@ mod rpc {
         fsck: arb_fsck() => arb_fsck_report();
         cluster_report: arb_cluster_report_request() => arb_cluster_report();
         report_part: arb_report_part() => Just(());
+        make_file: arb_make_file() => arb_file_status();
         write_setup: arb_write_setup() => arb_write_setup_reply();
         read: arb_read() => arb_read_reply();
         replica_info: arb_replica_info() => arb_replica_report();
@@ -224,7 +226,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 20, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 21, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 6, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
@@ -235,8 +237,8 @@ fn strategies_cover_every_enum_variant() {
         3,
         "Verification variants drawn: {verification:?}"
     );
-    let err = variants_drawn(arb_remote_error(), remote_error_variant, 600);
-    assert_eq!(err.len(), 22, "RemoteError variants drawn: {err:?}");
+    let err = variants_drawn(arb_remote_error(), remote_error_variant, 800);
+    assert_eq!(err.len(), 24, "RemoteError variants drawn: {err:?}");
 }
 
 // ---------------------------------------------------------------- RpcClient

@@ -31,6 +31,10 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::FrameTooLarge => Errno::EIO,
         ErrorCode::MalformedFrame => Errno::EIO,
         ErrorCode::Io => Errno::EIO,
+        // A replica's own trouble, which the writer routes around; seen only when it
+        // could not.
+        ErrorCode::ReplicaShort => Errno::EIO,
+        ErrorCode::ReplicaFinalized => Errno::EIO,
     }
 }
 

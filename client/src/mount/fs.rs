@@ -9,8 +9,8 @@
 use super::capacity::{Capacity, CapacityCache, Lookup};
 use super::errno::errno_for;
 use super::handles::{
-    check_truncate, check_write, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteCheck,
-    WriteHandle, WriteState,
+    check_truncate, check_write, settles_at_once, DirEntry, DirHandle, Handle, Handles, ReadHandle,
+    WriteCheck, WriteHandle, WriteState,
 };
 use super::inodes::{base_name, AttrCache, Cached, Inodes, ROOT};
 use crate::client::{Client, CreateOptions};
@@ -378,32 +378,29 @@ impl Shared {
         Ok(())
     }
 
+    /// Creates the file empty and closed at the master (one durable step, no lease);
+    /// the handle's first write takes the lease (see [`super::handles`]).
     #[tracing::instrument(skip_all, fields(%path))]
     async fn create(&self, path: String, append_mode: bool) -> Result<(FileStatus, u64), Errno> {
-        let writer = self
+        let st = self
             .client
-            .create(&path, CreateOptions::default())
+            .make_file(&path, CreateOptions::default())
             .await
             .map_err(|e| errno_for(&e, "create", &path))?;
-        let st = writer.status().clone();
-        let handle = WriteHandle::new(st.inode.0, st.path.clone(), append_mode, Some(writer));
+        let handle = WriteHandle::created(st.inode.0, st.path.clone(), append_mode);
         let fh = lock(&self.handles).insert(Handle::Write(Arc::new(handle)));
-        self.invalidate(&path);
+        lock(&self.attrs).put(st.clone(), 0, Instant::now());
         Ok((st, fh))
     }
 
     #[tracing::instrument(skip_all, fields(%path))]
     async fn mknod(&self, path: String) -> Result<FileStatus, Errno> {
-        let mut writer = self
+        let st = self
             .client
-            .create(&path, CreateOptions::default())
+            .make_file(&path, CreateOptions::default())
             .await
             .map_err(|e| errno_for(&e, "mknod", &path))?;
-        let st = writer
-            .close()
-            .await
-            .map_err(|e| errno_for(&e, "mknod", &path))?;
-        self.invalidate(&path);
+        lock(&self.attrs).put(st.clone(), 0, Instant::now());
         Ok(st)
     }
 
@@ -533,17 +530,21 @@ impl Shared {
         st: &mut WriteState,
         offset: u64,
     ) -> Result<(), Errno> {
-        let status = self
-            .client
-            .stat(&h.path)
-            .await
-            .map_err(|e| errno_for(&e, "write", &h.path))?;
-        if status.kind == FileKind::Directory {
-            return Err(Errno::EISDIR);
-        }
-        let closed = status.state == FileState::Closed;
-        if closed && check_write(offset, status.length, h.append_mode) == WriteCheck::NotAtEnd {
-            return Err(self.refuse_write(h, offset, status.length));
+        if !h.fresh {
+            // An existing file: refuse a write that cannot be at its end before taking
+            // its lease.
+            let status = self
+                .client
+                .stat(&h.path)
+                .await
+                .map_err(|e| errno_for(&e, "write", &h.path))?;
+            if status.kind == FileKind::Directory {
+                return Err(Errno::EISDIR);
+            }
+            let closed = status.state == FileState::Closed;
+            if closed && check_write(offset, status.length, h.append_mode) == WriteCheck::NotAtEnd {
+                return Err(self.refuse_write(h, offset, status.length));
+            }
         }
         let mut writer = self.append(h).await?;
         let base = writer.status().length;
@@ -1022,6 +1023,7 @@ impl fuser::Filesystem for StampFs {
         let Some(Handle::Write(h)) = self.handle(fh) else {
             return reply.error(Errno::EBADF);
         };
+        h.wrote.store(true, Ordering::SeqCst);
         // The ticket is taken here, in the kernel's order; the task waits its turn.
         let ticket = h.turn.ticket();
         let data = data.to_vec();
@@ -1046,6 +1048,9 @@ impl fuser::Filesystem for StampFs {
         let Some(Handle::Write(h)) = self.handle(fh) else {
             return reply.ok();
         };
+        if settles_at_once(h.wrote.load(Ordering::SeqCst)) {
+            return reply.ok();
+        }
         let ticket = h.turn.ticket();
         let sh = self.shared.clone();
         self.spawn(async move {
@@ -1071,6 +1076,12 @@ impl fuser::Filesystem for StampFs {
             lock(&self.shared.handles).remove(fh.0);
             return reply.ok();
         };
+        if settles_at_once(h.wrote.load(Ordering::SeqCst)) {
+            // No writer, no lease: nothing to close at the master. A task still
+            // serving an fsync of this handle holds its own reference.
+            self.shared.drop_writer(fh.0);
+            return reply.ok();
+        }
         let ticket = h.turn.ticket();
         let sh = self.shared.clone();
         self.spawn(async move {

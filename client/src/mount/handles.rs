@@ -6,6 +6,13 @@
 //! opening for write alone never takes the file's lease. The requests of one write
 //! handle run one at a time in the order the kernel sent them ([`Turnstile`]): the
 //! kernel's order is the file's byte order.
+//!
+//! A file the mount creates is made empty and **closed** at the master in one durable
+//! step (`MakeFile`), and its handle starts without a writer, like one opened for
+//! writing: the lease is taken by the first write. So until a write is sent on a handle
+//! ([`WriteHandle::wrote`]) it holds nothing at the master, and its flush and release
+//! are answered at once ([`settles_at_once`]): a `touch` costs one request, and a crash
+//! anywhere leaves the file absent or closed and empty, never open.
 
 use crate::reader::FileReader;
 use crate::writer::FileWriter;
@@ -40,6 +47,15 @@ pub(crate) fn check_write(offset: u64, end: u64, append_mode: bool) -> WriteChec
 /// an append-only file.
 pub(crate) fn check_truncate(requested: u64, current: u64) -> bool {
     requested == current
+}
+
+/// Whether a flush or release of a write handle is answered at once, on the session
+/// thread, without waiting for a turn or asking the cluster: when no write was ever
+/// sent on the handle. Such a handle has no writer (only a write opens one), so there
+/// is nothing to flush, no length to commit and no lease to release; every earlier
+/// request on it was a flush or an fsync of nothing.
+pub(crate) fn settles_at_once(wrote: bool) -> bool {
+    !wrote
 }
 
 /// Serves tickets in the order they were taken. The FUSE thread takes a ticket while
@@ -118,6 +134,13 @@ pub(crate) struct WriteHandle {
     pub(crate) end: AtomicU64,
     /// Set after the first append-only refusal so it is logged once per handle.
     pub(crate) warned: AtomicBool,
+    /// Set on the session thread when a write is sent on this handle (true from the
+    /// start for a handle given a writer): see [`settles_at_once`].
+    pub(crate) wrote: AtomicBool,
+    /// Created empty and closed by this mount: its first write reopens it without
+    /// asking the master for its length first (it was empty; `Append` says if another
+    /// client wrote meanwhile).
+    pub(crate) fresh: bool,
     /// Orders this handle's writes, flushes and release as the kernel sent them.
     pub(crate) turn: Turnstile,
     /// Held by the request whose turn it is (and by the final drain at unmount).
@@ -141,6 +164,8 @@ impl WriteHandle {
             append_mode,
             end: AtomicU64::new(end),
             warned: AtomicBool::new(false),
+            wrote: AtomicBool::new(writer.is_some()),
+            fresh: false,
             turn: Turnstile::default(),
             state: tokio::sync::Mutex::new(WriteState {
                 writer,
@@ -148,6 +173,14 @@ impl WriteHandle {
                 failed: None,
                 closed: false,
             }),
+        }
+    }
+
+    /// A handle of a file this mount just created (empty and closed at the master).
+    pub(crate) fn created(ino: u64, path: String, append_mode: bool) -> Self {
+        Self {
+            fresh: true,
+            ..Self::new(ino, path, append_mode, None)
         }
     }
 
@@ -239,6 +272,22 @@ impl Handles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handle_never_written_settles_at_once() {
+        assert!(settles_at_once(false));
+        let h = WriteHandle::created(7, "/f".into(), false);
+        assert!(h.fresh);
+        assert!(settles_at_once(h.wrote.load(Ordering::SeqCst)));
+    }
+
+    #[test]
+    fn a_handle_written_to_waits_for_its_turn() {
+        assert!(!settles_at_once(true));
+        let h = WriteHandle::created(7, "/f".into(), false);
+        h.wrote.store(true, Ordering::SeqCst);
+        assert!(!settles_at_once(h.wrote.load(Ordering::SeqCst)));
+    }
 
     #[test]
     fn writes_must_start_at_the_end_unless_appending() {

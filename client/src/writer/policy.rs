@@ -70,14 +70,16 @@ pub(crate) fn resume_offset(acked: u64, unacked_end: u64, lengths: &[Option<u64>
 
 /// Whether the head's refusal of a stream set-up ends the writer (after `StaleToken`,
 /// which fences it, was handled). A refusal about the head's own replica — missing,
-/// shorter than the acknowledged length after a crash, stale, corrupt, an I/O error —
-/// is that replica's failure: the writer goes on without it through a version bump,
-/// exactly as if the head were unreachable, so the bytes the other replicas hold are
-/// never lost to it. Only a refusal of the token itself (which every chunkserver of the
-/// cluster would give) or of the request's shape ends the writer.
+/// short of the stream's offset after a crash (`ReplicaShort`), finalized, stale,
+/// corrupt, an I/O error — is that replica's failure: the writer goes on without it
+/// through a version bump, exactly as if the head were unreachable, so the bytes the
+/// other replicas hold are never lost to it. Only a refusal of the token itself (which
+/// every chunkserver of the cluster would give) or of the request's shape
+/// (`BadRequest`, kept for malformed requests) ends the writer.
 pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
     match e {
         RemoteError::BadToken { .. }
+        | RemoteError::BadRequest { .. }
         | RemoteError::FrameTooLarge { .. }
         | RemoteError::MalformedFrame { .. }
         | RemoteError::InvalidPath { .. } => true,
@@ -85,7 +87,8 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::ReplicaStale { .. }
         | RemoteError::ChecksumMismatch { .. }
         | RemoteError::NotFound { .. }
-        | RemoteError::BadRequest { .. }
+        | RemoteError::ReplicaShort { .. }
+        | RemoteError::ReplicaFinalized { .. }
         | RemoteError::Internal { .. }
         | RemoteError::Io { .. }
         | RemoteError::Unavailable { .. }
@@ -125,12 +128,20 @@ mod tests {
     fn only_a_refused_token_or_request_ends_the_writer_at_set_up() {
         let handle = stampfs_proto::ChunkHandle(3);
         assert!(head_refusal_is_fatal(&RemoteError::BadToken { handle }));
+        // A malformed request is this writer's bug, whichever chunkserver it goes to.
+        assert!(head_refusal_is_fatal(&RemoteError::BadRequest {
+            reason: "a pipeline of 9 downstream chunkservers exceeds the limit".into(),
+        }));
         // The head's replica came back shorter than the acknowledged length (a crash
-        // lost its unsynced tail), vanished, or is corrupt: exclude it, keep writing.
+        // lost its unsynced tail), was finalized, vanished, or is corrupt: exclude it,
+        // keep writing.
         for e in [
-            RemoteError::BadRequest {
-                reason: "write at 100 is not contiguous".into(),
+            RemoteError::ReplicaShort {
+                handle,
+                offset: 100,
+                length: 40,
             },
+            RemoteError::ReplicaFinalized { handle, length: 40 },
             RemoteError::NotFound {
                 what: "chunk".into(),
             },

@@ -12,7 +12,7 @@ use crate::placement;
 use crate::trash;
 use stampfs_proto::{
     Append, ChunkCommit, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
-    Create, Delete, FileStatus, InodeId, Mkdir, Rename, ReplicaReport, UpdatePipeline,
+    Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, Rename, ReplicaReport, UpdatePipeline,
 };
 use std::collections::HashSet;
 
@@ -173,6 +173,31 @@ impl MasterState {
             now_ms,
         )?;
         self.status(path, inode)
+    }
+
+    /// Creates an empty file and closes it in the same step: a `Create` record (the
+    /// requester as its writer, never given a lease it could use) followed by a `Close`
+    /// record, queued together under the state lock, so no request sees the file open
+    /// and one durable wait covers both. Refuses an existing name, as `create` without
+    /// `overwrite` does.
+    pub fn make_file(&mut self, req: &MakeFile, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
+        let create = Create {
+            path: req.path.clone(),
+            client: req.client,
+            replication: req.replication,
+            chunk_size: req.chunk_size,
+            overwrite: false,
+        };
+        let created = self.create(&create, now_ms, mtime_ms)?;
+        self.commit(
+            Record::Close {
+                inode: created.inode,
+                last: None,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        self.status(created.path, created.inode)
     }
 
     fn conflict(&self, path: &str, ino: InodeId, holder: ClientId, now_ms: u64) -> Error {

@@ -288,6 +288,19 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
             .boxed(),
         s().prop_map(|reason| RemoteError::NotSupported { reason })
             .boxed(),
+        (arb_u64(), arb_u64(), arb_u64())
+            .prop_map(|(h, offset, length)| RemoteError::ReplicaShort {
+                handle: ChunkHandle(h),
+                offset,
+                length,
+            })
+            .boxed(),
+        (arb_u64(), arb_u64())
+            .prop_map(|(h, length)| RemoteError::ReplicaFinalized {
+                handle: ChunkHandle(h),
+                length,
+            })
+            .boxed(),
     ]
     .boxed()
 }
@@ -393,6 +406,14 @@ prop_compose! {
                         chunk_size in prop::option::of(arb_u64()),
                         overwrite in any::<bool>()) -> Create {
         Create { path, client, replication, chunk_size, overwrite }
+    }
+}
+
+prop_compose! {
+    pub fn arb_make_file()(path in arb_string(), client in arb_client(),
+                           replication in any::<Option<u8>>(),
+                           chunk_size in prop::option::of(arb_u64())) -> MakeFile {
+        MakeFile { path, client, replication, chunk_size }
     }
 }
 
@@ -661,6 +682,7 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_report_part()
             .prop_map(MasterRequest::ReportPart)
             .boxed(),
+        arb_make_file().prop_map(MasterRequest::MakeFile).boxed(),
     ]
     .boxed()
 }
@@ -689,6 +711,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::Fsck(_) => "Fsck",
         MasterRequest::ClusterReport(_) => "ClusterReport",
         MasterRequest::ReportPart(_) => "ReportPart",
+        MasterRequest::MakeFile(_) => "MakeFile",
     }
 }
 
@@ -904,5 +927,7 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::Unavailable { .. } => "Unavailable",
         RemoteError::InvalidPath { .. } => "InvalidPath",
         RemoteError::NotSupported { .. } => "NotSupported",
+        RemoteError::ReplicaShort { .. } => "ReplicaShort",
+        RemoteError::ReplicaFinalized { .. } => "ReplicaFinalized",
     }
 }

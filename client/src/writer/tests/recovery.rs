@@ -196,13 +196,15 @@ fn members_the_set_up_reply_names_failed_are_excluded_after_a_clean_finish() {
 }
 
 #[test]
-fn a_head_refusing_its_own_replica_is_excluded_but_a_refused_token_is_fatal() {
+fn a_head_refusing_its_own_replica_is_excluded_but_a_refused_token_or_request_is_fatal() {
     let mut e = one_in_flight();
     step(&mut e, Event::StreamEnded(broken()));
     step(&mut e, Event::Granted(Ok(grant(5, &[2, 3], 100))));
     answer_lengths(&mut e, &[100, 100]);
-    let short = RemoteError::BadRequest {
-        reason: "replica shorter than the offset".into(),
+    let short = RemoteError::ReplicaShort {
+        handle: HANDLE,
+        offset: 100,
+        length: 40,
     };
     let a = step(
         &mut e,
@@ -210,19 +212,26 @@ fn a_head_refusing_its_own_replica_is_excluded_but_a_refused_token_is_fatal() {
     );
     assert_eq!(updates(&a)[0].survivors, ids(&[3]));
 
-    let mut e = one_in_flight();
-    step(&mut e, Event::StreamEnded(broken()));
-    step(&mut e, Event::Granted(Ok(grant(5, &[2, 3], 100))));
-    answer_lengths(&mut e, &[100, 100]);
-    let refused = RemoteError::BadToken { handle: HANDLE };
-    let a = step(
-        &mut e,
-        Event::SetupReplied(Err(SetupError::Rejected(refused))),
-    );
-    assert!(
-        matches!(&a[..], [Action::Fail(Error::Pipeline { .. })]),
-        "{a:?}"
-    );
+    // A refused token, or a malformed request: every chunkserver would say the same.
+    for refused in [
+        RemoteError::BadToken { handle: HANDLE },
+        RemoteError::BadRequest {
+            reason: "malformed".into(),
+        },
+    ] {
+        let mut e = one_in_flight();
+        step(&mut e, Event::StreamEnded(broken()));
+        step(&mut e, Event::Granted(Ok(grant(5, &[2, 3], 100))));
+        answer_lengths(&mut e, &[100, 100]);
+        let a = step(
+            &mut e,
+            Event::SetupReplied(Err(SetupError::Rejected(refused))),
+        );
+        assert!(
+            matches!(&a[..], [Action::Fail(Error::Pipeline { .. })]),
+            "{a:?}"
+        );
+    }
 }
 
 #[test]
