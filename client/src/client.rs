@@ -214,7 +214,15 @@ impl Client {
     where
         R: Rpc<Request = MasterRequest>,
     {
-        let pooled = self.inner.master_pool.lock().ok().and_then(|mut p| p.pop());
+        let pooled = self.inner.master_pool.lock().ok().and_then(|mut p| {
+            // Connections the master closed while they were idle (it restarted) go.
+            while let Some(c) = p.pop() {
+                if !c.unusable_while_idle() {
+                    return Some(c);
+                }
+            }
+            None
+        });
         let mut conn = match pooled {
             Some(c) => c,
             None => {

@@ -382,6 +382,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The underlying reader.
+    /// The transport, and whether bytes it delivered are buffered here unread.
+    pub fn get_ref(&self) -> (&R, bool) {
+        (self.inner.get_ref(), !self.inner.buffer().is_empty())
+    }
+
     pub fn into_inner(self) -> R {
         self.inner.into_inner()
     }

@@ -107,6 +107,25 @@ pub struct RpcClient<R = OwnedReadHalf, W: AsyncWrite = OwnedWriteHalf> {
 }
 
 impl RpcClient {
+    /// Whether this connection, idle between calls, can no longer carry one: the peer
+    /// closed it (a restarted server), it failed, or it holds bytes nobody asked for.
+    /// Checked without waiting, before a pooled connection is reused, so a request is
+    /// not sent into a connection that is already dead (whether such a request reached
+    /// the old server could not be told afterwards).
+    pub fn unusable_while_idle(&self) -> bool {
+        let (stream, buffered) = self.reader.get_ref();
+        if buffered {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        match stream.try_read(&mut probe) {
+            // Closed by the peer (0), or bytes that no call asked for.
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
+        }
+    }
+
     /// Connects over TCP (with `TCP_NODELAY`) within `timeout`.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Self> {
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))

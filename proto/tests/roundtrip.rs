@@ -394,3 +394,27 @@ async fn rpc_client_reports_a_server_that_hangs_up_as_truncated() {
     assert!(matches!(err, Error::Truncated), "{err:?}");
     assert!(server.await.expect("join").expect("read"));
 }
+
+#[tokio::test]
+async fn an_idle_connection_the_server_closed_is_seen_unusable_before_reuse() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let client = RpcClient::connect(&addr, std::time::Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let (server_side, _) = listener.accept().await.expect("accept");
+    // Open and idle: usable.
+    assert!(!client.unusable_while_idle());
+    // The server goes away (a restarted master): unusable, seen without a call.
+    drop(server_side);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !client.unusable_while_idle() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed connection still looks usable"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
