@@ -1,6 +1,6 @@
 //! A writer's pipeline recovery must not cut bytes a reader has seen (found by the
-//! nemesis with crash points; the unit test of the rule is `resume_offset` in
-//! client/src/writer.rs).
+//! nemesis with crash points; the unit tests of the rule are `resume_offset` in
+//! client/src/writer/policy.rs and the writer engine's in client/src/writer/tests).
 //!
 //! The writer hsyncs `A`, then sends `B`: every replica takes it, but the head's acks
 //! never reach the writer (in the writer's network namespace, nftables drops what

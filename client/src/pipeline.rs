@@ -10,7 +10,7 @@
 //! connection (EOF, reset, broken pipe; a chunkserver does that to a stream that was
 //! silent for its `--idle-timeout`), or the stream *broke* (a malformed frame, no ack
 //! within the ack timeout). The writer decides from that, and from what it had in
-//! flight, whether to blame the head (`writer::after_stream_end`).
+//! flight, whether to blame the head (`writer::policy::after_stream_end`).
 
 use crate::client::connection_closed;
 use crate::error::{Error, Result};
@@ -97,6 +97,7 @@ impl Drop for PipelineStream {
 }
 
 /// Why a setup failed: the head could not be reached, or it answered with an error.
+#[derive(Debug)]
 pub(crate) enum SetupError {
     Head(ChunkserverId, Error),
     Rejected(RemoteError),

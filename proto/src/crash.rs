@@ -97,7 +97,7 @@ pub const CATALOGUE: &[Point] = &[
           "copy target: every byte received and the temp file sealed and fsynced; not renamed into place"),
     point("copy-before-ack", Process::Chunkserver,
           "copy target: the replica renamed into place and durable; the source has no answer"),
-    // A writer's pipeline recovery (client/src/writer.rs).
+    // A writer's pipeline recovery (client/src/writer/runtime.rs, the engine's `Resend`).
     point("writer-reopen-before-resend", Process::Client,
           "pipeline recovery: the new stream is open at its start offset; no unacknowledged packet resent"),
 ];

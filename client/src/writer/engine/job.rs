@@ -1,0 +1,290 @@
+//! The front's commands carried out step by step: a write cut into packets (crossing
+//! chunk boundaries: drain, commit, `AddChunk`), a flush (its data, an empty sync
+//! packet for a bare `hsync`, then a drain until every member acknowledged every
+//! packet), a close (a drain, then `Close` at the master).
+
+use super::reopen::Then;
+use super::{Awaiting, Chunk, Engine};
+use crate::error::Result;
+use crate::writer::event::{Action, Packet};
+use bytes::Bytes;
+use stampfs_proto::{AddChunk, Close};
+
+/// A packet cut for the current chunk, not yet queued on a stream.
+#[derive(Debug)]
+pub(super) struct Push {
+    data: Bytes,
+    seq: u64,
+    sync: bool,
+    /// The at-rest check for a stream the head closed unseen was done.
+    end_checked: bool,
+}
+
+/// Bytes to cut into packets on the current chunk and the next ones.
+#[derive(Debug)]
+pub(super) struct Pieces {
+    data: Bytes,
+    /// The last packet asks every replica to sync.
+    sync_last: bool,
+    /// The piece being pushed.
+    push: Option<Push>,
+    /// Crossing a chunk boundary: draining the full chunk, then its `AddChunk`.
+    switch: Option<Switch>,
+}
+
+/// Where a chunk switch is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Switch {
+    Draining,
+    Adding,
+}
+
+/// Where an `hflush` / `hsync` is.
+#[derive(Debug)]
+pub(super) enum FlushStage {
+    Data(Pieces),
+    /// A bare `hsync`: one empty packet with the sync flag.
+    SyncPacket(Option<Push>),
+    Drain,
+}
+
+/// The front's command being carried out.
+#[derive(Debug)]
+pub(super) enum Job {
+    Write(Pieces),
+    Flush {
+        sync: bool,
+        stage: FlushStage,
+    },
+    /// Draining, then (`committing`) waiting for the master's `Close`.
+    Close {
+        committing: bool,
+    },
+}
+
+/// What a step of the job came to.
+pub(super) enum Progress {
+    /// It emitted a question, or moved on: step again once the engine is free.
+    Continue,
+    /// Waiting for acks.
+    Wait,
+    Done,
+}
+
+impl Engine {
+    /// Steps the job until it asks a question, waits for acks or is done.
+    pub(super) fn advance(&mut self) {
+        while self.awaiting.is_none() && self.reopen.is_none() {
+            let Some(mut job) = self.job.take() else {
+                return;
+            };
+            let progress = self.step_job(&mut job);
+            match progress {
+                Progress::Done => {}
+                Progress::Continue => self.job = Some(job),
+                Progress::Wait => {
+                    self.job = Some(job);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn step_job(&mut self, job: &mut Job) -> Progress {
+        match job {
+            Job::Write(pieces) => self.step_pieces(pieces),
+            Job::Flush { sync, stage } => match stage {
+                FlushStage::Data(pieces) => match self.step_pieces(pieces) {
+                    Progress::Done => {
+                        *stage = FlushStage::Drain;
+                        Progress::Continue
+                    }
+                    other => other,
+                },
+                FlushStage::SyncPacket(push) => {
+                    if !*sync || self.chunk.is_none() {
+                        *stage = FlushStage::Drain;
+                        return Progress::Continue;
+                    }
+                    let p = push.get_or_insert_with(|| self.cut(Bytes::new(), true));
+                    if let Progress::Done = self.step_push(p) {
+                        *stage = FlushStage::Drain;
+                    }
+                    Progress::Continue
+                }
+                FlushStage::Drain => match self.step_drain() {
+                    Ok(Progress::Done) => {
+                        self.output.push_back(Action::FlushDone(Ok(())));
+                        Progress::Done
+                    }
+                    Ok(other) => other,
+                    Err(e) => {
+                        self.output.push_back(Action::FlushDone(Err(e)));
+                        Progress::Done
+                    }
+                },
+            },
+            Job::Close { committing: true } => {
+                // The master answered (`FileClosed` completes the job).
+                Progress::Done
+            }
+            Job::Close { committing } => match self.step_drain() {
+                Ok(Progress::Done) => {
+                    *committing = true;
+                    let last = self.chunk.as_ref().map(Chunk::commit);
+                    self.finish_stream();
+                    let req = Close {
+                        path: self.path.clone(),
+                        client: self.client,
+                        last,
+                    };
+                    self.ask(Awaiting::FileClose, Action::CloseFile(req));
+                    Progress::Continue
+                }
+                Ok(other) => other,
+                Err(e) => {
+                    self.finished = true;
+                    self.output.push_back(Action::CloseDone(Err(e)));
+                    Progress::Done
+                }
+            },
+        }
+    }
+
+    /// Cuts `data` into packets on the current chunk and the next ones.
+    fn step_pieces(&mut self, p: &mut Pieces) -> Progress {
+        if self.failed.is_some() {
+            return Progress::Done;
+        }
+        if let Some(push) = p.push.as_mut() {
+            if let Progress::Done = self.step_push(push) {
+                p.push = None;
+            }
+            return Progress::Continue;
+        }
+        if p.data.is_empty() {
+            return Progress::Done;
+        }
+        match p.switch {
+            Some(Switch::Adding) => {
+                // `Granted` installed the new chunk (or failed the writer).
+                p.switch = None;
+                return Progress::Continue;
+            }
+            Some(Switch::Draining) => {
+                return match self.step_drain() {
+                    Ok(Progress::Done) => {
+                        p.switch = Some(Switch::Adding);
+                        let previous = self.chunk.as_ref().map(Chunk::commit);
+                        self.finish_stream();
+                        let req = AddChunk {
+                            path: self.path.clone(),
+                            client: self.client,
+                            previous,
+                        };
+                        self.ask(Awaiting::NewChunk, Action::AddChunk(req));
+                        Progress::Continue
+                    }
+                    Ok(other) => other,
+                    Err(_) => Progress::Done,
+                };
+            }
+            None => {}
+        }
+        let room = self.chunk.as_ref().map_or(0, Chunk::room);
+        if room == 0 {
+            p.switch = Some(Switch::Draining);
+            return Progress::Continue;
+        }
+        let n = (p.data.len() as u64).min(room) as usize;
+        let piece = p.data.split_to(n);
+        let sync = p.sync_last && p.data.is_empty();
+        p.push = Some(self.cut(piece, sync));
+        Progress::Continue
+    }
+
+    /// Numbers a new packet (its ack latency is measured from here).
+    fn cut(&mut self, data: Bytes, sync: bool) -> Push {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.output.push_back(Action::Queued { seq });
+        Push {
+            data,
+            seq,
+            sync,
+            end_checked: false,
+        }
+    }
+
+    /// Queues one packet on the current chunk's stream, opening one if needed.
+    fn step_push(&mut self, p: &mut Push) -> Progress {
+        if self.failed.is_some() {
+            return Progress::Done;
+        }
+        let Some(chunk) = self.chunk.as_mut() else {
+            return Progress::Done;
+        };
+        let at_rest = chunk.unacked.is_empty();
+        if at_rest && chunk.stream.is_some() && !p.end_checked {
+            // The head may have closed the stream while nothing was in flight (its
+            // idle timeout): settle that before sending anything on it.
+            p.end_checked = true;
+            self.ask(Awaiting::EndCheck, Action::CheckEnd);
+            return Progress::Continue;
+        }
+        let packet = Packet {
+            seq: p.seq,
+            offset: chunk.sent,
+            crc: crc32fast::hash(&p.data),
+            sync: p.sync,
+            data: std::mem::take(&mut p.data),
+        };
+        chunk.sent = packet.end();
+        chunk.unacked.push_back(packet.clone());
+        if chunk.stream.is_none() {
+            // Opening the stream sends every unacked packet, this one included.
+            self.start_reopen(Vec::new(), Then::Return);
+            return Progress::Done;
+        }
+        if at_rest {
+            chunk.quiet_burst = true;
+        }
+        let token = chunk.grant.token;
+        self.ask(Awaiting::Send, Action::Send { token, packet });
+        Progress::Done
+    }
+
+    /// Waits until every packet sent so far is acknowledged; `Err` (a copy of the
+    /// writer's failure) once it failed.
+    fn step_drain(&mut self) -> Result<Progress> {
+        self.check()?;
+        let Some(chunk) = self.chunk.as_ref() else {
+            return Ok(Progress::Done);
+        };
+        if chunk.unacked.is_empty() {
+            self.drain_flushed = false;
+            return Ok(Progress::Done);
+        }
+        if chunk.stream.is_none() {
+            self.start_reopen(Vec::new(), Then::Return);
+            return Ok(Progress::Continue);
+        }
+        if !self.drain_flushed {
+            self.drain_flushed = true;
+            self.ask(Awaiting::Flush, Action::FlushStream);
+            return Ok(Progress::Continue);
+        }
+        Ok(Progress::Wait)
+    }
+}
+
+impl Pieces {
+    pub(super) fn new(data: Bytes, sync_last: bool) -> Self {
+        Self {
+            data,
+            sync_last,
+            push: None,
+            switch: None,
+        }
+    }
+}
