@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 
 mod health;
 mod recovery;
+pub use health::PassSummary;
 pub use recovery::Recoveries;
 
 /// Fail point that stalls (a blocking thread) for as long as `name` is enabled: a test
