@@ -583,21 +583,35 @@ impl Core {
         })
     }
 
+    /// A periodic full report, applied in batches of [`crate::state::REPORT_BATCH`]
+    /// replicas with the state lock released between them (`state/report.rs`), so a
+    /// report of millions of replicas does not stall the master.
     #[tracing::instrument(skip_all, fields(chunkserver = %req.id, replicas = req.replicas.len()))]
     pub async fn chunk_report(&self, req: ChunkReport) -> Result<()> {
-        let mut st = self.state();
-        if st.registry.get(req.id).is_none() {
+        let mut reported: Vec<_> = req.replicas.iter().map(|r| r.handle).collect();
+        reported.sort_unstable();
+        reported.dedup();
+        let Some(mut apply) = self
+            .state()
+            .begin_sorted_report(req.id, req.replicas, reported)
+        else {
             return Err(Error::NotFound {
                 path: format!("chunkserver {} is not registered (register again)", req.id),
             });
+        };
+        while !apply.done() {
+            self.state()
+                .report_step(&mut apply, crate::state::REPORT_BATCH);
+            tokio::task::yield_now().await;
         }
-        let s = st.apply_periodic_report(req.id, &req.replicas);
+        let s = apply.summary;
         tracing::debug!(
             current = s.current,
             stale = s.stale,
             ahead = s.ahead,
             short = s.short,
             orphans = s.orphans,
+            superseded = apply.superseded,
             "chunk report"
         );
         Ok(())

@@ -110,10 +110,10 @@ impl Tracker {
     pub fn retain_corrupt_reported(
         &mut self,
         server: ChunkserverId,
-        reported: &HashSet<ChunkHandle>,
+        reported: impl Fn(ChunkHandle) -> bool,
     ) {
         self.corrupt
-            .retain(|(h, s), _| *s != server || reported.contains(h));
+            .retain(|(h, s), _| *s != server || reported(*h));
     }
 
     /// Corrupt replicas marked, cluster-wide.
