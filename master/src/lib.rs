@@ -59,6 +59,7 @@ macro_rules! fail_point {
     ($name:literal) => {};
 }
 
+pub mod checkpoint;
 pub mod chunk_table;
 pub mod commands;
 pub mod config;

@@ -30,7 +30,7 @@ use stampfs_proto::{ChunkHandle, ChunkserverId, ReplicaReport, ReplicaState};
 use std::collections::HashSet;
 
 /// Replicas applied (or old replicas checked) per hold of the state lock.
-pub const REPORT_BATCH: usize = 8192;
+pub const REPORT_BATCH: usize = 4096;
 
 /// A periodic full report being applied in batches (see the module docs).
 #[derive(Debug)]
