@@ -599,10 +599,11 @@ impl Core {
                 path: format!("chunkserver {} is not registered (register again)", req.id),
             });
         };
+        let mut pacer = crate::pacing::Pacer::new();
         while !apply.done() {
             self.state()
                 .report_step(&mut apply, crate::state::REPORT_BATCH);
-            tokio::task::yield_now().await;
+            pacer.pause().await;
         }
         let s = apply.summary;
         tracing::debug!(

@@ -58,6 +58,7 @@ impl Core {
         let started = std::time::Instant::now();
         let mut pass = Pass::new();
         let mut summary = PassSummary::default();
+        let mut pacer = crate::pacing::Pacer::new();
         while !pass.done() {
             if self.shutdown.is_cancelled()
                 || self.check_running().is_err()
@@ -83,7 +84,7 @@ impl Core {
             log_pruned(&pruned);
             self.act(&actions).await;
             // Let the requests that waited for the lock run before the next slice.
-            tokio::task::yield_now().await;
+            pacer.pause().await;
         }
         summary.steps = pass.steps;
         summary.chunks = pass.chunks;
