@@ -204,3 +204,29 @@ fn orphans_and_trash_are_sliced_too() {
     seen.dedup();
     assert_eq!(seen.len(), 14, "each orphan once");
 }
+
+#[test]
+fn the_per_server_pending_delete_count_follows_the_commands() {
+    // 30 chunks with a stale replica on 3: 30 deletions ordered on 3, counted.
+    let mut st = cluster(10, 3);
+    let (actions, _) = sliced(&mut st, 4, |_, _| {});
+    assert_eq!(deletes(&actions).len(), 30);
+    assert_eq!(st.health.pending_deletes(id(3)), 30);
+    // Chunkserver 3 reports none of them any more: the next pass's prune forgets them.
+    report(&mut st, 3, &[]);
+    st.health_pass(NOW + 10, 0, &mut StdRng::seed_from_u64(1));
+    assert_eq!(st.health.pending_deletes(id(3)), 0);
+    // Ordered again (the old commands were delivered meanwhile).
+    st.health.take_commands(id(3), 1000);
+    for h in st.chunks.iter().map(|(h, _)| *h).collect::<Vec<_>>() {
+        set(&mut st, h, &[(3, 0, F)]);
+    }
+    st.health_pass(NOW + 20, 0, &mut StdRng::seed_from_u64(1));
+    assert_eq!(st.health.pending_deletes(id(3)), 30);
+    // 3 restarts: what is still queued for it stays pending, what it was handed goes.
+    st.health.forget_server(id(3));
+    assert_eq!(st.health.pending_deletes(id(3)), 30, "all still queued");
+    assert_eq!(st.health.take_commands(id(3), 10).len(), 10);
+    st.health.forget_server(id(3));
+    assert_eq!(st.health.pending_deletes(id(3)), 20);
+}
