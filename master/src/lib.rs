@@ -14,9 +14,14 @@
 //! - [`state`]: the replayable state machine ([`state::MasterState`], [`state::Record`]).
 //! - [`oplog`]: the group-committed operation log and checkpoints ([`oplog::Oplog`]),
 //!   and the one-master-per-directory lock ([`oplog::DirLock`]).
+//! - [`checkpoint`]: checkpoints built from the previous one and the durable log, off
+//!   the state lock ([`checkpoint::build`]).
+//! - [`pacing`]: how sliced background work gives way between its slices
+//!   ([`pacing::Pacer`]).
 //! - [`commands`]: version bumps and finalizes pushed to chunkservers.
 //! - [`health`]: replica health, pure: stale / corrupt / orphan / surplus replica
-//!   deletion, prioritised re-replication, trash expiry ([`health::plan`]); commands
+//!   deletion, prioritised re-replication, trash expiry, decided in slices of bounded
+//!   work ([`health::Pass`]; [`health::plan`] in one piece); commands
 //!   travel in heartbeat replies. [`trash`]: where `rm` puts files for `--trash-for`.
 //! - [`recovery`]: lease recovery of files whose writer died or hung: triggers, the
 //!   bump / shortest length / truncate / finalize / commit procedure, restart.
@@ -59,6 +64,7 @@ macro_rules! fail_point {
     ($name:literal) => {};
 }
 
+pub mod checkpoint;
 pub mod chunk_table;
 pub mod commands;
 pub mod config;
@@ -69,6 +75,7 @@ pub mod health;
 pub mod lease;
 pub mod namespace;
 pub mod oplog;
+pub mod pacing;
 pub mod placement;
 pub mod recovery;
 pub mod registry;

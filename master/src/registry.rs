@@ -28,6 +28,10 @@ pub struct Chunkserver {
     pub orphans: Vec<ReplicaReport>,
     /// Whether the liveness monitor last saw it dead (to log transitions once).
     pub marked_dead: bool,
+    /// Raised by every registration and by the start of every full report applied in
+    /// batches: a batched report that finds it changed stops (a newer report, or the
+    /// registration's, replaces it).
+    pub report_epoch: u64,
 }
 
 impl Chunkserver {
@@ -78,6 +82,7 @@ impl Registry {
             replicas: HashSet::new(),
             orphans: Vec::new(),
             marked_dead: false,
+            report_epoch: 0,
         });
         cs.addr = addr.to_string();
         cs.capacity = capacity;
@@ -85,6 +90,7 @@ impl Registry {
         cs.reserved = 0;
         cs.last_heartbeat_ms = now_ms;
         cs.marked_dead = false;
+        cs.report_epoch += 1;
     }
 
     /// Records a heartbeat; false when the server is not registered (the master

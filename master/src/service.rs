@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 
 mod health;
 mod recovery;
+pub use health::PassSummary;
 pub use recovery::Recoveries;
 
 /// Fail point that stalls (a blocking thread) for as long as `name` is enabled: a test
@@ -590,21 +591,36 @@ impl Core {
         })
     }
 
+    /// A periodic full report, applied in batches of [`crate::state::REPORT_BATCH`]
+    /// replicas with the state lock released between them (`state/report.rs`), so a
+    /// report of millions of replicas does not stall the master.
     #[tracing::instrument(skip_all, fields(chunkserver = %req.id, replicas = req.replicas.len()))]
     pub async fn chunk_report(&self, req: ChunkReport) -> Result<()> {
-        let mut st = self.state();
-        if st.registry.get(req.id).is_none() {
+        let mut reported: Vec<_> = req.replicas.iter().map(|r| r.handle).collect();
+        reported.sort_unstable();
+        reported.dedup();
+        let Some(mut apply) = self
+            .state()
+            .begin_sorted_report(req.id, req.replicas, reported)
+        else {
             return Err(Error::NotFound {
                 path: format!("chunkserver {} is not registered (register again)", req.id),
             });
+        };
+        let mut pacer = crate::pacing::Pacer::new();
+        while !apply.done() {
+            self.state()
+                .report_step(&mut apply, crate::state::REPORT_BATCH);
+            pacer.pause().await;
         }
-        let s = st.apply_periodic_report(req.id, &req.replicas);
+        let s = apply.summary;
         tracing::debug!(
             current = s.current,
             stale = s.stale,
             ahead = s.ahead,
             short = s.short,
             orphans = s.orphans,
+            superseded = apply.superseded,
             "chunk report"
         );
         Ok(())
@@ -613,13 +629,16 @@ impl Core {
     // ------------------------------------------------------------ background
 
     /// Writes a checkpoint of the current state and trims the log it covers. Returns
-    /// false when nothing changed since the last one.
+    /// false when nothing changed since the last one. The state lock is held only to
+    /// rotate the log; the checkpoint is built from the previous one and the durable
+    /// log ([`crate::checkpoint::build`]) on a blocking thread. Should that fail, the
+    /// state is encoded under the lock instead (logged).
     pub async fn checkpoint(&self) -> Result<bool> {
         let _one = self.checkpointing.lock().await;
         // Held from here until the trim is done: a master started on this directory
         // after the handle is dropped never replays under this checkpoint's trim.
         let dir_lock = self.dir_guard()?;
-        let (lsn, bytes) = {
+        let (lsn, settings) = {
             let st = self.state();
             // A halted master's state is ahead of its log: never checkpoint it.
             self.check_running()?;
@@ -627,14 +646,37 @@ impl Core {
             if lsn <= self.checkpoint_lsn.load(Ordering::Acquire) {
                 return Ok(false);
             }
-            let bytes = st.encode_snapshot()?;
             // Records after `lsn` go to a new segment, so older ones can be deleted
-            // once the checkpoint is durable.
+            // once the checkpoint is durable, and the build reads only up to `lsn`.
             self.log.rotate(lsn + 1)?;
-            (lsn, bytes)
+            (lsn, st.settings)
         };
         self.durable(lsn).await?;
         let dir = self.config.dir.clone();
+        let built = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || crate::checkpoint::build(&dir, settings, lsn))
+                .await
+                .map_err(|e| Error::LogFailed {
+                    reason: format!("checkpoint task failed: {e}"),
+                })?
+        };
+        let (lsn, bytes) = match built {
+            Ok(bytes) => (lsn, bytes),
+            Err(e) => {
+                tracing::warn!(lsn, error = %e, "cannot build the checkpoint from the log; encoding the state under the lock instead");
+                let (lsn, bytes) = {
+                    let st = self.state();
+                    self.check_running()?;
+                    let lsn = st.last_lsn;
+                    let bytes = st.encode_snapshot()?;
+                    self.log.rotate(lsn + 1)?;
+                    (lsn, bytes)
+                };
+                self.durable(lsn).await?;
+                (lsn, bytes)
+            }
+        };
         let size = bytes.len();
         let removed = tokio::task::spawn_blocking(move || -> Result<usize> {
             let _dir_lock = dir_lock;

@@ -14,11 +14,12 @@
 //! Nothing that depends on a record may leave the master before the record is durable:
 //! the server waits for the log before replying or sending a bump.
 //!
-//! This file holds the records, checkpoints, reads and chunkserver reports; `apply`
+//! This file holds the records, checkpoints, reads and registrations; full chunk
+//! reports are in `state/report.rs`, `apply`
 //! (what each record does) is in `state/apply.rs`, the requests that mutate the
 //! namespace or start a write in `state/ops.rs`.
 
-use crate::chunk_table::{server_index, ChunkInfo, ChunkTable, ReplicaClass};
+use crate::chunk_table::{server_index, ChunkInfo, ChunkTable};
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::health::Tracker;
@@ -29,17 +30,19 @@ use bincode::{Decode, Encode};
 use stampfs_proto::{
     ChunkCommit, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
     ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, Register,
-    ReplicaLocation, ReplicaReport, ReplicaState,
+    ReplicaLocation,
 };
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 mod apply;
 mod health;
 mod ops;
 mod recovery;
+mod report;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use ops::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
+pub use report::{ReportApply, REPORT_BATCH};
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
 /// files) and format 2 (no granted pipelines) are still read and upgraded.
@@ -627,126 +630,6 @@ impl MasterState {
         Ok(id)
     }
 
-    /// A periodic full report from a registered chunkserver. Such a report may have
-    /// been built before a bump that created a replica and arrive after the bump's
-    /// reply: a replica of an open file's granted pipeline that it omits is kept (lease
-    /// recovery must not take it for gone; the chunkserver's next report, or its
-    /// registration after a restart, settles it).
-    pub fn apply_periodic_report(
-        &mut self,
-        id: ChunkserverId,
-        reports: &[ReplicaReport],
-    ) -> ReportSummary {
-        let keep: HashSet<ChunkHandle> = self
-            .pipelines
-            .values()
-            .filter(|p| p.servers.contains(&id))
-            .map(|p| p.handle)
-            .collect();
-        self.apply_report_keeping(id, reports, &keep)
-    }
-
-    /// Replaces `id`'s replica list with a full report.
-    pub fn apply_report(&mut self, id: ChunkserverId, reports: &[ReplicaReport]) -> ReportSummary {
-        self.apply_report_keeping(id, reports, &HashSet::new())
-    }
-
-    /// [`Self::apply_report`], keeping the listed replicas of `keep` that the report
-    /// omits.
-    fn apply_report_keeping(
-        &mut self,
-        id: ChunkserverId,
-        reports: &[ReplicaReport],
-        keep: &HashSet<ChunkHandle>,
-    ) -> ReportSummary {
-        let mut summary = ReportSummary::default();
-        let Some(idx) = server_index(id) else {
-            return summary;
-        };
-        let Some(cs) = self.registry.get_mut(id) else {
-            return summary;
-        };
-        let old = std::mem::take(&mut cs.replicas);
-        cs.orphans.clear();
-        let new: HashSet<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
-        let mut kept = Vec::new();
-        for h in old.difference(&new) {
-            if keep.contains(h) {
-                kept.push(*h);
-                continue;
-            }
-            if let Some(info) = self.chunks.get_mut(*h) {
-                info.remove_replica(idx);
-            }
-        }
-        self.health.retain_corrupt_reported(id, &new);
-        let mut mine = HashSet::with_capacity(reports.len());
-        let mut orphans = Vec::new();
-        for r in reports {
-            let Some(info) = self.chunks.get_mut(r.handle) else {
-                orphans.push(*r);
-                continue;
-            };
-            if self.health.is_corrupt(r.handle, id, r.version) {
-                // Still the replica reported corrupt: held, but never a replica again.
-                mine.insert(r.handle);
-                continue;
-            }
-            self.health.clear_corrupt(r.handle, id);
-            // A replica's version never goes down: a report built before a bump that
-            // arrives after the bump's acknowledgement must not make it look stale.
-            // Nor does a finalized replica reopen at the same version: a report that
-            // still shows it `Writing` (and shorter) was built before its finalize.
-            let outdated = info.replica(id).is_some_and(|known| {
-                known.version > r.version
-                    || (known.version == r.version
-                        && known.state == ReplicaState::Finalized
-                        && r.state == ReplicaState::Writing)
-            });
-            let was_short = info
-                .replica(id)
-                .is_some_and(|k| k.short && k.version == r.version);
-            if !outdated {
-                info.record_report(idx, r);
-            }
-            mine.insert(r.handle);
-            let Some(known) = info.replica(id).copied() else {
-                continue;
-            };
-            match info.class_of(&known) {
-                ReplicaClass::Current => {
-                    summary.current += 1;
-                    if self.missing_chunks.remove(&r.handle) {
-                        tracing::info!(chunk = %r.handle, chunkserver = %id, version = %r.version, "a replica of a chunk lease recovery found missing is back");
-                    }
-                }
-                ReplicaClass::Stale => {
-                    summary.stale += 1;
-                    tracing::debug!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "stale replica");
-                }
-                ReplicaClass::Ahead => {
-                    summary.ahead += 1;
-                    tracing::error!(chunk = %r.handle, chunkserver = %id, replica = %r.version, master = %info.version, "replica is AHEAD of the master's version: invariant 1 was broken; it is never handed out");
-                }
-                ReplicaClass::Short if was_short => {
-                    summary.short += 1;
-                    tracing::debug!(chunk = %r.handle, chunkserver = %id, version = %r.version, length = r.length, committed = info.length, "short replica");
-                }
-                ReplicaClass::Short => {
-                    summary.short += 1;
-                    tracing::warn!(chunk = %r.handle, chunkserver = %id, version = %r.version, length = r.length, committed = info.length, "replica at the master's version is SHORTER than the committed length (it took a bump late); it is never handed out and will be replaced");
-                }
-            }
-        }
-        summary.orphans = orphans.len();
-        if let Some(cs) = self.registry.get_mut(id) {
-            mine.extend(kept);
-            cs.replicas = mine;
-            cs.orphans = orphans;
-        }
-        summary
-    }
-
     /// Every persisted field equal (replay checks).
     pub fn same_persisted(&self, other: &MasterState) -> bool {
         self.last_lsn == other.last_lsn
@@ -806,8 +689,8 @@ pub fn replay_records<'a>(
 mod tests {
     use super::*;
     use stampfs_proto::{
-        AddChunk, Append, ChunkCommit, Close, Create, Delete, Mkdir, Rename, ReplicaState,
-        UpdatePipeline,
+        AddChunk, Append, ChunkCommit, Close, Create, Delete, Mkdir, Rename, ReplicaReport,
+        ReplicaState, UpdatePipeline,
     };
     use std::time::Duration;
 

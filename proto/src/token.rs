@@ -30,8 +30,21 @@ const READ_TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/read/v1";
 const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v1";
 
 /// The secret shared by the master and every chunkserver. Its `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClusterKey([u8; CLUSTER_KEY_LEN]);
+#[derive(Clone)]
+pub struct ClusterKey {
+    bytes: [u8; CLUSTER_KEY_LEN],
+    /// HMAC-SHA256 with the key already absorbed (its inner and outer pads hashed):
+    /// each MAC clones it instead of keying afresh, two SHA-256 blocks fewer.
+    keyed: HmacSha256,
+}
+
+impl PartialEq for ClusterKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for ClusterKey {}
 
 impl fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -42,12 +55,15 @@ impl fmt::Debug for ClusterKey {
 impl ClusterKey {
     /// A key from raw bytes.
     pub fn from_bytes(bytes: [u8; CLUSTER_KEY_LEN]) -> Self {
-        Self(bytes)
+        // HMAC accepts keys of any length; 32 bytes can never be rejected.
+        let keyed = <HmacSha256 as Mac>::new_from_slice(&bytes)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        Self { bytes, keyed }
     }
 
     /// A new random key.
     pub fn generate() -> Self {
-        Self(rand::random())
+        Self::from_bytes(rand::random())
     }
 
     /// Parses the key file format: 64 hex digits, surrounding whitespace ignored.
@@ -57,12 +73,12 @@ impl ClusterKey {
         hex::decode_to_slice(text, &mut out).map_err(|_| Error::InvalidKey {
             reason: format!("expected {} hex digits", CLUSTER_KEY_LEN * 2),
         })?;
-        Ok(Self(out))
+        Ok(Self::from_bytes(out))
     }
 
     /// The key file format.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        hex::encode(self.bytes)
     }
 
     /// Reads a key file; the error says which file and why.
@@ -115,9 +131,7 @@ impl ClusterKey {
     }
 
     fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-        // HMAC accepts keys of any length; 32 bytes can never be rejected.
-        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.0)
-            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        let mut mac = self.keyed.clone();
         mac.update(domain);
         for p in parts {
             mac.update(&(p.len() as u64).to_be_bytes());

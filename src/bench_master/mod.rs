@@ -354,19 +354,19 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
 
     // 5. A health pass over everything: what the replica-health worker does every
     // `--health-interval` (it starts `--dead-after` after the master, which a short
-    // run may not reach), under the same lock.
+    // run may not reach), in its slices.
     let core = master.core().clone();
     let (_, s) = probed("health pass", &ctx, async {
-        let now = core.clock.now_ms();
-        let mut st = core.state();
-        let (_, actions) = st.health_pass(
-            now,
-            stampfs_master::lease::wall_ms(),
-            &mut rand::thread_rng(),
+        let p = core.run_health_pass().await;
+        tracing::info!(
+            chunks = p.chunks,
+            steps = p.steps,
+            longest_step_us = p.longest_step.as_micros() as u64,
+            took_ms = p.took.as_millis() as u64,
+            "health pass"
         );
-        drop(st);
-        if !actions.is_empty() {
-            tracing::warn!(actions = actions.len(), "the health pass found work");
+        if p.actions > 0 {
+            tracing::warn!(actions = p.actions, "the health pass found work");
         }
         Ok(())
     })

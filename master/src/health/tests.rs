@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::lease::LeaseLimits;
-use crate::state::{replay_records, CorruptReport};
+use crate::state::{replay_records, CorruptReport, Settings};
+use crate::trash;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use stampfs_proto::{
@@ -12,13 +13,13 @@ use stampfs_proto::{
 };
 use std::time::Duration;
 
-const A: ClientId = ClientId(0xa);
+pub(super) const A: ClientId = ClientId(0xa);
 const B: ClientId = ClientId(0xb);
-const GIB: u64 = 1 << 30;
+pub(super) const GIB: u64 = 1 << 30;
 /// A time after registration at which every server is live.
-const NOW: u64 = 1_000;
+pub(super) const NOW: u64 = 1_000;
 
-fn settings() -> Settings {
+pub(super) fn settings() -> Settings {
     Settings {
         replication: 3,
         chunk_size: 1 << 20,
@@ -32,12 +33,12 @@ fn settings() -> Settings {
     }
 }
 
-fn id(n: u64) -> ChunkserverId {
+pub(super) fn id(n: u64) -> ChunkserverId {
     ChunkserverId(n)
 }
 
 /// A state with `n` chunkservers (ids 1..=n); server `i` has `used[i]` GiB used of 100.
-fn servers(settings: Settings, used: &[u64]) -> MasterState {
+pub(super) fn servers(settings: Settings, used: &[u64]) -> MasterState {
     let mut st = MasterState::new(settings);
     for (i, u) in used.iter().enumerate() {
         st.register(
@@ -55,7 +56,7 @@ fn servers(settings: Settings, used: &[u64]) -> MasterState {
     st
 }
 
-fn beat(st: &mut MasterState, ids: &[u64], now: u64) {
+pub(super) fn beat(st: &mut MasterState, ids: &[u64], now: u64) {
     for i in ids {
         let cs = st.registry.get(id(*i)).expect("registered").clone();
         st.registry
@@ -63,7 +64,7 @@ fn beat(st: &mut MasterState, ids: &[u64], now: u64) {
     }
 }
 
-fn rep(h: ChunkHandle, v: u64, state: ReplicaState) -> ReplicaReport {
+pub(super) fn rep(h: ChunkHandle, v: u64, state: ReplicaState) -> ReplicaReport {
     ReplicaReport {
         handle: h,
         version: ChunkVersion(v),
@@ -73,7 +74,7 @@ fn rep(h: ChunkHandle, v: u64, state: ReplicaState) -> ReplicaReport {
 }
 
 /// Sets the replicas of `h`: `(server, version, state)`.
-fn set(st: &mut MasterState, h: ChunkHandle, replicas: &[(u64, u64, ReplicaState)]) {
+pub(super) fn set(st: &mut MasterState, h: ChunkHandle, replicas: &[(u64, u64, ReplicaState)]) {
     let acks: Vec<_> = replicas
         .iter()
         .map(|(s, v, state)| (id(*s), rep(h, *v, *state)))
@@ -81,7 +82,7 @@ fn set(st: &mut MasterState, h: ChunkHandle, replicas: &[(u64, u64, ReplicaState
     st.record_replicas(h, &acks);
 }
 
-fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
+pub(super) fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
     st.create(
         &Create {
             path: path.into(),
@@ -99,7 +100,12 @@ fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
 
 /// A file with `n` chunks of 100 bytes, left open (`close: false`) or closed; every
 /// chunk at version 1 with no replicas yet.
-fn file(st: &mut MasterState, path: &str, n: usize, close: bool) -> (InodeId, Vec<ChunkHandle>) {
+pub(super) fn file(
+    st: &mut MasterState,
+    path: &str,
+    n: usize,
+    close: bool,
+) -> (InodeId, Vec<ChunkHandle>) {
     let ino = create(st, path, A);
     let mut hs: Vec<ChunkHandle> = Vec::new();
     for _ in 0..n {
@@ -148,7 +154,9 @@ fn pass(st: &mut MasterState, now: u64) -> Vec<Action> {
     st.health_pass(now, 0, &mut StdRng::seed_from_u64(7)).1
 }
 
-fn deletes(actions: &[Action]) -> Vec<(ChunkserverId, ChunkHandle, ChunkVersion, DeleteReason)> {
+pub(super) fn deletes(
+    actions: &[Action],
+) -> Vec<(ChunkserverId, ChunkHandle, ChunkVersion, DeleteReason)> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -163,7 +171,7 @@ fn deletes(actions: &[Action]) -> Vec<(ChunkserverId, ChunkHandle, ChunkVersion,
         .collect()
 }
 
-fn copies(actions: &[Action]) -> Vec<(ChunkHandle, ChunkserverId, ChunkserverId)> {
+pub(super) fn copies(actions: &[Action]) -> Vec<(ChunkHandle, ChunkserverId, ChunkserverId)> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -179,7 +187,7 @@ fn copies(actions: &[Action]) -> Vec<(ChunkHandle, ChunkserverId, ChunkserverId)
 }
 
 /// The chunkserver `s` reports exactly `replicas` (a full chunk report).
-fn report(st: &mut MasterState, s: u64, replicas: &[ReplicaReport]) {
+pub(super) fn report(st: &mut MasterState, s: u64, replicas: &[ReplicaReport]) {
     st.apply_report(id(s), replicas);
 }
 

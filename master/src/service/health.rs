@@ -6,7 +6,7 @@
 
 use super::Core;
 use crate::error::{Error, Result};
-use crate::health::{Action, CorruptHint, Pruned, Verified, VerifyRefusal};
+use crate::health::{Action, CorruptHint, Pass, Pruned, Verified, VerifyRefusal, SLICE_BUDGET};
 use crate::lease::wall_ms;
 use crate::state::CorruptReport;
 use stampfs_proto::{
@@ -14,6 +14,22 @@ use stampfs_proto::{
     ReportCorrupt, RpcClient, Signed, Verification, VerifyReplica,
 };
 use std::sync::Arc;
+use std::time::Duration;
+
+/// What one health pass did ([`Core::run_health_pass`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassSummary {
+    /// Chunks examined.
+    pub chunks: u64,
+    /// Slices, each one hold of the state lock.
+    pub steps: u64,
+    /// Actions decided.
+    pub actions: usize,
+    /// The longest hold of the state lock by one slice.
+    pub longest_step: Duration,
+    /// The whole pass, slices and the time between them.
+    pub took: Duration,
+}
 
 impl Core {
     /// One pass of the replica-health worker. Nothing happens until the chunkservers
@@ -25,15 +41,68 @@ impl Core {
             return;
         }
         let now = self.clock.now_ms();
-        let (pruned, actions) = {
-            let mut st = self.state();
-            if now < st.settings.dead_after_ms {
-                return;
+        if now < self.state().settings.dead_after_ms {
+            return;
+        }
+        self.run_health_pass().await;
+    }
+
+    /// A whole health pass now, in slices ([`crate::health::Pass`]): the state lock is
+    /// held for one slice at a time (at most [`SLICE_BUDGET`] units of work) and
+    /// released between them, so requests, heartbeats and reports go on meanwhile. A
+    /// pass is abandoned (the next one starts over) at shutdown, when the master
+    /// halts, and when the master resumes from a pause (the heartbeats that queued up
+    /// are read before anyone is judged). Returns what it did.
+    #[tracing::instrument(skip_all)]
+    pub async fn run_health_pass(&self) -> PassSummary {
+        let started = std::time::Instant::now();
+        let mut pass = Pass::new();
+        let mut summary = PassSummary::default();
+        let mut pacer = crate::pacing::Pacer::new();
+        while !pass.done() {
+            if self.shutdown.is_cancelled()
+                || self.check_running().is_err()
+                || !self.clock.settled(crate::lease::RESUME_SETTLE)
+            {
+                tracing::debug!(steps = pass.steps, "health pass abandoned");
+                return summary;
             }
-            st.health_pass(now, wall_ms(), &mut rand::thread_rng())
-        };
-        log_pruned(&pruned);
-        for a in &actions {
+            let (pruned, actions, held) = {
+                let mut st = self.state();
+                let t = std::time::Instant::now();
+                let (pruned, actions) = st.health_step(
+                    &mut pass,
+                    self.clock.now_ms(),
+                    wall_ms(),
+                    &mut rand::thread_rng(),
+                    SLICE_BUDGET,
+                );
+                (pruned, actions, t.elapsed())
+            };
+            summary.longest_step = summary.longest_step.max(held);
+            summary.actions += actions.len();
+            log_pruned(&pruned);
+            self.act(&actions).await;
+            // Let the requests that waited for the lock run before the next slice.
+            pacer.pause().await;
+        }
+        summary.steps = pass.steps;
+        summary.chunks = pass.chunks;
+        summary.took = started.elapsed();
+        tracing::debug!(
+            chunks = summary.chunks,
+            steps = summary.steps,
+            actions = summary.actions,
+            longest_step_us = summary.longest_step.as_micros() as u64,
+            took_ms = summary.took.as_millis() as u64,
+            "health pass done"
+        );
+        summary
+    }
+
+    /// Logs what a slice decided and runs its trash purges (logged records).
+    async fn act(&self, actions: &[Action]) {
+        for a in actions {
             match a {
                 Action::PurgeTrash { name } => {
                     let purged = self

@@ -125,8 +125,9 @@ impl MasterState {
         }
     }
 
-    /// One pass of the health worker: forgets what finished or was lost, decides, and
-    /// queues the commands. Returns what it pruned and decided (for logging; trash
+    /// One pass of the health worker in one piece: forgets what finished or was lost,
+    /// decides, and queues the commands (the worker runs it in slices instead,
+    /// [`Self::health_step`]). Returns what it pruned and decided (for logging; trash
     /// purges are left to the caller, which logs them as records).
     pub fn health_pass<R: Rng + ?Sized>(
         &mut self,
@@ -142,6 +143,34 @@ impl MasterState {
             now_ms,
         );
         let actions = health::plan(self, now_ms, wall_ms, rng);
+        self.health.record(&actions, now_ms);
+        (pruned, actions)
+    }
+
+    /// One slice of a health pass: on its first step it forgets what finished or was
+    /// lost, then decides on at most `budget` units of work from where `pass` stopped
+    /// ([`health::Pass::step`]) and queues the commands, all under the caller's one
+    /// hold of the state. Returns what it pruned and decided, as [`Self::health_pass`].
+    pub fn health_step<R: Rng + ?Sized>(
+        &mut self,
+        pass: &mut health::Pass,
+        now_ms: u64,
+        wall_ms: u64,
+        rng: &mut R,
+        budget: usize,
+    ) -> (Pruned, Vec<Action>) {
+        let pruned = if pass.steps == 0 {
+            health::prune(
+                &mut self.health,
+                &self.chunks,
+                &self.registry,
+                &self.settings,
+                now_ms,
+            )
+        } else {
+            Pruned::default()
+        };
+        let actions = pass.step(self, now_ms, wall_ms, rng, budget);
         self.health.record(&actions, now_ms);
         (pruned, actions)
     }
