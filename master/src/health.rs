@@ -418,7 +418,7 @@ pub fn settled(f: &FileMeta, index: usize) -> bool {
 mod pass;
 mod tracker;
 pub use pass::{plan, Pass, SLICE_BUDGET};
-pub use tracker::{prune, Copy, Pruned, Tracker};
+pub use tracker::{prune, prune_copies, Copy, Pruned, Tracker};
 
 #[cfg(test)]
 mod pass_tests;

@@ -256,8 +256,14 @@ impl<'a> Slice<'a> {
             *streams.entry(c.target).or_default() += 1;
         }
         let cap = st.settings.max_replication_streams;
-        let busy = streams.values().filter(|n| **n >= cap).count();
-        let live = st.registry.live_count(now_ms, st.settings.dead_after_ms);
+        // Only live servers count against `live` (a copy with a dead side is pruned at
+        // the next slice, but must not make the live ones look all busy meanwhile).
+        let dead_after = st.settings.dead_after_ms;
+        let busy = streams
+            .iter()
+            .filter(|(id, n)| **n >= cap && is_live(&st.registry, **id, now_ms, dead_after))
+            .count();
+        let live = st.registry.live_count(now_ms, dead_after);
         Self {
             st,
             now_ms,

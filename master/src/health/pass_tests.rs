@@ -235,3 +235,36 @@ fn the_per_server_pending_delete_count_follows_the_commands() {
     st.health.forget_server(id(3));
     assert_eq!(st.health.pending_deletes(id(3)), 20);
 }
+
+#[test]
+fn a_copy_that_completes_mid_pass_frees_its_streams_for_the_rest_of_the_pass() {
+    // One copy stream per server, and two chunks whose only replica is on server 1: a
+    // pass can order a copy of the second only once the first copy is done.
+    let mut s = settings();
+    s.max_replication_streams = 1;
+    let mut st = servers(s, &[10, 20, 30, 40]);
+    let (_, hs) = file(&mut st, "/f", 2, true);
+    for h in &hs {
+        set(&mut st, *h, &[(1, 1, F)]);
+    }
+    beat(&mut st, &[1, 2, 3, 4], NOW);
+    // Between slices, every copy in flight completes (its target reports the replica).
+    let (actions, _) = sliced(&mut st, 1, |st, _| {
+        let done: Vec<_> = st
+            .health
+            .copies()
+            .iter()
+            .map(|c| (c.handle, c.target, c.version))
+            .collect();
+        for (h, target, v) in done {
+            set(st, h, &[(1, v.0, F), (target.0, v.0, F)]);
+        }
+    });
+    let copied: std::collections::BTreeSet<ChunkHandle> =
+        copies(&actions).iter().map(|(h, _, _)| *h).collect();
+    assert_eq!(
+        copied,
+        hs.iter().copied().collect(),
+        "the second chunk waited for the next pass: {actions:?}"
+    );
+}

@@ -425,9 +425,12 @@ pub struct Pruned {
     pub expired: usize,
 }
 
-/// Forgets commands that completed (the chunkserver's report shows the result) or
-/// were lost (timed out, or a side died), and notes orphans first reported now.
-pub fn prune(
+/// Forgets the copies that completed or were lost (timed out, the chunk changed, or a
+/// side died): what [`prune`] does first, and all that a later slice of a health pass
+/// does, so a long pass neither counts finished copies against the stream caps nor
+/// leaves lost ones unreplaced until the next pass. Costs one look per copy in flight
+/// (bounded by the stream caps).
+pub fn prune_copies(
     tracker: &mut Tracker,
     chunks: &ChunkTable,
     registry: &Registry,
@@ -461,6 +464,20 @@ pub fn prune(
             Some(why) => out.lost.push((c, why)),
         }
     }
+    out
+}
+
+/// Forgets commands that completed (the chunkserver's report shows the result) or
+/// were lost (timed out, or a side died), and notes orphans first reported now.
+pub fn prune(
+    tracker: &mut Tracker,
+    chunks: &ChunkTable,
+    registry: &Registry,
+    settings: &Settings,
+    now_ms: u64,
+) -> Pruned {
+    let mut out = prune_copies(tracker, chunks, registry, settings, now_ms);
+    let timeout = settings.replication_timeout_ms;
     let mut orphans: HashSet<(ChunkserverId, ChunkHandle)> = HashSet::new();
     for cs in registry.iter() {
         for o in &cs.orphans {

@@ -148,7 +148,7 @@ impl MasterState {
     }
 
     /// One slice of a health pass: on its first step it forgets what finished or was
-    /// lost, then decides on at most `budget` units of work from where `pass` stopped
+    /// lost (on later steps, the copies only: [`health::prune_copies`]), then decides on at most `budget` units of work from where `pass` stopped
     /// ([`health::Pass::step`]) and queues the commands, all under the caller's one
     /// hold of the state. Returns what it pruned and decided, as [`Self::health_pass`].
     pub fn health_step<R: Rng + ?Sized>(
@@ -168,7 +168,13 @@ impl MasterState {
                 now_ms,
             )
         } else {
-            Pruned::default()
+            health::prune_copies(
+                &mut self.health,
+                &self.chunks,
+                &self.registry,
+                &self.settings,
+                now_ms,
+            )
         };
         let actions = pass.step(self, now_ms, wall_ms, rng, budget);
         self.health.record(&actions, now_ms);
