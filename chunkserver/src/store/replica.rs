@@ -310,13 +310,7 @@ impl Replica {
     ) -> Result<ReplicaReport> {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
-        if length > self.length {
-            return Err(Error::ReplicaShort {
-                handle,
-                offset: length,
-                length: self.length,
-            });
-        }
+        self.holds(length)?;
         if length < self.length {
             self.cut_to(engine, length).await?;
         } else {
@@ -325,6 +319,26 @@ impl Replica {
         }
         tracing::info!("replica truncated");
         Ok(self.report())
+    }
+
+    /// `ReplicaShort` when `offset` lies past the bytes the replica holds.
+    fn holds(&self, offset: u64) -> Result<()> {
+        if offset > self.length {
+            return Err(Error::ReplicaShort {
+                handle: self.header.handle,
+                offset,
+                length: self.length,
+            });
+        }
+        Ok(())
+    }
+
+    /// What a write or a finalize at another length is told by a finalized replica.
+    fn finalized(&self) -> Error {
+        Error::ReplicaFinalized {
+            handle: self.header.handle,
+            length: self.length,
+        }
     }
 
     /// Finalize under the lock (see [`Store::finalize`]).
@@ -340,18 +354,9 @@ impl Replica {
             if length == self.length {
                 return Ok(self.report());
             }
-            return Err(Error::ReplicaFinalized {
-                handle,
-                length: self.length,
-            });
+            return Err(self.finalized());
         }
-        if length > self.length {
-            return Err(Error::ReplicaShort {
-                handle,
-                offset: length,
-                length: self.length,
-            });
-        }
+        self.holds(length)?;
         if length < self.length {
             self.cut_to(engine, length).await?;
         }
@@ -384,18 +389,9 @@ impl Replica {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
         if self.header.state != ReplicaState::Writing {
-            return Err(Error::ReplicaFinalized {
-                handle,
-                length: self.length,
-            });
+            return Err(self.finalized());
         }
-        if offset > self.length {
-            return Err(Error::ReplicaShort {
-                handle,
-                offset,
-                length: self.length,
-            });
-        }
+        self.holds(offset)?;
         if offset < self.length {
             tracing::info!(
                 from = self.length,
