@@ -145,24 +145,13 @@ fn replay_durable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::LeaseLimits;
+
     use crate::oplog::Oplog;
     use crate::state::{encode_record, Record};
     use stampfs_proto::{ChunkserverId, InodeId};
-    use std::time::Duration;
 
     fn settings() -> Settings {
-        Settings {
-            replication: 3,
-            chunk_size: 1 << 20,
-            min_replication: 1,
-            dead_after_ms: 10_000,
-            limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
-            trash_ms: 0,
-            orphan_grace_ms: 5_000,
-            replication_timeout_ms: 30_000,
-            max_replication_streams: 2,
-        }
+        Settings::for_tests()
     }
 
     fn mkdir(st: &mut MasterState, log: &Oplog, name: &str) {

@@ -207,6 +207,26 @@ impl Settings {
         }
     }
 
+    /// The settings the master's unit tests start from: replication 3, 1 MiB chunks,
+    /// leases of 60 s / 300 s, no trash, 5 s orphan grace, 2 copy streams per server.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            replication: 3,
+            chunk_size: 1 << 20,
+            min_replication: 1,
+            dead_after_ms: 10_000,
+            limits: LeaseLimits::new(
+                std::time::Duration::from_secs(60),
+                std::time::Duration::from_secs(300),
+            ),
+            trash_ms: 0,
+            orphan_grace_ms: 5_000,
+            replication_timeout_ms: 30_000,
+            max_replication_streams: 2,
+        }
+    }
+
     /// Fewest replicas a write on a file of `replication` may proceed with.
     pub fn needed(&self, replication: u8) -> usize {
         usize::from(self.min_replication.min(replication).max(1))
@@ -692,22 +712,14 @@ mod tests {
         AddChunk, Append, ChunkCommit, Close, Create, Delete, Mkdir, Rename, ReplicaReport,
         ReplicaState, UpdatePipeline,
     };
-    use std::time::Duration;
 
     const A: ClientId = ClientId(0xa);
     const B: ClientId = ClientId(0xb);
 
     fn settings() -> Settings {
         Settings {
-            replication: 3,
-            chunk_size: 1 << 20,
-            min_replication: 1,
-            dead_after_ms: 10_000,
-            limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
-            trash_ms: 0,
             orphan_grace_ms: 60_000,
-            replication_timeout_ms: 30_000,
-            max_replication_streams: 2,
+            ..Settings::for_tests()
         }
     }
 

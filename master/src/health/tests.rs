@@ -2,7 +2,6 @@
 //! no sleeps.
 
 use super::*;
-use crate::lease::LeaseLimits;
 use crate::state::{replay_records, CorruptReport, Settings};
 use crate::trash;
 use rand::rngs::StdRng;
@@ -11,7 +10,6 @@ use stampfs_proto::{
     AddChunk, Append, ChunkCommit, ClientId, Close, ClusterKey, Create, Delete, InodeId, Register,
     ReplicaReport,
 };
-use std::time::Duration;
 
 pub(super) const A: ClientId = ClientId(0xa);
 const B: ClientId = ClientId(0xb);
@@ -20,17 +18,7 @@ pub(super) const GIB: u64 = 1 << 30;
 pub(super) const NOW: u64 = 1_000;
 
 pub(super) fn settings() -> Settings {
-    Settings {
-        replication: 3,
-        chunk_size: 1 << 20,
-        min_replication: 1,
-        dead_after_ms: 10_000,
-        limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
-        trash_ms: 0,
-        orphan_grace_ms: 5_000,
-        replication_timeout_ms: 30_000,
-        max_replication_streams: 2,
-    }
+    Settings::for_tests()
 }
 
 pub(super) fn id(n: u64) -> ChunkserverId {

@@ -520,15 +520,10 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            replication: 3,
             chunk_size: CHUNK,
-            min_replication: 1,
-            dead_after_ms: 10_000,
-            limits: LeaseLimits::new(Duration::from_millis(300), Duration::from_millis(600)),
-            trash_ms: 0,
             orphan_grace_ms: 60_000,
-            replication_timeout_ms: 30_000,
-            max_replication_streams: 2,
+            limits: LeaseLimits::new(Duration::from_millis(300), Duration::from_millis(600)),
+            ..Settings::for_tests()
         }
     }
 

@@ -2,23 +2,11 @@
 //! between the batches.
 
 use super::*;
-use crate::lease::LeaseLimits;
 use crate::state::Settings;
 use stampfs_proto::{ChunkVersion, Register, ReplicaState::Finalized as F};
-use std::time::Duration;
 
 fn settings() -> Settings {
-    Settings {
-        replication: 3,
-        chunk_size: 1 << 20,
-        min_replication: 1,
-        dead_after_ms: 10_000,
-        limits: LeaseLimits::new(Duration::from_secs(60), Duration::from_secs(300)),
-        trash_ms: 0,
-        orphan_grace_ms: 5_000,
-        replication_timeout_ms: 30_000,
-        max_replication_streams: 2,
-    }
+    Settings::for_tests()
 }
 
 fn rep(h: u64, v: u64) -> ReplicaReport {
