@@ -367,6 +367,13 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 let result = scrub::verify_request(&shared, req).await;
                 reply_frame(id, &result, Bytes::new())
             }
+            ChunkRequest::OverwriteSetup(_) | ChunkRequest::Digest(_) => reply_frame(
+                id,
+                &Err::<(), _>(RemoteError::NotSupported {
+                    reason: "this chunkserver does not serve overwrites yet".into(),
+                }),
+                Bytes::new(),
+            ),
         };
         let sent = match outcome {
             Ok(frame) => writer.write_frame(&frame).await,

@@ -40,7 +40,7 @@ pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
 pub use msg::*;
 pub use rpc::{Rpc, RpcClient};
-pub use token::{ChunkToken, ClusterKey, Signed};
+pub use token::{ChunkToken, ClusterKey, Signed, SignedBody};
 
 /// Default packet payload size on the write pipeline.
 pub const DEFAULT_PACKET_SIZE: usize = 64 << 10;

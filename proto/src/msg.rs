@@ -624,6 +624,35 @@ pub enum Verification {
     Absent,
 }
 
+/// Opens a pipeline stream for writes at any offset of the chunk (overwrites), in
+/// place of [`WriteSetup`]'s append stream. The set-up never cuts the replica; each
+/// packet is written at its own offset, which may be anywhere up to the replica's
+/// length (bytes below it are overwritten in place, bytes past it appended), so a
+/// resend of the same packets in the same order is an idempotent retry. Forwarded
+/// downstream as an `OverwriteSetup` too. See DESIGN.md, "Writes at any offset".
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct OverwriteSetup {
+    pub setup: WriteSetup,
+}
+
+/// Asks a chunkserver for the checksum table of its replica of `handle` at exactly
+/// `version` (lease recovery compares the replicas of a chunk that may have been
+/// overwritten unevenly). Sent by the master inside a [`Signed`] envelope.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct DigestReplica {
+    pub handle: ChunkHandle,
+    pub version: ChunkVersion,
+}
+
+/// What a [`DigestReplica`] found: the replica, and the CRC32 of each 64 KiB block
+/// of its data up to its length (the last entry covers a partial block up to the
+/// length). Two replicas with equal lengths and equal tables hold the same bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReplicaDigest {
+    pub replica: ReplicaReport,
+    pub blocks: Vec<u32>,
+}
+
 /// Every request a chunkserver serves.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub enum ChunkRequest {
@@ -633,4 +662,8 @@ pub enum ChunkRequest {
     ReceiveReplica(ReceiveReplica),
     Command(Signed<ChunkCommand>),
     Verify(Signed<VerifyReplica>),
+    /// After every older variant, so that each keeps its wire index.
+    OverwriteSetup(OverwriteSetup),
+    /// After every older variant, so that each keeps its wire index.
+    Digest(Signed<DigestReplica>),
 }

@@ -67,6 +67,8 @@ rpc! {
     ChunkRequest::ReceiveReplica(ReceiveReplica) -> WriteSetupReply;
     ChunkRequest::Command(Signed<ChunkCommand>) -> Option<ReplicaReport>;
     ChunkRequest::Verify(Signed<VerifyReplica>) -> Verification;
+    ChunkRequest::OverwriteSetup(OverwriteSetup) -> WriteSetupReply;
+    ChunkRequest::Digest(Signed<DigestReplica>) -> ReplicaDigest;
 }
 
 /// Builds a request frame.

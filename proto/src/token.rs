@@ -28,6 +28,27 @@ const TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/v1";
 /// Read tokens (what `GetLocations` hands to readers): good for reads only.
 const READ_TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/read/v1";
 const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v1";
+const DIGEST_DOMAIN: &[u8] = b"stampfs/master-command/digest/v1";
+
+/// What the master signs, each under its MAC domain. Commands and replica
+/// verifications share the original domain (their encodings can not be confused: a
+/// `VerifyReplica` is one varint, every command two or more); a digest request,
+/// whose two varints could read as an `Info` command, has its own.
+pub trait SignedBody: Encode {
+    const DOMAIN: &'static [u8];
+}
+
+impl SignedBody for crate::msg::ChunkCommand {
+    const DOMAIN: &'static [u8] = COMMAND_DOMAIN;
+}
+
+impl SignedBody for crate::msg::VerifyReplica {
+    const DOMAIN: &'static [u8] = COMMAND_DOMAIN;
+}
+
+impl SignedBody for crate::msg::DigestReplica {
+    const DOMAIN: &'static [u8] = DIGEST_DOMAIN;
+}
 
 /// The secret shared by the master and every chunkserver. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -249,18 +270,18 @@ pub struct Signed<T> {
     pub mac: [u8; 32],
 }
 
-impl<T: Encode> Signed<T> {
+impl<T: SignedBody> Signed<T> {
     /// Signs `body`. Only the master calls this.
     pub fn new(key: &ClusterKey, body: T) -> Result<Self> {
         let bytes = crate::codec::encode_value(&body)?;
-        let mac = key.sign_parts(COMMAND_DOMAIN, &[&bytes]);
+        let mac = key.sign_parts(T::DOMAIN, &[&bytes]);
         Ok(Self { body, mac })
     }
 
     /// Returns the body when the MAC is valid, [`Error::BadCommandMac`] otherwise.
     pub fn verify(self, key: &ClusterKey) -> Result<T> {
         let bytes = crate::codec::encode_value(&self.body)?;
-        if key.verify_parts(COMMAND_DOMAIN, &[&bytes], &self.mac) {
+        if key.verify_parts(T::DOMAIN, &[&bytes], &self.mac) {
             Ok(self.body)
         } else {
             Err(Error::BadCommandMac)
@@ -322,24 +343,59 @@ mod tests {
 
     #[test]
     fn signed_commands_verify_and_reject_tampering() {
-        let s = Signed::new(&key(), (ChunkHandle(1), ChunkVersion(2))).expect("sign");
-        assert_eq!(
-            s.clone().verify(&key()).expect("valid"),
-            (ChunkHandle(1), ChunkVersion(2))
-        );
+        use crate::msg::ChunkCommand;
+        let cmd = ChunkCommand::Info {
+            handle: ChunkHandle(1),
+        };
+        let s = Signed::new(&key(), cmd.clone()).expect("sign");
+        assert_eq!(s.clone().verify(&key()).expect("valid"), cmd);
         let mut bad = s;
-        bad.body.1 = ChunkVersion(3);
+        bad.body = ChunkCommand::Info {
+            handle: ChunkHandle(2),
+        };
         assert!(matches!(bad.verify(&key()), Err(Error::BadCommandMac)));
     }
 
     #[test]
     fn a_token_mac_is_not_a_command_mac() {
+        use crate::msg::DigestReplica;
         let t = token();
+        // A digest request has the same fields as a token's first two.
         let forged = Signed {
-            body: (t.handle, t.version, t.client),
+            body: DigestReplica {
+                handle: t.handle,
+                version: t.version,
+            },
             mac: t.mac,
         };
         assert!(forged.verify(&key()).is_err());
+    }
+
+    #[test]
+    fn an_info_command_mac_is_not_a_digest_mac() {
+        use crate::msg::{ChunkCommand, DigestReplica};
+        // `Info { handle: 9 }` encodes as the bytes of `DigestReplica { 5, 9 }`
+        // (variant index 5, then the handle): only the domain tells them apart.
+        let info = Signed::new(
+            &key(),
+            ChunkCommand::Info {
+                handle: ChunkHandle(9),
+            },
+        )
+        .expect("sign");
+        let body = DigestReplica {
+            handle: ChunkHandle(5),
+            version: ChunkVersion(9),
+        };
+        assert_eq!(
+            crate::codec::encode_value(&body).expect("encode"),
+            crate::codec::encode_value(&info.body).expect("encode")
+        );
+        let forged = Signed {
+            body,
+            mac: info.mac,
+        };
+        assert!(matches!(forged.verify(&key()), Err(Error::BadCommandMac)));
     }
 
     #[test]

@@ -105,6 +105,9 @@ frame_round_trips! {
     verify_replica: arb_verify_replica();
     signed_verify_replica: arb_signed_verify();
     verification: arb_verification();
+    overwrite_setup: arb_overwrite_setup();
+    signed_digest_replica: arb_signed_digest();
+    replica_digest: arb_replica_digest();
 }
 
 /// Sends `req` as request `id` and `resp` as its reply through the codec and checks
@@ -207,6 +210,8 @@ mod rpc {
         receive_replica: arb_receive_replica() => arb_write_setup_reply();
         command: arb_signed_command() => prop::option::of(arb_replica_report());
         verify: arb_signed_verify() => arb_verification();
+        overwrite_setup: arb_overwrite_setup() => arb_write_setup_reply();
+        digest: arb_signed_digest() => arb_replica_digest();
     }
 }
 
@@ -228,7 +233,7 @@ fn strategies_cover_every_enum_variant() {
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
     assert_eq!(master.len(), 21, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
-    assert_eq!(chunk.len(), 6, "ChunkRequest variants drawn: {chunk:?}");
+    assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
     assert_eq!(cmd.len(), 6, "ChunkCommand variants drawn: {cmd:?}");
     let verification = variants_drawn(arb_verification(), verification_variant, 100);

@@ -789,6 +789,32 @@ prop_compose! {
     }
 }
 
+prop_compose! {
+    pub fn arb_overwrite_setup()(setup in arb_write_setup()) -> OverwriteSetup {
+        OverwriteSetup { setup }
+    }
+}
+
+prop_compose! {
+    pub fn arb_digest_replica()(handle in arb_handle(), version in arb_version()) -> DigestReplica {
+        DigestReplica { handle, version }
+    }
+}
+
+prop_compose! {
+    pub fn arb_signed_digest()(body in arb_digest_replica(), mac in any::<[u8; 32]>())
+        -> Signed<DigestReplica> {
+        Signed { body, mac }
+    }
+}
+
+prop_compose! {
+    pub fn arb_replica_digest()(replica in arb_replica_report(), blocks in small_vec(any::<u32>()))
+        -> ReplicaDigest {
+        ReplicaDigest { replica, blocks }
+    }
+}
+
 pub fn arb_verification() -> BoxedStrategy<Verification> {
     prop_oneof![
         arb_replica_report()
@@ -886,6 +912,10 @@ pub fn arb_chunk_request() -> BoxedStrategy<ChunkRequest> {
             .boxed(),
         arb_signed_command().prop_map(ChunkRequest::Command).boxed(),
         arb_signed_verify().prop_map(ChunkRequest::Verify).boxed(),
+        arb_overwrite_setup()
+            .prop_map(ChunkRequest::OverwriteSetup)
+            .boxed(),
+        arb_signed_digest().prop_map(ChunkRequest::Digest).boxed(),
     ]
     .boxed()
 }
@@ -899,6 +929,8 @@ pub fn chunk_request_variant(r: &ChunkRequest) -> &'static str {
         ChunkRequest::ReceiveReplica(_) => "ReceiveReplica",
         ChunkRequest::Command(_) => "Command",
         ChunkRequest::Verify(_) => "Verify",
+        ChunkRequest::OverwriteSetup(_) => "OverwriteSetup",
+        ChunkRequest::Digest(_) => "Digest",
     }
 }
 
