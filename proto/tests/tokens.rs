@@ -139,7 +139,7 @@ proptest! {
     fn a_token_mac_never_signs_a_command(key in arb_key(), h in arb_handle(),
                                          v in arb_version(), c in arb_client()) {
         let t = ChunkToken::sign(&key, h, v, c);
-        let forged = Signed { body: (t.handle, t.version, t.client), mac: t.mac };
+        let forged = Signed { body: DigestReplica { handle: t.handle, version: t.version }, mac: t.mac };
         prop_assert!(forged.verify(&key).is_err());
         let forged = Signed {
             body: ChunkCommand::BumpVersion { handle: h, version: v, create: false },
