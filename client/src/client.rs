@@ -195,6 +195,22 @@ impl Client {
         Ok(client)
     }
 
+    /// A client that has no master connection (pure unit tests of option handling).
+    #[cfg(test)]
+    pub(crate) fn unconnected_for_tests() -> Self {
+        Client {
+            inner: Arc::new(Inner {
+                master: "127.0.0.1:1".into(),
+                id: ClientId::random(),
+                config: ClientConfig::default(),
+                master_pool: Mutex::new(Vec::new()),
+                chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
+                leases: Mutex::new(HashMap::new()),
+                renewer: Mutex::new(None),
+            }),
+        }
+    }
+
     /// This client's id (the holder name on its write leases).
     pub fn id(&self) -> ClientId {
         self.inner.id
@@ -435,7 +451,39 @@ impl Client {
             })
             .await?;
         self.hold_lease(&path);
-        Ok(FileWriter::start(self.clone(), status, None))
+        Ok(FileWriter::start(
+            self.clone(),
+            status,
+            None,
+            crate::writer::WriteMode::Append,
+        ))
+    }
+
+    /// An [`OpenOptions`](crate::OpenOptions) builder for a writer of this cluster
+    /// (`std::fs::OpenOptions` style: append, create, create_new, truncate).
+    pub fn open_options(&self) -> crate::OpenOptions {
+        crate::OpenOptions::new(self.clone())
+    }
+
+    /// Creates `path` and starts a writer of `mode` (the lease is the client's).
+    pub(crate) async fn create_with(
+        &self,
+        path: &str,
+        opts: CreateOptions,
+        mode: crate::writer::WriteMode,
+    ) -> Result<FileWriter> {
+        let path = normalized(path)?;
+        let status = self
+            .call(Create {
+                path: path.clone(),
+                client: self.inner.id,
+                replication: opts.replication,
+                chunk_size: opts.chunk_size,
+                overwrite: opts.overwrite,
+            })
+            .await?;
+        self.hold_lease(&path);
+        Ok(FileWriter::start(self.clone(), status, None, mode))
     }
 
     /// Creates an empty file that is closed at once (one durable step at the master,
@@ -456,6 +504,17 @@ impl Client {
     /// Reopens a closed file for writing at its end. When the master is recovering the
     /// lease of a previous writer, waits (up to the configured bound) and retries.
     pub async fn append(&self, path: &str) -> Result<FileWriter> {
+        self.reopen(path, crate::writer::WriteMode::Append).await
+    }
+
+    /// Takes the write lease of the closed file `path` (`Append` at the master, which
+    /// re-leases its partial last chunk under a new version), waiting out a lease
+    /// recovery of the previous writer, and starts a writer of `mode`.
+    pub(crate) async fn reopen(
+        &self,
+        path: &str,
+        mode: crate::writer::WriteMode,
+    ) -> Result<FileWriter> {
         let path = normalized(path)?;
         let deadline = tokio::time::Instant::now() + self.inner.config.recovery_wait;
         let mut warned = false;
@@ -473,6 +532,7 @@ impl Client {
                         self.clone(),
                         reply.status,
                         reply.last_chunk,
+                        mode,
                     ));
                 }
                 Err(Error::Remote(RemoteError::RecoveryInProgress { .. }))

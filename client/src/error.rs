@@ -32,6 +32,9 @@ pub enum Error {
     WriterClosed { path: String },
     #[error("invalid argument: {reason}")]
     InvalidArgument { reason: String },
+    /// An operation stampfs does not support (yet), saying which and why.
+    #[error("{path}: not supported: {reason}")]
+    NotSupported { path: String, reason: String },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -80,6 +83,7 @@ impl Error {
             Error::Pipeline { .. } => ErrorCode::Unavailable,
             Error::WriterClosed { .. } => ErrorCode::BadRequest,
             Error::InvalidArgument { .. } => ErrorCode::BadRequest,
+            Error::NotSupported { .. } => ErrorCode::NotSupported,
             Error::Io(_) => ErrorCode::Io,
         }
     }
@@ -126,6 +130,10 @@ impl Error {
                 last: last.clone(),
             },
             Error::WriterClosed { path } => Error::WriterClosed { path: path.clone() },
+            Error::NotSupported { path, reason } => Error::NotSupported {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
             other => Error::Pipeline {
                 path: String::new(),
                 reason: other.to_string(),
@@ -137,6 +145,7 @@ impl Error {
         let kind = match &self {
             Error::Remote(RemoteError::NotFound { .. }) => std::io::ErrorKind::NotFound,
             Error::Fenced { .. } => std::io::ErrorKind::PermissionDenied,
+            Error::NotSupported { .. } => std::io::ErrorKind::Unsupported,
             _ => std::io::ErrorKind::Other,
         };
         std::io::Error::new(kind, self)

@@ -10,6 +10,10 @@
 //!   [`FileWriter::close`]. It renews its lease in the background and recovers the
 //!   pipeline when a replica fails. A writer whose token the storage rejects gets
 //!   [`Error::Fenced`] and never retries with the old token.
+//! - [`OpenOptions`]: from [`Client::open_options`], `std::fs::OpenOptions` style; its
+//!   `write` mode gives a [`FileWriter`] that also seeks (`AsyncSeek`) and writes at any
+//!   offset of the file's last chunk and past its end ([`FileWriter::write_at`]),
+//!   fenced by the same chunk versions as appends.
 //! - [`FileReader`]: from [`Client::open`]; `AsyncRead + AsyncSeek` and
 //!   [`FileReader::read_at`], reading only replicas at the current version.
 //! - [`mount`]: the FUSE mount ([`Mount`]) built on the above; append-only files.
@@ -17,6 +21,7 @@
 mod client;
 mod error;
 pub mod mount;
+mod open;
 mod pipeline;
 mod reader;
 mod writer;
@@ -24,5 +29,6 @@ mod writer;
 pub use client::{Client, ClientConfig, CreateOptions};
 pub use error::{Error, Result};
 pub use mount::{Mount, MountConfig};
+pub use open::OpenOptions;
 pub use reader::FileReader;
-pub use writer::FileWriter;
+pub use writer::{FileWriter, WriteMode};

@@ -18,7 +18,8 @@ use bytes::Bytes;
 use stampfs_proto::codec::{Frame, FrameReader, FrameSink};
 use stampfs_proto::rpc::{parse_reply, request_frame};
 use stampfs_proto::{
-    Ack, ChunkToken, ChunkserverId, Packet, RemoteError, WriteGrant, WriteSetup, WriteSetupReply,
+    Ack, ChunkToken, ChunkserverId, OverwriteSetup, Packet, RemoteError, WriteGrant, WriteSetup,
+    WriteSetupReply,
 };
 use std::time::Duration;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -104,10 +105,14 @@ pub(crate) enum SetupError {
 }
 
 impl PipelineStream {
-    /// Connects to the first replica of `grant` and opens a stream at chunk `offset`.
+    /// Connects to the first replica of `grant` and opens a stream at chunk `offset`:
+    /// an append stream (`WriteSetup`, which cuts a longer replica there) or, with
+    /// `overwrite`, an overwrite stream (`OverwriteSetup`: packets at any offset up to
+    /// the replica's length, nothing cut).
     pub(crate) async fn open(
         grant: &WriteGrant,
         offset: u64,
+        overwrite: bool,
         timeout: Duration,
         ack_timeout: Duration,
     ) -> std::result::Result<(Self, WriteSetupReply), SetupError> {
@@ -137,7 +142,12 @@ impl PipelineStream {
             offset,
             downstream: grant.pipeline[1..].to_vec(),
         };
-        let frame = request_frame(1, setup, Bytes::new()).map_err(|e| head_err(e.into()))?;
+        let frame = if overwrite {
+            request_frame(1, OverwriteSetup { setup }, Bytes::new())
+        } else {
+            request_frame(1, setup, Bytes::new())
+        }
+        .map_err(|e| head_err(e.into()))?;
         writer.feed_frame(&frame).map_err(|e| head_err(e.into()))?;
         writer.flush().await.map_err(|e| head_err(e.into()))?;
         let reply = tokio::time::timeout(timeout, reader.read_frame())
@@ -357,7 +367,7 @@ mod tests {
             writer.write_frame(&frame).await.expect("reply");
             (reader, writer)
         });
-        let (stream, _) = match PipelineStream::open(&grant(addr), 0, WAIT, WAIT).await {
+        let (stream, _) = match PipelineStream::open(&grant(addr), 0, false, WAIT, WAIT).await {
             Ok(s) => s,
             Err(_) => panic!("set-up failed"),
         };

@@ -23,16 +23,20 @@
 //! [`after_stream_end`]), whether an ack reader, a send, a flush or the at-rest check
 //! found it.
 //!
-//! **Writes at any offset** (issue 16) slot in without reshaping this: packets carry
-//! their chunk offset, and acks are matched by sequence number, not offset. A
-//! `WriteAt { offset, data }` event becomes a job like `Write` whose pieces start at
-//! `offset` instead of `Chunk::sent`; a piece in a chunk other than the current one
-//! drains and switches chunk as a boundary does today, through another grant request
-//! next to [`Action::AddChunk`] (the master bumps that chunk's version, which is the
-//! first write to it under the new lease); a reopen during an overwrite session sets
-//! the stream up at the replicas' length (nothing to cut), and its resent packets are
-//! the overwrite's unacknowledged ones. The acknowledged length the engine commits
-//! stays the append tail.
+//! **Writes at any offset.** Every write carries its file offset; packets carry their
+//! chunk offset and acks are matched by sequence number, not offset. An *overwrite*
+//! engine (a writer opened for writes anywhere) opens its streams with
+//! `OverwriteSetup`: a piece may start anywhere in the current chunk, below what was
+//! sent (in place) or at its end. `sent` and `acked` are then the furthest chunk
+//! offsets sent and acknowledged (what is committed as the chunk's length), and the
+//! window counts the bytes of the unacknowledged packets. A reopen of an overwrite
+//! stream asks no member its length (its set-up cuts nothing, so nothing needs
+//! judging): it sets up at the first unacknowledged packet's offset (or the
+//! acknowledged length) and resends every unacknowledged packet in order, which
+//! leaves every member with the same bytes whatever part of them it had applied
+//! (DESIGN.md, "Writes at any offset"). A piece before the current chunk fails the
+//! write with `NotSupported` (the front refuses it first); a grant of an existing
+//! chunk, next to [`Action::AddChunk`], is the next step.
 
 mod job;
 mod reopen;
@@ -53,11 +57,15 @@ struct Chunk {
     grant: WriteGrant,
     /// The head of the current stream, while one is set up and resent to.
     stream: Option<ChunkserverId>,
-    /// Chunk offset of the next byte to send.
+    /// Chunk offset just past the furthest byte sent (of an append stream: the next
+    /// byte to send).
     sent: u64,
-    /// Chunk offset up to which every replica has acknowledged.
+    /// Chunk offset up to which every replica has acknowledged (of an overwrite
+    /// stream: the furthest byte every replica acknowledged).
     acked: u64,
     unacked: VecDeque<Packet>,
+    /// Bytes of the packets in `unacked` (what the window bounds).
+    unacked_bytes: u64,
     /// Every unacked packet went onto the current stream after it had been at rest
     /// (nothing in flight), and no ack has come back since: if the stream turns out
     /// closed, the head may have closed it for idleness before they were sent.
@@ -72,16 +80,20 @@ impl Chunk {
             sent: offset,
             acked: offset,
             unacked: VecDeque::new(),
+            unacked_bytes: 0,
             quiet_burst: false,
         }
     }
 
-    fn room(&self) -> u64 {
-        self.grant.chunk_size.saturating_sub(self.sent)
+    fn in_flight(&self) -> u64 {
+        self.unacked_bytes
     }
 
-    fn in_flight(&self) -> u64 {
-        self.sent - self.acked
+    /// Keeps `packet` until every replica acknowledged it.
+    fn keep(&mut self, packet: Packet) {
+        self.sent = self.sent.max(packet.end());
+        self.unacked_bytes += packet.data.len() as u64;
+        self.unacked.push_back(packet);
     }
 
     fn unacked_end(&self) -> u64 {
@@ -115,6 +127,8 @@ pub(crate) struct Engine {
     client: ClientId,
     /// Bytes in flight before the front's commands wait.
     window: u64,
+    /// Streams are overwrite streams (see the module docs).
+    overwrite: bool,
     chunk: Option<Chunk>,
     next_seq: u64,
     failed: Option<Error>,
@@ -129,17 +143,20 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// A writer of `path`; `last`: the grant of a partial last chunk (an append).
+    /// A writer of `path`; `last`: the grant of a partial last chunk (an append);
+    /// `overwrite`: writes may go below the end (overwrite streams).
     pub(crate) fn new(
         path: String,
         client: ClientId,
         window: u64,
         last: Option<WriteGrant>,
+        overwrite: bool,
     ) -> Self {
         Self {
             path,
             client,
             window,
+            overwrite,
             chunk: last.map(|g| {
                 let offset = g.chunk_offset;
                 Chunk::new(g, offset)
@@ -198,18 +215,18 @@ impl Engine {
     /// Takes one event and queues what follows from it.
     pub(crate) fn handle(&mut self, event: Event) {
         match event {
-            Event::Write { data } => {
+            Event::Write { offset, data } => {
                 if self.failed.is_none() && !data.is_empty() {
-                    self.job = Some(Job::Write(Pieces::new(data, false)));
+                    self.job = Some(Job::Write(Pieces::new(offset, data, false)));
                 }
             }
-            Event::Flush { sync, data } => match self.check() {
+            Event::Flush { sync, offset, data } => match self.check() {
                 Err(e) => self.output.push_back(Action::FlushDone(Err(e))),
                 Ok(()) => {
                     let stage = if data.is_empty() {
                         FlushStage::SyncPacket(None)
                     } else {
-                        FlushStage::Data(Pieces::new(data, sync))
+                        FlushStage::Data(Pieces::new(offset, data, sync))
                     };
                     self.job = Some(Job::Flush { sync, stage });
                 }
@@ -482,7 +499,8 @@ impl Engine {
         }
         if let Some(done) = chunk.unacked.pop_front() {
             chunk.quiet_burst = false;
-            chunk.acked = done.end();
+            chunk.acked = chunk.acked.max(done.end());
+            chunk.unacked_bytes -= done.data.len() as u64;
             self.output.push_back(Action::Acked(done));
         }
     }
@@ -493,6 +511,13 @@ impl Engine {
     /// The acknowledged and sent offsets of the current chunk.
     pub(crate) fn offsets(&self) -> Option<(u64, u64)> {
         self.chunk.as_ref().map(|c| (c.acked, c.sent))
+    }
+
+    /// File offset of the end of what was sent (0 before the first chunk).
+    pub(crate) fn file_end(&self) -> u64 {
+        self.chunk
+            .as_ref()
+            .map_or(0, |c| c.grant.file_offset + c.sent)
     }
 
     /// The current chunk's grant.

@@ -55,14 +55,19 @@ impl From<Error> for StreamFailure {
 #[derive(Debug)]
 pub(crate) enum Event {
     // ------------------------------------------------------------ from the front
-    /// Bytes to append (at most a packet; cut again at a chunk boundary).
+    /// Bytes to write at file offset `offset` (at most a packet; cut again at a chunk
+    /// boundary). An append writer's offsets are always the end; any writer's never
+    /// leave a gap past the end (the front writes zeros into it) and never fall before
+    /// the chunk being written (the front refuses those).
     Write {
+        offset: u64,
         data: Bytes,
     },
-    /// `hflush` (`sync` false) or `hsync`, with the front's buffered tail as its last
-    /// packet. Answered by [`Action::FlushDone`].
+    /// `hflush` (`sync` false) or `hsync`, with the front's buffered tail (at file
+    /// offset `offset`) as its last packet. Answered by [`Action::FlushDone`].
     Flush {
         sync: bool,
+        offset: u64,
         data: Bytes,
     },
     /// Flush, commit the last chunk, close the file. Answered by [`Action::CloseDone`].
@@ -104,10 +109,16 @@ pub(crate) enum Event {
 #[derive(Debug)]
 pub(crate) enum Action {
     // ------------------------------------------------------------ stream
-    /// Connect to the grant's head and set a stream up at chunk offset `start`
-    /// (the head cuts its replica there). Answer: [`Event::SetupReplied`]; an accepted
-    /// stream becomes the current one.
-    OpenStream { grant: WriteGrant, start: u64 },
+    /// Connect to the grant's head and set a stream up at chunk offset `start`: an
+    /// append stream (the head cuts its replica there) or, with `overwrite`, an
+    /// overwrite stream (nothing cut; packets at any offset up to the replica's
+    /// length). Answer: [`Event::SetupReplied`]; an accepted stream becomes the
+    /// current one.
+    OpenStream {
+        grant: WriteGrant,
+        start: u64,
+        overwrite: bool,
+    },
     /// Has the current stream ended while nobody watched it (at rest)? Answer:
     /// [`Event::EndChecked`].
     CheckEnd,

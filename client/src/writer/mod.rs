@@ -16,6 +16,14 @@
 //! - the **runtime** ([`runtime`]): the task that performs the engine's actions
 //!   (sockets, master and chunkserver calls) and feeds back their outcome.
 //!
+//! **Where bytes go.** An *append* writer ([`WriteMode::Append`]: `create`, `append`)
+//! writes at the end only and cannot seek. A writer for writes anywhere
+//! ([`WriteMode::Anywhere`], from [`crate::OpenOptions`]) has a position
+//! ([`AsyncSeek`], [`FileWriter::write_at`]): it may write anywhere in the chunk it is
+//! writing (the file's last chunk) and at or past the end, where a gap is written as
+//! zeros first; a write before that chunk fails with [`Error::NotSupported`] (a grant
+//! of an earlier chunk is a later step), as does [`FileWriter::set_len`] (truncate).
+//!
 //! Packets queued while more data is already waiting are pushed onto the socket
 //! together; acknowledged packet buffers go back to the front for reuse; `hflush` and
 //! `hsync` send the buffered tail as their last packet (carrying the sync flag itself).
@@ -131,11 +139,14 @@ impl AckClock {
 }
 
 pub(super) enum Cmd {
-    Data(Bytes),
+    /// Bytes to write at file offset `offset`.
+    Data { offset: u64, data: Bytes },
     Flush {
         sync: bool,
-        /// The front's buffered tail: sent as the flush's last packet, which carries the
-        /// `sync` flag itself, instead of a data packet plus an empty sync packet.
+        /// The front's buffered tail (at file offset `offset`): sent as the flush's
+        /// last packet, which carries the `sync` flag itself, instead of a data packet
+        /// plus an empty sync packet.
+        offset: u64,
         data: Bytes,
         done: oneshot::Sender<Result<()>>,
     },
@@ -144,12 +155,32 @@ pub(super) enum Cmd {
     },
 }
 
+/// Where a writer may write (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// At the end only.
+    Append,
+    /// Anywhere in the chunk being written and at or past the end.
+    Anywhere,
+}
+
 /// Writes one file. Implements [`AsyncWrite`]: `flush` is [`FileWriter::hflush`] and
-/// `shutdown` is [`FileWriter::close`]. Dropping it without `close` leaves the file
-/// open until the master recovers its lease.
+/// `shutdown` is [`FileWriter::close`]; a writer for writes anywhere also implements
+/// [`AsyncSeek`]. Dropping it without `close` leaves the file open until the master
+/// recovers its lease.
 pub struct FileWriter {
     path: String,
     packet_size: usize,
+    mode: WriteMode,
+    chunk_size: u64,
+    /// File offset of the next byte written.
+    pos: u64,
+    /// File offset of `buf`'s first byte.
+    buf_at: u64,
+    /// The file's end as this writer knows it (its length at open, grown by writes).
+    end: u64,
+    /// A seek accepted by `start_seek`, returned by `poll_complete`.
+    seek_to: Option<std::io::Result<u64>>,
     /// Bytes accepted but not yet handed to the writer's task (less than one packet).
     buf: BytesMut,
     /// Hands packets to the writer's task with backpressure; closed by `close`.
@@ -178,7 +209,15 @@ impl std::fmt::Debug for FileWriter {
 }
 
 impl FileWriter {
-    pub(crate) fn start(client: Client, status: FileStatus, last: Option<WriteGrant>) -> Self {
+    /// A writer of the file `status` describes, starting with the grant of its partial
+    /// last chunk (`last`, from an `Append`). An append writer starts at the end, a
+    /// writer for writes anywhere at offset 0.
+    pub(crate) fn start(
+        client: Client,
+        status: FileStatus,
+        last: Option<WriteGrant>,
+        mode: WriteMode,
+    ) -> Self {
         let (raw_tx, rx) = mpsc::channel(CMD_QUEUE);
         let packet_size = client.config().packet_size;
         let clock = Arc::new(AckClock::default());
@@ -188,6 +227,7 @@ impl FileWriter {
             client.id(),
             client.config().window as u64,
             last,
+            mode == WriteMode::Anywhere,
         );
         let runtime = runtime::Runtime {
             client: client.clone(),
@@ -202,9 +242,20 @@ impl FileWriter {
         };
         let span = tracing::info_span!("writer", path = %status.path, client = %client.id());
         tokio::spawn(runtime.run(rx).instrument(span));
+        let end = status.length;
+        let pos = match mode {
+            WriteMode::Append => end,
+            WriteMode::Anywhere => 0,
+        };
         Self {
             path: status.path.clone(),
             packet_size,
+            mode,
+            chunk_size: status.chunk_size.max(1),
+            pos,
+            buf_at: pos,
+            end,
+            seek_to: None,
             buf: BytesMut::with_capacity(packet_size),
             tx: PollSender::new(raw_tx.clone()),
             raw_tx,
@@ -234,9 +285,79 @@ impl FileWriter {
         &self.path
     }
 
-    /// Bytes accepted by this writer so far.
+    /// Bytes accepted by this writer so far (not counting zeros it wrote into a
+    /// gap).
     pub fn written(&self) -> u64 {
         self.written
+    }
+
+    /// Where the next byte goes (an append writer: the end).
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// The file's length as this writer knows it: its length when opened, grown by
+    /// every byte written since (acknowledged or not).
+    pub fn len(&self) -> u64 {
+        self.end
+    }
+
+    /// True when the file is empty so far.
+    pub fn is_empty(&self) -> bool {
+        self.end == 0
+    }
+
+    /// How this writer writes.
+    pub fn mode(&self) -> WriteMode {
+        self.mode
+    }
+
+    /// The lowest offset a write may start at now: the start of the chunk being
+    /// written (the file's last chunk), or the end when that chunk is full.
+    pub fn writable_from(&self) -> u64 {
+        match self.mode {
+            WriteMode::Append => self.end,
+            WriteMode::Anywhere => self.end - self.end % self.chunk_size,
+        }
+    }
+
+    /// Writes all of `data` at file offset `offset` (a writer for writes anywhere):
+    /// `seek` there, then `write_all`. Visible to readers after `hflush`, durable
+    /// after `hsync`, like any write.
+    pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+        self.seek(std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(Error::from_io)?;
+        self.write_all(data).await.map_err(Error::from_io)
+    }
+
+    /// Truncating or extending a file is not supported yet: always
+    /// [`Error::NotSupported`] (nothing changes).
+    pub async fn set_len(&mut self, len: u64) -> Result<()> {
+        Err(Error::NotSupported {
+            path: self.path.clone(),
+            reason: format!(
+                "setting the length to {len}: truncate is not supported yet (writes at any \
+                 offset of the last chunk and past the end are)"
+            ),
+        })
+    }
+
+    /// Checks that a write at `self.pos` is possible now.
+    fn check_position(&self) -> Result<()> {
+        let from = self.writable_from();
+        if self.pos < from {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: format!(
+                    "a write at offset {}: this writer writes from offset {from} (the start of \
+                     the chunk it is writing, or the end), not into an earlier chunk yet",
+                    self.pos
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The file's status when it was opened, or after `close`.
@@ -260,21 +381,53 @@ impl FileWriter {
         if ready!(self.tx.poll_reserve(cx)).is_err() {
             return Poll::Ready(Err(self.closed_error()));
         }
+        let offset = self.buf_at;
         let data = std::mem::replace(&mut self.buf, self.pool.take()).freeze();
-        if self.tx.send_item(Cmd::Data(data)).is_err() {
+        self.buf_at += data.len() as u64;
+        if self.tx.send_item(Cmd::Data { offset, data }).is_err() {
             return Poll::Ready(Err(self.closed_error()));
         }
         Poll::Ready(Ok(()))
     }
 
-    fn flush_future(&self, sync: bool, data: Bytes) -> BoxFuture<'static, Result<()>> {
+    /// Makes `buf` take bytes at `pos`: sends what it holds when they would not
+    /// follow it, and writes zeros into a gap between the end and `pos` first. Ready
+    /// when the next byte at `pos` can be appended to `buf`.
+    fn poll_place(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        loop {
+            // Where the next byte taken into `buf` goes: `pos`, or the end while a gap
+            // before `pos` is being filled.
+            let next = self.pos.min(self.end);
+            let buf_end = self.buf_at + self.buf.len() as u64;
+            if self.buf.len() >= self.packet_size || (!self.buf.is_empty() && buf_end != next) {
+                ready!(self.poll_send_buf(cx))?;
+                continue;
+            }
+            if self.buf.is_empty() {
+                self.buf_at = next;
+            }
+            if self.pos <= self.end {
+                return Poll::Ready(Ok(()));
+            }
+            let zeros = (self.pos - self.end).min((self.packet_size - self.buf.len()) as u64);
+            self.buf.resize(self.buf.len() + zeros as usize, 0);
+            self.end += zeros;
+        }
+    }
+
+    fn flush_future(&self, sync: bool, offset: u64, data: Bytes) -> BoxFuture<'static, Result<()>> {
         let tx = self.raw_tx.clone();
         let path = self.path.clone();
         Box::pin(async move {
             let (done, rx) = oneshot::channel();
-            tx.send(Cmd::Flush { sync, data, done })
-                .await
-                .map_err(|_| Error::WriterClosed { path: path.clone() })?;
+            tx.send(Cmd::Flush {
+                sync,
+                offset,
+                data,
+                done,
+            })
+            .await
+            .map_err(|_| Error::WriterClosed { path: path.clone() })?;
             rx.await.map_err(|_| Error::WriterClosed { path })?
         })
     }
@@ -284,12 +437,14 @@ impl FileWriter {
             return Poll::Ready(Err(self.closed_error()));
         }
         if self.pending.is_none() {
+            let offset = self.buf_at;
             let data = if self.buf.is_empty() {
                 Bytes::new()
             } else {
                 std::mem::replace(&mut self.buf, self.pool.take()).freeze()
             };
-            self.pending = Some(self.flush_future(sync, data));
+            self.buf_at += data.len() as u64;
+            self.pending = Some(self.flush_future(sync, offset, data));
         }
         let res = match self.pending.as_mut() {
             Some(fut) => ready!(fut.as_mut().poll(cx)),
@@ -358,12 +513,16 @@ impl AsyncWrite for FileWriter {
         if this.done.is_some() {
             return Poll::Ready(Err(this.closed_error().into_io()));
         }
-        if this.buf.len() >= this.packet_size {
-            ready!(this.poll_send_buf(cx)).map_err(Error::into_io)?;
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
         }
+        this.check_position().map_err(Error::into_io)?;
+        ready!(this.poll_place(cx)).map_err(Error::into_io)?;
         let n = data.len().min(this.packet_size - this.buf.len());
         this.buf.extend_from_slice(&data[..n]);
         this.written += n as u64;
+        this.pos += n as u64;
+        this.end = this.end.max(this.pos);
         Poll::Ready(Ok(n))
     }
 
@@ -408,6 +567,46 @@ impl AsyncWrite for FileWriter {
             Err(e) => e.duplicate(),
         });
         Poll::Ready(res.map_err(Error::into_io))
+    }
+}
+
+impl tokio::io::AsyncSeek for FileWriter {
+    fn start_seek(self: Pin<&mut Self>, to: std::io::SeekFrom) -> std::io::Result<()> {
+        let this = self.get_mut();
+        if this.mode == WriteMode::Append {
+            return Err(Error::NotSupported {
+                path: this.path.clone(),
+                reason: "an append writer writes at the end only (open it with \
+                         OpenOptions::write to write anywhere)"
+                    .into(),
+            }
+            .into_io());
+        }
+        let target = match to {
+            std::io::SeekFrom::Start(n) => Some(n),
+            std::io::SeekFrom::Current(d) => this.pos.checked_add_signed(d),
+            std::io::SeekFrom::End(d) => this.end.checked_add_signed(d),
+        };
+        let target = target.ok_or_else(|| {
+            Error::InvalidArgument {
+                reason: format!("seek {to:?} from {} leaves the file", this.pos),
+            }
+            .into_io()
+        })?;
+        this.seek_to = Some(Ok(target));
+        Ok(())
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<u64>> {
+        let this = self.get_mut();
+        match this.seek_to.take() {
+            Some(Ok(to)) => {
+                this.pos = to;
+                Poll::Ready(Ok(to))
+            }
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            None => Poll::Ready(Ok(this.pos)),
+        }
     }
 }
 

@@ -61,10 +61,12 @@ impl Runtime {
                 cmd = rx.recv(), if wait.commands => {
                     match cmd {
                         None => break,
-                        Some(Cmd::Data(data)) => self.engine.handle(Event::Write { data }),
-                        Some(Cmd::Flush { sync, data, done }) => {
+                        Some(Cmd::Data { offset, data }) => {
+                            self.engine.handle(Event::Write { offset, data })
+                        }
+                        Some(Cmd::Flush { sync, offset, data, done }) => {
                             self.flush_waiter = Some(done);
-                            self.engine.handle(Event::Flush { sync, data });
+                            self.engine.handle(Event::Flush { sync, offset, data });
                         }
                         Some(Cmd::Close { done }) => {
                             self.close_waiter = Some(done);
@@ -96,11 +98,20 @@ impl Runtime {
     async fn perform(&mut self, action: Action) -> Option<Event> {
         let config = self.client.config();
         match action {
-            Action::OpenStream { grant, start } => {
+            Action::OpenStream {
+                grant,
+                start,
+                overwrite,
+            } => {
                 self.stream = None;
-                let opened =
-                    PipelineStream::open(&grant, start, config.request_timeout, config.ack_timeout)
-                        .await;
+                let opened = PipelineStream::open(
+                    &grant,
+                    start,
+                    overwrite,
+                    config.request_timeout,
+                    config.ack_timeout,
+                )
+                .await;
                 Some(Event::SetupReplied(opened.map(|(stream, reply)| {
                     self.stream = Some(stream);
                     reply

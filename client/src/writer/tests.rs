@@ -2,6 +2,7 @@
 //! everywhere) and 6 (a fenced writer fails loudly and never retries with the old
 //! token), the resume rule, the idle close and the chunk boundary.
 
+mod overwrite;
 mod recovery;
 
 use super::engine::Engine;
@@ -37,8 +38,18 @@ fn grant(version: u64, members: &[u64], chunk_offset: u64) -> WriteGrant {
     }
 }
 
-/// Handles `event` and returns every action that followed.
-fn step(e: &mut Engine, event: Event) -> Vec<Action> {
+/// In a `Write` or `Flush` given to [`step`]: the end of what the engine sent (an
+/// append).
+const END: u64 = u64::MAX;
+
+/// Handles `event` (with [`END`] replaced by the file offset of the end) and returns
+/// every action that followed.
+fn step(e: &mut Engine, mut event: Event) -> Vec<Action> {
+    if let Event::Write { offset, .. } | Event::Flush { offset, .. } = &mut event {
+        if *offset == END {
+            *offset = e.file_end();
+        }
+    }
     e.handle(event);
     std::iter::from_fn(|| e.next_action()).collect()
 }
@@ -155,6 +166,18 @@ fn appender() -> Engine {
         ClientId(5),
         WINDOW,
         Some(grant(4, &[1, 2, 3], 100)),
+        false,
+    )
+}
+
+/// A writer for writes anywhere in the same chunk (members 1, 2, 3), 100 bytes in it.
+fn overwriter() -> Engine {
+    Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant(4, &[1, 2, 3], 100)),
+        true,
     )
 }
 
@@ -177,7 +200,13 @@ fn answer_open(e: &mut Engine, lengths: &[u64]) -> Vec<Action> {
 /// An appender with one 10-byte packet (seq 0) in flight on an open stream.
 fn one_in_flight() -> Engine {
     let mut e = appender();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     answer_open(&mut e, &[100, 100, 100]);
     e
 }
@@ -194,7 +223,13 @@ fn at_rest() -> Engine {
 #[test]
 fn the_first_packet_asks_every_member_its_length_then_opens_where_all_of_them_end() {
     let mut e = appender();
-    let a = step(&mut e, Event::Write { data: bytes(10) });
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     assert!(matches!(a[0], Action::Queued { seq: 0 }));
     let Action::AskReplicaLength { member, .. } = &a[1] else {
         panic!("{a:?}")
@@ -206,7 +241,7 @@ fn the_first_packet_asks_every_member_its_length_then_opens_where_all_of_them_en
     );
     step(&mut e, Event::ReplicaLength(Ok(105)));
     let a = step(&mut e, Event::ReplicaLength(Ok(110)));
-    let [Action::OpenStream { grant, start }] = &a[..] else {
+    let [Action::OpenStream { grant, start, .. }] = &a[..] else {
         panic!("{a:?}")
     };
     assert_eq!((*start, grant.token.version), (100, ChunkVersion(4)));
@@ -233,8 +268,14 @@ fn the_first_packet_asks_every_member_its_length_then_opens_where_all_of_them_en
 
 #[test]
 fn a_new_file_asks_the_master_for_its_first_chunk() {
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, None);
-    let a = step(&mut e, Event::Write { data: bytes(10) });
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, None, false);
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     let [Action::AddChunk(req)] = &a[..] else {
         panic!("{a:?}")
     };
@@ -249,7 +290,13 @@ fn a_new_file_asks_the_master_for_its_first_chunk() {
 fn packets_go_out_on_an_open_stream_and_acks_release_them() {
     let mut e = at_rest();
     // At rest, the stream is checked for an unseen close before the next packet.
-    let a = step(&mut e, Event::Write { data: bytes(20) });
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(20),
+        },
+    );
     assert!(matches!(
         &a[..],
         [Action::Queued { seq: 1 }, Action::CheckEnd]
@@ -262,7 +309,13 @@ fn packets_go_out_on_an_open_stream_and_acks_release_them() {
     assert!(e.quiet_burst(), "sent after the stream was at rest");
     assert!(step(&mut e, Event::Sent(Ok(()))).is_empty());
     // In flight: the next packet goes out without a check.
-    let a = step(&mut e, Event::Write { data: bytes(5) });
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(5),
+        },
+    );
     assert!(matches!(
         &a[..],
         [Action::Queued { seq: 2 }, Action::Send { .. }]
@@ -285,8 +338,14 @@ fn queued_packets_are_pushed_out_when_nothing_more_waits() {
 
 #[test]
 fn a_full_window_stops_taking_commands_and_pushes_the_socket() {
-    let mut e = Engine::new("/f".into(), ClientId(5), 10, Some(grant(4, &[1], 0)));
-    step(&mut e, Event::Write { data: bytes(10) });
+    let mut e = Engine::new("/f".into(), ClientId(5), 10, Some(grant(4, &[1], 0)), false);
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     answer_open(&mut e, &[0]);
     assert_eq!(
         e.wait(),
@@ -307,6 +366,7 @@ fn hsync_completes_only_once_every_packet_up_to_it_is_acknowledged_by_every_memb
     let a = step(
         &mut e,
         Event::Flush {
+            offset: END,
             sync: true,
             data: bytes(4),
         },
@@ -342,6 +402,7 @@ fn a_bare_hsync_sends_an_empty_sync_packet() {
     let a = step(
         &mut e,
         Event::Flush {
+            offset: END,
             sync: true,
             data: Bytes::new(),
         },
@@ -362,6 +423,7 @@ fn an_hflush_with_nothing_in_flight_completes_at_once() {
     let a = step(
         &mut e,
         Event::Flush {
+            offset: END,
             sync: false,
             data: Bytes::new(),
         },
@@ -410,8 +472,20 @@ fn an_ack_out_of_order_excludes_the_head() {
 #[test]
 fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
     // 890 of the chunk's 1000 bytes are written; 120 more cross the boundary.
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant(4, &[1], 890)));
-    let a = step(&mut e, Event::Write { data: bytes(120) });
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant(4, &[1], 890)),
+        false,
+    );
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(120),
+        },
+    );
     assert!(matches!(
         &a[..],
         [Action::Queued { seq: 0 }, Action::AskReplicaLength { .. }]
@@ -434,6 +508,8 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
         Some((HANDLE, 1000))
     );
     let mut next = grant(1, &[2], 0);
+    next.chunk_index = 1;
+    next.file_offset = 1000;
     next.token = ChunkToken::sign(
         &ClusterKey::from_bytes([7; 32]),
         ChunkHandle(4),
@@ -481,6 +557,7 @@ fn a_final_drain_that_gives_up_hands_the_waiter_its_own_error() {
     step(
         &mut e,
         Event::Flush {
+            offset: END,
             sync: false,
             data: Bytes::new(),
         },

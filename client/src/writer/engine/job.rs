@@ -5,7 +5,7 @@
 
 use super::reopen::Then;
 use super::{Awaiting, Chunk, Engine};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::writer::event::{Action, Packet};
 use bytes::Bytes;
 use stampfs_proto::{AddChunk, Close};
@@ -13,6 +13,8 @@ use stampfs_proto::{AddChunk, Close};
 /// A packet cut for the current chunk, not yet queued on a stream.
 #[derive(Debug)]
 pub(super) struct Push {
+    /// Chunk offset of its first byte.
+    offset: u64,
     data: Bytes,
     seq: u64,
     sync: bool,
@@ -23,6 +25,8 @@ pub(super) struct Push {
 /// Bytes to cut into packets on the current chunk and the next ones.
 #[derive(Debug)]
 pub(super) struct Pieces {
+    /// File offset of `data`'s first byte.
+    at: u64,
     data: Bytes,
     /// The last packet asks every replica to sync.
     sync_last: bool,
@@ -106,7 +110,8 @@ impl Engine {
                         *stage = FlushStage::Drain;
                         return Progress::Continue;
                     }
-                    let p = push.get_or_insert_with(|| self.cut(Bytes::new(), true));
+                    let at = self.chunk.as_ref().map_or(0, |c| c.sent);
+                    let p = push.get_or_insert_with(|| self.cut(at, Bytes::new(), true));
                     if let Progress::Done = self.step_push(p) {
                         *stage = FlushStage::Drain;
                     }
@@ -191,24 +196,69 @@ impl Engine {
             }
             None => {}
         }
-        let room = self.chunk.as_ref().map_or(0, Chunk::room);
+        let (offset, room) = match self.place(p.at) {
+            Ok(placed) => placed,
+            Err(e) => {
+                self.raise(e, Then::Fail);
+                return Progress::Done;
+            }
+        };
         if room == 0 {
             p.switch = Some(Switch::Draining);
             return Progress::Continue;
         }
         let n = (p.data.len() as u64).min(room) as usize;
         let piece = p.data.split_to(n);
+        p.at += n as u64;
         let sync = p.sync_last && p.data.is_empty();
-        p.push = Some(self.cut(piece, sync));
+        p.push = Some(self.cut(offset, piece, sync));
         Progress::Continue
     }
 
-    /// Numbers a new packet (its ack latency is measured from here).
-    fn cut(&mut self, data: Bytes, sync: bool) -> Push {
+    /// Where bytes at file offset `at` go in the current chunk: their chunk offset
+    /// and the room left after it; no room when they start at or past its end (or
+    /// there is no chunk yet), where the next chunk begins. An append writer's bytes
+    /// always start at the end of what was sent; an overwrite writer's anywhere up to
+    /// it, never before the current chunk.
+    fn place(&self, at: u64) -> Result<(u64, u64)> {
+        let Some(chunk) = self.chunk.as_ref() else {
+            return Ok((0, 0));
+        };
+        let g = &chunk.grant;
+        let end = g.file_offset + chunk.sent;
+        let fits = if self.overwrite {
+            at >= g.file_offset && at <= end
+        } else {
+            at == end
+        };
+        if !fits {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: format!(
+                    "a write at offset {at}: this writer writes {} (the file's chunk {} starts at {}, {} bytes written in it)",
+                    if self.overwrite {
+                        "from the start of the chunk it is writing up to its end"
+                    } else {
+                        "at the end only"
+                    },
+                    g.chunk_index,
+                    g.file_offset,
+                    chunk.sent
+                ),
+            });
+        }
+        let offset = at - g.file_offset;
+        Ok((offset, g.chunk_size.saturating_sub(offset)))
+    }
+
+    /// Numbers a new packet at chunk offset `offset` (its ack latency is measured
+    /// from here).
+    fn cut(&mut self, offset: u64, data: Bytes, sync: bool) -> Push {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.output.push_back(Action::Queued { seq });
         Push {
+            offset,
             data,
             seq,
             sync,
@@ -234,13 +284,12 @@ impl Engine {
         }
         let packet = Packet {
             seq: p.seq,
-            offset: chunk.sent,
+            offset: p.offset,
             crc: crc32fast::hash(&p.data),
             sync: p.sync,
             data: std::mem::take(&mut p.data),
         };
-        chunk.sent = packet.end();
-        chunk.unacked.push_back(packet.clone());
+        chunk.keep(packet.clone());
         if chunk.stream.is_none() {
             // Opening the stream sends every unacked packet, this one included.
             self.start_reopen(Vec::new(), Then::Return);
@@ -279,8 +328,10 @@ impl Engine {
 }
 
 impl Pieces {
-    pub(super) fn new(data: Bytes, sync_last: bool) -> Self {
+    /// `data` to write at file offset `at`.
+    pub(super) fn new(at: u64, data: Bytes, sync_last: bool) -> Self {
         Self {
+            at,
             data,
             sync_last,
             push: None,

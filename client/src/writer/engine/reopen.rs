@@ -134,12 +134,22 @@ impl Engine {
         }
     }
 
-    /// With packets outstanding, asks every member its length before opening.
+    /// With packets outstanding, asks every member its length before opening. An
+    /// overwrite stream asks nobody: its set-up cuts nothing, and it starts at the
+    /// first unacknowledged packet (every member holds at least what was
+    /// acknowledged, and that packet starts within it).
     fn probe(&mut self) {
         self.drop_stream();
         let Some(chunk) = self.chunk.as_ref() else {
             return self.end_reopen(Ok(()));
         };
+        if self.overwrite {
+            let start = chunk
+                .unacked
+                .front()
+                .map_or(chunk.acked, |p| p.offset.min(chunk.acked));
+            return self.open(start);
+        }
         if chunk.unacked_end() > chunk.acked {
             self.ask_length(Vec::new(), 0);
         } else {
@@ -218,7 +228,15 @@ impl Engine {
         let head = chunk.grant.pipeline.first().map(|m| m.id);
         r.step = ReopenStep::Opening { head };
         let grant = chunk.grant.clone();
-        self.ask(Awaiting::Reopen, Action::OpenStream { grant, start });
+        let overwrite = self.overwrite;
+        self.ask(
+            Awaiting::Reopen,
+            Action::OpenStream {
+                grant,
+                start,
+                overwrite,
+            },
+        );
     }
 
     pub(super) fn on_setup(&mut self, res: std::result::Result<WriteSetupReply, SetupError>) {

@@ -7,7 +7,13 @@ use super::*;
 #[test]
 fn stale_token_in_a_set_up_reply_fences_the_writer_and_nothing_follows() {
     let mut e = appender();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     for l in [100, 100] {
         step(&mut e, Event::ReplicaLength(Ok(l)));
     }
@@ -25,12 +31,20 @@ fn stale_token_in_a_set_up_reply_fences_the_writer_and_nothing_follows() {
     let a = step(
         &mut e,
         Event::Flush {
+            offset: END,
             sync: true,
             data: bytes(3),
         },
     );
     assert!(matches!(&a[..], [Action::FlushDone(Err(f))] if is_fenced(f)));
-    assert!(step(&mut e, Event::Write { data: bytes(3) }).is_empty());
+    assert!(step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(3)
+        }
+    )
+    .is_empty());
     let a = step(&mut e, Event::Close);
     assert!(matches!(&a[..], [Action::CloseDone(Err(f))] if is_fenced(f)));
     assert!(e.is_finished());
@@ -39,7 +53,13 @@ fn stale_token_in_a_set_up_reply_fences_the_writer_and_nothing_follows() {
 #[test]
 fn stale_token_refusing_the_set_up_fences_the_writer() {
     let mut e = appender();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     answer_lengths(&mut e, &[100, 100, 100]);
     let a = step(
         &mut e,
@@ -72,15 +92,27 @@ fn stale_token_in_an_ack_fences_the_writer() {
 #[test]
 fn stale_token_in_replica_info_fences_the_writer() {
     let mut e = appender();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     let a = step(&mut e, Event::ReplicaLength(Err(Error::Remote(stale()))));
     assert!(matches!(&a[..], [Action::Fail(f)] if is_fenced(f)), "{a:?}");
 }
 
 #[test]
 fn a_lost_lease_at_the_master_fences_the_writer() {
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, None);
-    step(&mut e, Event::Write { data: bytes(10) });
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, None, false);
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     let lost = Error::Remote(RemoteError::LeaseExpired { path: "/f".into() });
     let a = step(&mut e, Event::Granted(Err(lost)));
     assert!(
@@ -99,7 +131,13 @@ fn a_lost_lease_at_the_master_fences_the_writer() {
 #[test]
 fn a_broken_stream_with_packets_in_flight_excludes_the_head_at_the_acknowledged_length() {
     let mut e = one_in_flight();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     step(&mut e, Event::Sent(Ok(())));
     step(&mut e, Event::Ack(ack(0, &[1, 2, 3])));
     let a = step(&mut e, Event::StreamEnded(broken()));
@@ -126,7 +164,7 @@ fn after_a_recovery_grant_every_member_is_asked_and_the_stream_starts_at_the_res
     );
     let a = step(&mut e, Event::ReplicaLength(Ok(110)));
     // Both hold 108 of the 110 bytes sent; 100 were acknowledged.
-    let [Action::OpenStream { grant, start }] = &a[..] else {
+    let [Action::OpenStream { grant, start, .. }] = &a[..] else {
         panic!("{a:?}")
     };
     assert_eq!((*start, grant.token.version), (108, ChunkVersion(5)));
@@ -289,7 +327,13 @@ fn an_idle_close_reopens_with_the_same_token_at_the_acknowledged_offset_without_
             stream: None
         }
     );
-    let a = step(&mut e, Event::Write { data: bytes(10) });
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     assert!(matches!(
         &a[..],
         [Action::Queued { seq: 1 }, Action::AskReplicaLength { .. }]
@@ -298,7 +342,7 @@ fn an_idle_close_reopens_with_the_same_token_at_the_acknowledged_offset_without_
     assert!(updates(&a).is_empty(), "no version bump for an idle close");
     assert!(a
         .iter()
-        .any(|a| matches!(a, Action::OpenStream { grant, start: 110 }
+        .any(|a| matches!(a, Action::OpenStream { grant, start: 110, .. }
         if grant.token.version == ChunkVersion(4))));
     assert!(a.iter().any(|a| matches!(
         a,
@@ -322,7 +366,13 @@ fn a_stream_the_head_closed_at_rest_is_replaced_not_blamed() {
     assert!(matches!(&a[..], [Action::DropStream]), "{a:?}");
     // Found only when the next packet is about to go out: the same.
     let mut e = at_rest();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     let a = step(&mut e, Event::EndChecked(Some(closed())));
     assert!(
         matches!(
@@ -338,7 +388,13 @@ fn a_stream_the_head_closed_at_rest_is_replaced_not_blamed() {
 #[test]
 fn garbage_from_a_head_at_rest_excludes_it() {
     let mut e = at_rest();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     let a = step(&mut e, Event::EndChecked(Some(broken())));
     assert_eq!(updates(&a)[0].survivors, ids(&[2, 3]));
 }
@@ -346,7 +402,13 @@ fn garbage_from_a_head_at_rest_excludes_it() {
 #[test]
 fn a_close_seen_after_a_quiet_burst_reopens_with_the_same_token() {
     let mut e = at_rest();
-    step(&mut e, Event::Write { data: bytes(10) });
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(10),
+        },
+    );
     step(&mut e, Event::EndChecked(None));
     // The head's close came before the packet left: the send fails on a closed socket.
     let a = step(&mut e, Event::Sent(Err(closed())));

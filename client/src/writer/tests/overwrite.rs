@@ -1,0 +1,205 @@
+//! Writes at any offset: an overwrite engine's streams, its window, its pipeline
+//! recovery (no length probe; every unacknowledged packet resent in order) and the
+//! writes it refuses.
+
+use super::*;
+
+/// An overwriter with a stream open (members 1, 2, 3) and nothing in flight.
+fn open_overwriter() -> Engine {
+    let mut e = overwriter();
+    let a = step(
+        &mut e,
+        Event::Write {
+            offset: 100,
+            data: bytes(10),
+        },
+    );
+    // No member is asked its length: an overwrite set-up cuts nothing.
+    let [Action::Queued { seq: 0 }, Action::OpenStream {
+        start, overwrite, ..
+    }] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    assert_eq!((*start, *overwrite), (100, true));
+    step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2, 3]))));
+    step(&mut e, Event::Resent(Ok(())));
+    step(&mut e, Event::Ack(ack(0, &[1, 2, 3])));
+    assert_eq!(e.offsets(), Some((110, 110)));
+    e
+}
+
+/// Writes `n` bytes at `offset`, answering the at-rest check (the stream is still
+/// there) when the engine makes one.
+fn write(e: &mut Engine, offset: u64, n: usize) -> Vec<Action> {
+    let mut a = step(
+        e,
+        Event::Write {
+            offset,
+            data: bytes(n),
+        },
+    );
+    if a.iter().any(|a| matches!(a, Action::CheckEnd)) {
+        a.extend(step(e, Event::EndChecked(None)));
+    }
+    a
+}
+
+fn sent(a: &[Action]) -> Vec<(u64, u64, usize)> {
+    a.iter()
+        .filter_map(|a| match a {
+            Action::Send { packet, .. } => Some((packet.seq, packet.offset, packet.data.len())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_write_below_the_end_goes_in_place_and_leaves_the_length_alone() {
+    let mut e = open_overwriter();
+    let a = write(&mut e, 3, 20);
+    assert_eq!(sent(&a), vec![(1, 3, 20)]);
+    step(&mut e, Event::Sent(Ok(())));
+    step(&mut e, Event::Ack(ack(1, &[1, 2, 3])));
+    // The furthest byte sent and acknowledged is still 110: that is what is committed.
+    assert_eq!(e.offsets(), Some((110, 110)));
+    let a = step(&mut e, Event::Close);
+    let close = a.iter().find_map(|a| match a {
+        Action::CloseFile(c) => Some(c),
+        _ => None,
+    });
+    assert_eq!(close.and_then(|c| c.last).map(|c| c.length), Some(110));
+}
+
+#[test]
+fn a_write_across_the_end_overwrites_then_extends() {
+    let mut e = open_overwriter();
+    let a = write(&mut e, 105, 30);
+    assert_eq!(sent(&a), vec![(1, 105, 30)]);
+    step(&mut e, Event::Sent(Ok(())));
+    step(&mut e, Event::Ack(ack(1, &[1, 2, 3])));
+    assert_eq!(e.offsets(), Some((135, 135)));
+}
+
+#[test]
+fn the_window_counts_the_bytes_of_unacknowledged_overwrites() {
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        25,
+        Some(grant(4, &[1], 100)),
+        true,
+    );
+    step(
+        &mut e,
+        Event::Write {
+            offset: 0,
+            data: bytes(10),
+        },
+    );
+    step(&mut e, Event::SetupReplied(Ok(accepted(&[1]))));
+    step(&mut e, Event::Resent(Ok(())));
+    assert!(e.wait().commands, "10 of 25 bytes in flight");
+    step(
+        &mut e,
+        Event::Write {
+            offset: 0,
+            data: bytes(20),
+        },
+    );
+    step(&mut e, Event::Sent(Ok(())));
+    // Both packets rewrite bytes below the end: `sent - acked` is 0, but 30 bytes
+    // are in flight.
+    assert!(!e.wait().commands, "the window is full");
+    step(&mut e, Event::Ack(ack(0, &[1])));
+    assert!(e.wait().commands);
+}
+
+#[test]
+fn pipeline_recovery_resends_every_unacknowledged_packet_in_order_without_a_probe() {
+    let mut e = open_overwriter();
+    for (seq, offset) in [(1u64, 50u64), (2, 0), (3, 110)] {
+        let a = write(&mut e, offset, 10);
+        assert_eq!(sent(&a), vec![(seq, offset, 10)]);
+        step(&mut e, Event::Sent(Ok(())));
+    }
+    step(&mut e, Event::Ack(ack(1, &[1, 2, 3])));
+    // Member 3 fails packet 2.
+    let mut bad = ack(2, &[1, 2, 3]);
+    bad.replicas[2].result = Err(RemoteError::Io {
+        reason: "EIO".into(),
+    });
+    let a = step(&mut e, Event::Ack(bad));
+    let u = updates(&a);
+    assert_eq!(
+        (u[0].survivors.clone(), u[0].acked_length),
+        (ids(&[1, 2]), 110)
+    );
+    let a = step(&mut e, Event::Granted(Ok(grant(5, &[1, 2], 100))));
+    assert!(
+        !a.iter()
+            .any(|a| matches!(a, Action::AskReplicaLength { .. })),
+        "{a:?}"
+    );
+    let [Action::OpenStream {
+        start,
+        overwrite: true,
+        grant,
+    }] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    // The first unacknowledged packet starts at 0: every survivor holds at least
+    // the acknowledged 110 bytes.
+    assert_eq!((*start, grant.token.version), (0, ChunkVersion(5)));
+    let a = step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
+    let [Action::Resend {
+        packets, recovery, ..
+    }] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    let resent: Vec<(u64, u64)> = packets.iter().map(|p| (p.seq, p.offset)).collect();
+    assert_eq!((resent, *recovery), (vec![(2, 0), (3, 110)], true));
+}
+
+#[test]
+fn a_stale_token_in_an_ack_of_an_overwrite_fences_the_writer() {
+    let mut e = open_overwriter();
+    write(&mut e, 0, 10);
+    step(&mut e, Event::Sent(Ok(())));
+    let mut late = ack(1, &[1, 2, 3]);
+    late.replicas[0].result = Err(stale());
+    let a = step(&mut e, Event::Ack(late));
+    assert!(!asks_anything(&a), "{a:?}");
+    assert!(e.failure().is_some_and(is_fenced));
+}
+
+#[test]
+fn an_overwriter_refuses_a_write_before_its_chunk_or_past_what_it_sent() {
+    let mut g = grant(4, &[1], 100);
+    g.chunk_index = 1;
+    g.file_offset = 1000;
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(g), true);
+    let a = write(&mut e, 999, 1);
+    assert!(!asks_anything(&a), "{a:?}");
+    assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant(4, &[1], 100)),
+        true,
+    );
+    // A gap: the front writes zeros into it first, so the engine never sees one.
+    write(&mut e, 101, 1);
+    assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
+}
+
+#[test]
+fn an_appender_refuses_a_write_anywhere_but_the_end() {
+    let mut e = appender();
+    let a = write(&mut e, 50, 1);
+    assert!(!asks_anything(&a), "{a:?}");
+    assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
+}
