@@ -31,6 +31,11 @@ pub enum Command {
     Put(PutArgs),
     /// Append a local file (or stdin with `-`) to REMOTE.
     Append(AppendArgs),
+    /// Write a local file (or stdin with `-`) into REMOTE at --offset, over what is
+    /// there (the file's last chunk or past its end; a gap reads as zeros).
+    Write(WriteArgs),
+    /// Set REMOTE's length (not supported yet: fails, changing nothing).
+    Truncate(TruncateArgs),
     /// Copy REMOTE to a local file (or stdout with `-`).
     Get(GetArgs),
     /// Print REMOTE on stdout.
@@ -65,6 +70,18 @@ pub enum Command {
     /// One client process of `stampfs nemesis` (started by it).
     #[command(hide = true)]
     NemesisClient(stampfs_nemesis::workload::WorkloadConfig),
+    /// The writer process of `stampfs demo` (started by it): writes each stdin line
+    /// `OFFSET TEXT` as `TEXT\n` at OFFSET of PATH and hsyncs it.
+    #[command(hide = true)]
+    DemoWriter(DemoWriterArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoWriterArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// The file, opened for writes anywhere (created when missing).
+    pub path: String,
 }
 
 #[derive(Args, Debug)]
@@ -107,6 +124,33 @@ pub struct AppendArgs {
     pub local: String,
     /// File in stampfs to append to.
     pub remote: String,
+}
+
+#[derive(Args, Debug)]
+pub struct WriteArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// File in stampfs to write into.
+    pub remote: String,
+    /// Local file, or `-` for stdin.
+    #[arg(default_value = "-")]
+    pub local: String,
+    /// Byte offset in REMOTE where the first byte goes, e.g. 0 or 4KiB.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+    pub offset: u64,
+    /// Create REMOTE when it does not exist.
+    #[arg(long)]
+    pub create: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TruncateArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    pub remote: String,
+    /// The new length, e.g. 0 or 1MiB.
+    #[arg(value_parser = stampfs_proto::units::parse_size)]
+    pub size: u64,
 }
 
 #[derive(Args, Debug)]

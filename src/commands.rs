@@ -10,7 +10,7 @@ use stampfs_client::{Client, CreateOptions, FileWriter};
 use stampfs_proto::units::format_size;
 use stampfs_proto::{FileKind, FileState, FileStatus};
 use std::io::IsTerminal;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
 /// Turns a command's result into an exit status, printing one line on failure.
 pub fn report(result: Result<()>) -> u8 {
@@ -253,6 +253,47 @@ pub async fn append(args: AppendArgs) -> Result<()> {
     pump(input, &mut writer, total, is_pipe).await?;
     writer.close().await?;
     Ok(())
+}
+
+pub async fn write(args: WriteArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let (input, total, is_pipe) = open_input(&args.local).await?;
+    let mut writer = client
+        .open_options()
+        .write(true)
+        .create(args.create)
+        .open(&args.remote)
+        .await
+        .with_context(|| format!("cannot open {} for writing", args.remote))?;
+    writer
+        .seek(std::io::SeekFrom::Start(args.offset))
+        .await
+        .map_err(stampfs_client::Error::from_io)?;
+    pump(input, &mut writer, total, is_pipe).await?;
+    writer.close().await?;
+    Ok(())
+}
+
+pub async fn truncate(args: TruncateArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let status = client.stat(&args.remote).await?;
+    anyhow::ensure!(
+        status.kind == FileKind::File,
+        "{}: is a directory",
+        args.remote
+    );
+    if status.length == args.size {
+        return Ok(());
+    }
+    // Refused before any lease is taken: nothing changes.
+    Err(stampfs_client::Error::NotSupported {
+        path: status.path,
+        reason: format!(
+            "setting the length from {} to {}: truncate is not supported yet",
+            status.length, args.size
+        ),
+    }
+    .into())
 }
 
 async fn copy_out(client: &Client, remote: &str, mut out: impl AsyncWrite + Unpin) -> Result<()> {

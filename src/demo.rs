@@ -1,11 +1,13 @@
 //! `stampfs demo`: the story stampfs exists for, told on a local cluster with real
 //! processes, and checked claim by claim.
 //!
-//! Writer A (a child `stampfs put` process) takes the lease and writes; A is frozen
-//! with SIGSTOP; its lease expires and the master recovers the file (version bump,
-//! close at the acknowledged length); writer B appends under a newer version; A is
-//! resumed and its next write is rejected by a chunkserver with `StaleToken`. The
-//! file ends up as A's acknowledged prefix followed by B's data. Then a chunkserver
+//! The timeline of the fencing-token argument, literally: writer A (a child process,
+//! `stampfs demo-writer`) takes the lease and writes `value=0` at offset 0; A is
+//! frozen with SIGSTOP; its lease expires and the master recovers the file (version
+//! bump, close at the acknowledged length); writer B writes `value=100` at offset 0
+//! under a newer version; A is resumed and writes `value=1` at offset 0, which a
+//! chunkserver rejects with `StaleToken`: A exits fenced, and the file reads
+//! `value=100`. Then a chunkserver
 //! misses a bump, comes back with a stale replica, and the garbage collector deletes
 //! it while re-replication restores three copies at the current version.
 
@@ -18,9 +20,9 @@ use stampfs_proto::{ChunkVersion, FileState};
 use std::io::IsTerminal;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-const PATH: &str = "/demo/story.log";
+const PATH: &str = "/demo/value";
 const LEASE_SOFT: Duration = Duration::from_secs(2);
 const LEASE_HARD: Duration = Duration::from_secs(4);
 
@@ -279,43 +281,35 @@ async fn story(n: &mut Narrator) -> Result<()> {
     let client = Client::connect(&master).await?;
     client.mkdir("/demo", true).await?;
 
-    // Writer A: a real child process streaming from a pipe.
+    // Writer A: a real child process that writes what it is told where it is told,
+    // each write hsynced.
     let exe = std::env::current_exe().context("locating the stampfs binary")?;
     let mut a = tokio::process::Command::new(exe)
-        .args(["put", "-", PATH, "--master", &master])
+        .args(["demo-writer", PATH, "--master", &master])
         .env("RUST_LOG", "off")
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .context("starting writer A")?;
     let a_pid = a.id().context("writer A's pid")? as i32;
     let mut a_in = a.stdin.take().context("writer A's stdin")?;
-    let a_data: Vec<u8> = (0..200)
-        .flat_map(|i| format!("A line {i:03}: written before the freeze\n").into_bytes())
-        .collect();
-    a_in.write_all(&a_data).await?;
+    let mut a_out = tokio::io::BufReader::new(a.stdout.take().context("writer A's stdout")?);
+    a_in.write_all(b"0 value=0\n").await?;
     a_in.flush().await?;
-    // put hflushes when its input pauses: wait until every replica acknowledged it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(got) = read_all(&client).await {
-            if got.len() >= a_data.len() {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("writer A's data never became visible");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut synced = String::new();
+    tokio::time::timeout(Duration::from_secs(30), a_out.read_line(&mut synced))
+        .await
+        .context("writer A did not hsync its first write")??;
+    if !synced.starts_with("synced 0 ") {
+        bail!("writer A's first write failed: {synced:?}");
     }
     let (v_a, _, _) = current_version(&client).await?;
     n.say(
         "writer A",
         &format!(
-            "pid {a_pid} holds the lease, wrote {} bytes, acknowledged by all replicas (version {v_a})",
-            a_data.len()
+            "pid {a_pid} holds the lease and wrote value=0 at offset 0, hsynced on every replica (version {v_a})"
         ),
     );
 
@@ -348,25 +342,19 @@ async fn story(n: &mut Narrator) -> Result<()> {
         v_rec > v_a,
     );
     n.check(
-        "recovery kept every acknowledged byte of writer A",
-        len_rec == a_data.len() as u64,
+        "recovery kept writer A's acknowledged value=0",
+        read_all(&client).await? == b"value=0\n",
     );
 
-    // Writer B appends under a newer version.
-    let b_data: Vec<u8> = (0..50)
-        .flat_map(|i| format!("B line {i:03}: appended after recovery\n").into_bytes())
-        .collect();
-    let mut b = client.append(PATH).await?;
-    b.write_all(&b_data).await?;
-    b.hflush().await?;
+    // Writer B overwrites the value under a newer version.
+    let mut b = client.open_options().write(true).open(PATH).await?;
+    b.write_at(0, b"value=100\n").await?;
+    b.hsync().await?;
     let (v_b, _, _) = current_version(&client).await?;
     b.close().await?;
     n.say(
         "writer B",
-        &format!(
-            "appended {} bytes under version {v_b} and closed",
-            b_data.len()
-        ),
+        &format!("wrote value=100 at offset 0 under version {v_b}, hsynced, and closed"),
     );
     n.check(
         &format!("B's version is newer ({v_rec} -> {v_b})"),
@@ -377,10 +365,9 @@ async fn story(n: &mut Narrator) -> Result<()> {
     signal(a_pid, Signal::SIGCONT)?;
     n.say(
         "writer A",
-        "resumed with SIGCONT; it still believes it holds the lease",
+        "resumed with SIGCONT; it still believes it holds the lease, and writes value=1 at offset 0",
     );
-    let late = b"A: this late write must never land\n".repeat(100);
-    let _ = a_in.write_all(&late).await;
+    let _ = a_in.write_all(b"0 value=1\n").await;
     let _ = a_in.flush().await;
     drop(a_in);
     let mut a_err = String::new();
@@ -408,16 +395,17 @@ async fn story(n: &mut Narrator) -> Result<()> {
 
     // The final contents.
     let got = read_all(&client).await?;
-    let mut want = a_data.clone();
-    want.extend_from_slice(&b_data);
-    n.say("reader", &format!("the file holds {} bytes", got.len()));
-    n.check(
-        "the file is exactly A's acknowledged prefix followed by B's data",
-        got == want,
+    n.say(
+        "reader",
+        &format!("the file reads {:?}", String::from_utf8_lossy(&got)),
     );
     n.check(
-        "none of A's late bytes landed",
-        !got.windows(10).any(|w| w == b"A: this la"),
+        "the file reads value=100 (B's write)",
+        got == b"value=100\n",
+    );
+    n.check(
+        "writer A's late value=1 did not land (unfenced, the file would read \"value=1\\n0\\n\")",
+        !got.starts_with(b"value=1\n"),
     );
     gc_story(n, &client, &mut cluster).await?;
     cluster.shutdown().await?;
@@ -507,4 +495,39 @@ async fn gc_story(n: &mut Narrator, client: &Client, cluster: &mut LocalCluster)
 
 fn signal(pid: i32, sig: Signal) -> Result<()> {
     kill(Pid::from_raw(pid), sig).with_context(|| format!("sending {sig} to {pid}"))
+}
+
+/// `stampfs demo-writer`: writer A of the demo. Opens PATH for writes anywhere and,
+/// for each stdin line `OFFSET TEXT`, writes `TEXT` and a newline at OFFSET, hsyncs,
+/// and prints `synced OFFSET LEN`; closes the file at the end of its input.
+pub async fn writer(args: crate::cli::DemoWriterArgs) -> Result<()> {
+    let client = Client::connect(&args.master.master)
+        .await
+        .with_context(|| format!("cannot reach the master at {}", args.master.master))?;
+    let mut w = client
+        .open_options()
+        .write(true)
+        .create(true)
+        .open(&args.path)
+        .await
+        .with_context(|| format!("cannot open {} for writing", args.path))?;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut out = tokio::io::stdout();
+    while let Some(line) = lines.next_line().await.context("reading stdin")? {
+        let (offset, text) = line
+            .split_once(' ')
+            .with_context(|| format!("{line:?} is not `OFFSET TEXT`"))?;
+        let offset: u64 = offset
+            .parse()
+            .with_context(|| format!("{offset:?} is not an offset"))?;
+        let mut data = text.as_bytes().to_vec();
+        data.push(b'\n');
+        w.write_at(offset, &data).await?;
+        w.hsync().await?;
+        out.write_all(format!("synced {offset} {}\n", data.len()).as_bytes())
+            .await?;
+        out.flush().await?;
+    }
+    w.close().await?;
+    Ok(())
 }

@@ -97,6 +97,8 @@ async fn dispatch(command: Command) -> u8 {
         Command::Dev(args) => commands::dev(args).await,
         Command::Put(args) => commands::report(commands::put(args).await),
         Command::Append(args) => commands::report(commands::append(args).await),
+        Command::Write(args) => commands::report(commands::write(args).await),
+        Command::Truncate(args) => commands::report(commands::truncate(args).await),
         Command::Get(args) => commands::report(commands::get(args).await),
         Command::Cat(args) => commands::report(commands::cat(args).await),
         Command::Ls(args) => commands::report(commands::ls(args).await),
@@ -116,5 +118,6 @@ async fn dispatch(command: Command) -> u8 {
         Command::Bench(BenchCommand::MountMetadata(args)) => bench_mount::run(args).await,
         Command::Nemesis(args) => commands::nemesis(args).await,
         Command::NemesisClient(cfg) => commands::nemesis_client(cfg).await,
+        Command::DemoWriter(args) => commands::report(demo::writer(args).await),
     }
 }

@@ -1,0 +1,285 @@
+//! Writes at any offset against real processes on loopback, with both I/O engines:
+//! overwrites at block, packet and chunk boundaries, across the end and past it (a
+//! gap of zeros), read back while the file is open and after it is closed, with
+//! byte-identical replicas; the writes stampfs refuses (an earlier chunk, truncate)
+//! fail clearly and change nothing; a chunkserver SIGKILLed in the middle of an
+//! overwrite stream costs nothing acknowledged; a writer SIGKILLed in the middle of
+//! one leaves, after `recover`, every byte old or new and every replica identical.
+
+mod common;
+
+use common::{pattern, runtime, Opts, TestCluster};
+use stampfs_client::{Client, CreateOptions, Error};
+use stampfs_nemesis::replicas::check_replicas;
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Four checksum blocks per chunk.
+const CHUNK: u64 = 256 << 10;
+const BLOCK: u64 = 64 << 10;
+
+fn cluster(engine: &str) -> TestCluster {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    TestCluster::with(Opts {
+        chunkservers: 3,
+        master_args: args(&["--lease-soft", "2s", "--lease-hard", "4s"]),
+        chunkserver_args: args(&["--heartbeat", "200ms", "--io-engine", engine]),
+    })
+}
+
+async fn read_all(client: &Client, path: &str) -> Vec<u8> {
+    let mut r = client.open(path).await.expect("open");
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.expect("read");
+    out
+}
+
+/// `data` written at `offset` of `model`, the gap past its end filled with zeros.
+fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(data);
+}
+
+/// Replicas of every chunk of `path` at the master's version are byte-identical.
+async fn assert_replicas_identical(client: &Client, path: &str) {
+    let v = check_replicas(client, path, None)
+        .await
+        .expect("replica check");
+    assert!(v.is_empty(), "replicas differ: {v:?}");
+}
+
+fn round_trips(engine: &str) {
+    let c = cluster(engine);
+    runtime().block_on(async {
+        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let path = "/ow/f";
+        client.mkdir("/ow", true).await.expect("mkdir");
+        // Chunk 0 full, chunk 1 holding 37 856 bytes.
+        let mut model = pattern(300_000, 1);
+        let mut w = client
+            .create(
+                path,
+                CreateOptions {
+                    chunk_size: Some(CHUNK),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("create");
+        w.write_all(&model).await.expect("write");
+        w.close().await.expect("close");
+
+        let mut w = client
+            .open_options()
+            .write(true)
+            .open(path)
+            .await
+            .expect("open for writes anywhere");
+        assert_eq!(
+            (w.position(), w.len(), w.writable_from()),
+            (0, 300_000, CHUNK)
+        );
+        let writes: Vec<(u64, Vec<u8>)> = vec![
+            // The first bytes of the last chunk.
+            (CHUNK, pattern(10, 2)),
+            // Across a checksum-block boundary.
+            (CHUNK + BLOCK - 5, pattern(10, 3)),
+            // More than a packet, from inside a block.
+            (CHUNK + 1_000, pattern(70_000, 4)),
+            // Over the partial last block and past the end.
+            (290_000, pattern(20_000, 5)),
+            // Past the end: zeros from 310 000 up to it, across the next chunk
+            // boundary (524 288).
+            (600_000, pattern(1_000, 6)),
+            // Back into the new last chunk, over the zeros.
+            (2 * CHUNK + 10, pattern(100, 7)),
+        ];
+        for (offset, data) in &writes {
+            w.write_at(*offset, data).await.expect("write_at");
+            apply(&mut model, *offset, data);
+        }
+        w.hsync().await.expect("hsync");
+        assert_eq!(w.len(), model.len() as u64);
+        // A reader of the open file sees what was hsynced.
+        assert_eq!(read_all(&client, path).await, model, "while open");
+
+        // Before the chunk being written: refused, nothing changes.
+        let e = w.write_at(100, b"x").await.expect_err("an earlier chunk");
+        assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+        let e = w.set_len(10).await.expect_err("truncate");
+        assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+        let status = w.close().await.expect("close");
+        assert_eq!(status.length, model.len() as u64);
+        assert_eq!(read_all(&client, path).await, model, "after close");
+        assert_replicas_identical(&client, path).await;
+    });
+}
+
+#[test]
+fn overwrites_round_trip_at_block_packet_and_chunk_boundaries_io_uring() {
+    round_trips("uring");
+}
+
+#[test]
+fn overwrites_round_trip_at_block_packet_and_chunk_boundaries_threads() {
+    round_trips("threads");
+}
+
+#[test]
+fn the_cli_writes_at_an_offset_and_refuses_what_it_does_not_support() {
+    let c = cluster("auto");
+    c.put_bytes("/cli", b"hello, world\n", &[]);
+    let out = c.run_stdin(&["write", "/cli", "--offset", "7", "-"], b"stamp");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.cat("/cli"), b"hello, stamp\n");
+    // Past the end: a gap of zeros.
+    let out = c.run_stdin(&["write", "/cli", "--offset", "16", "-"], b"!");
+    assert!(out.status.success());
+    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
+    // Truncate is refused before anything is taken.
+    let out = c.run(&["truncate", "/cli", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not supported"), "{err}");
+    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
+    assert_eq!(c.stat_json("/cli")["state"], "closed");
+    // `--create` makes a new file; without it a missing file is an error.
+    let out = c.run_stdin(&["write", "/new", "--offset", "0", "-"], b"x");
+    assert!(!out.status.success());
+    let out = c.run_stdin(&["write", "/new", "--offset", "2", "--create", "-"], b"x");
+    assert!(out.status.success());
+    assert_eq!(c.cat("/new"), b"\0\0x");
+}
+
+/// Overwrites `path` (one chunk of `len` bytes) from the start with `data`, hsyncing
+/// every `every` bytes, and SIGKILLs chunkserver `victim` a third of the way.
+fn kill_a_chunkserver_mid_stream(engine: &str) {
+    let mut c = cluster(engine);
+    runtime().block_on(async {
+        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let path = "/killcs";
+        let len = 1_000_000usize;
+        let old = pattern(len, 11);
+        let new = pattern(len, 12);
+        let mut w = client
+            .create(
+                path,
+                CreateOptions {
+                    chunk_size: Some(4 << 20),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("create");
+        w.write_all(&old).await.expect("write");
+        w.close().await.expect("close");
+        let mut w = client
+            .open_options()
+            .write(true)
+            .open(path)
+            .await
+            .expect("open");
+        let every = 100_000;
+        for (i, piece) in new.chunks(every).enumerate() {
+            if i == 3 {
+                c.chunkservers[1].kill();
+            }
+            w.write_all(piece).await.expect("write");
+            w.hsync().await.expect("hsync survives a lost replica");
+        }
+        w.close().await.expect("close");
+        // The writer lived: every byte it wrote was acknowledged, so all are there.
+        assert_eq!(read_all(&client, path).await, new);
+        assert_replicas_identical(&client, path).await;
+    });
+    c.chunkservers[1].restart();
+}
+
+#[test]
+fn a_chunkserver_killed_in_the_middle_of_an_overwrite_stream_loses_nothing_acknowledged() {
+    kill_a_chunkserver_mid_stream("uring");
+}
+
+#[test]
+fn a_chunkserver_killed_in_the_middle_of_an_overwrite_stream_threads() {
+    kill_a_chunkserver_mid_stream("threads");
+}
+
+#[test]
+fn a_writer_killed_in_the_middle_of_an_overwrite_leaves_old_or_new_bytes_and_identical_replicas() {
+    let c = cluster("auto");
+    let len = 3_000_000usize;
+    let old = pattern(len, 21);
+    let new = pattern(len, 22);
+    c.put_bytes("/killw", &old, &["--chunk-size", "8MiB"]);
+    // The writer streams the new bytes from a pipe; it is killed once part of them
+    // went out (what it had in flight reached the replicas unevenly, or not at all).
+    let mut child = c
+        .cmd(&["write", "/killw", "--offset", "0", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the writer");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&new[..len / 2]).expect("feed the writer");
+    stdin.flush().expect("flush");
+    let client_rt = runtime();
+    let client = client_rt
+        .block_on(Client::connect(&c.master.addr))
+        .expect("connect");
+    // Wait until the replicas hold some of the new bytes, then kill the writer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = client_rt.block_on(read_all(&client, "/killw"));
+        if got.get(..1000) == Some(&new[..1000]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the overwrite never showed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the writer");
+    let _ = child.wait();
+    c.ok(&["recover", "/killw"]);
+    client_rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while client.stat("/killw").await.expect("stat").state != stampfs_proto::FileState::Closed {
+            assert!(Instant::now() < deadline, "recovery did not close the file");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let got = read_all(&client, "/killw").await;
+        assert_eq!(
+            got.len(),
+            len,
+            "an overwrite within the file keeps its length"
+        );
+        let torn = (0..len).find(|&i| got[i] != old[i] && got[i] != new[i]);
+        assert_eq!(torn, None, "every byte is old or new");
+        assert_replicas_identical(&client, "/killw").await;
+        // Replica health brings the chunk back to three identical replicas.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let locs = client.locations("/killw").await.expect("locations");
+            if locs.chunks.iter().all(|ch| ch.replicas.len() == 3) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "replication did not recover");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_replicas_identical(&client, "/killw").await;
+        assert_eq!(read_all(&client, "/killw").await, got);
+    });
+}
