@@ -23,6 +23,10 @@
 //!    for replication `r > 1` with `N` rounds of `r` raw files appended and
 //!    fdatasynced side by side; one untimed warm-up each.
 //!
+//! 4. **Writes at any offset** (`--pattern overwrite,random`, [`crate::bench_patterns`]):
+//!    the appended file written again from offset 0, and 4 KiB random writes with
+//!    hsync, each next to its append counterpart of the same configuration.
+//!
 //! Ratio = raw seconds / pipeline seconds: the fraction of the disk's limit for that
 //! replication the pipeline reaches. MB are 10^6 bytes.
 //!
@@ -103,6 +107,12 @@ pub struct ConfigResult {
     pub throughput: Throughput,
     /// Absent when `--small-writes 0`.
     pub small: Option<SmallWrites>,
+    /// With `--pattern overwrite`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overwrite: Option<crate::bench_patterns::Overwrite>,
+    /// With `--pattern random` (and small writes to compare with).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random: Option<crate::bench_patterns::Random>,
 }
 
 /// Bulk write through the pipeline next to the raw limit.
@@ -541,6 +551,16 @@ pub fn render_text(report: &Report) -> String {
          the first verdict judges against one raw write, the second against that limit.\n",
         format_size(DEFAULT_WRITE_BEHIND)
     );
+    let patterns: Vec<_> = report
+        .results
+        .iter()
+        .filter(|r| r.overwrite.is_some() || r.random.is_some())
+        .map(|r| (config_name(r), r.overwrite.as_ref(), r.random.as_ref()))
+        .collect();
+    if !patterns.is_empty() {
+        out.push('\n');
+        out.push_str(&crate::bench_patterns::render(&patterns));
+    }
     out
 }
 
@@ -1068,6 +1088,16 @@ fn validate(args: &BenchPipelineArgs) -> Result<()> {
     if args.replication.is_empty() || args.replication.iter().any(|&r| r == 0 || r > 16) {
         bail!("--replication takes factors between 1 and 16");
     }
+    let patterns = crate::bench_patterns::Patterns::parse(&args.pattern)?;
+    if patterns.overwrite && args.chunk_size.is_none_or(|c| args.size > c) {
+        bail!(
+            "--pattern overwrite needs --size at most --chunk-size (set both): only a \
+             file's last chunk takes writes below its end so far"
+        );
+    }
+    if patterns.random && args.small_writes == 0 {
+        bail!("--pattern random measures --small-writes writes: set it above 0");
+    }
     Ok(())
 }
 
@@ -1263,11 +1293,48 @@ async fn measure_target(
         } else {
             None
         };
+        let patterns = crate::bench_patterns::Patterns::parse(&args.pattern)?;
+        let overwrite = if patterns.overwrite {
+            bar.set_message(format!("r{r} {label}: sequential overwrite"));
+            let took = crate::bench_patterns::overwrite(
+                client.clone(),
+                path.clone(),
+                args.size,
+                src.clone(),
+                bar.clone(),
+            )
+            .await?;
+            Some(crate::bench_patterns::Overwrite::new(
+                args.size,
+                took,
+                throughput.mb_per_s,
+            ))
+        } else {
+            None
+        };
+        let random = match (&small, patterns.random) {
+            (Some(s), true) => {
+                bar.set_message(format!("r{r} {label}: random 4 KiB + hsync"));
+                let span = args.size;
+                let samples = crate::bench_patterns::random(
+                    client.clone(),
+                    path.clone(),
+                    span,
+                    args.small_writes,
+                    bar.clone(),
+                )
+                .await?;
+                Some(crate::bench_patterns::Random::new(&samples, span, s.p50_us))
+            }
+            _ => None,
+        };
         out.push(ConfigResult {
             replication: r,
             engine: label.to_string(),
             throughput,
             small,
+            overwrite,
+            random,
         });
     }
     // An embedded cluster is removed with its directory; a running one is asked to
@@ -1373,6 +1440,12 @@ mod tests {
                 engine: "uring".into(),
                 throughput: t,
                 small: Some(SmallWrites::new(&[ms(1)], &[ms(1)], Some(&[ms(2)]))),
+                overwrite: Some(crate::bench_patterns::Overwrite::new(
+                    80_000_000,
+                    ms(1_000),
+                    100.0,
+                )),
+                random: None,
             }],
         }
     }
@@ -1384,6 +1457,10 @@ mod tests {
         assert!(text.contains("90%"), "{text}");
         assert!(text.contains("met"), "{text}");
         assert!(text.contains("4 KiB + hsync"), "{text}");
+        assert!(
+            text.contains("r3 uring: sequential overwrite 80 MB/s against append 100 MB/s: 80%"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -397,9 +397,16 @@ pub struct BenchPipelineArgs {
     /// Chunk size of the benchmark files (the master's default when absent).
     #[arg(long, value_parser = stampfs_proto::units::parse_size)]
     pub chunk_size: Option<u64>,
-    /// Number of small appends (4 KiB + hsync) measured per configuration.
+    /// Number of small appends (4 KiB + hsync) measured per configuration (and of
+    /// random 4 KiB writes + hsync with `--pattern random`).
     #[arg(long, default_value_t = 200)]
     pub small_writes: usize,
+    /// Write patterns, comma separated: append (always measured: the others are
+    /// compared with it), overwrite (the appended bytes written again from offset 0;
+    /// needs --size at most --chunk-size), random (4 KiB at random aligned offsets,
+    /// each followed by hsync).
+    #[arg(long, value_delimiter = ',', default_value = "append")]
+    pub pattern: Vec<String>,
     /// Write the results as JSON to FILE.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod bench_master;
 pub mod bench_mount;
+pub mod bench_patterns;
 pub mod cli;
 pub mod cluster;
 pub mod commands;
