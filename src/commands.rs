@@ -285,15 +285,26 @@ pub async fn truncate(args: TruncateArgs) -> Result<()> {
     if status.length == args.size {
         return Ok(());
     }
-    // Refused before any lease is taken: nothing changes.
-    Err(stampfs_client::Error::NotSupported {
-        path: status.path,
-        reason: format!(
-            "setting the length from {} to {}: truncate is not supported yet",
-            status.length, args.size
-        ),
+    if args.size < status.length {
+        // Refused before any lease is taken: nothing changes.
+        return Err(stampfs_client::Error::NotSupported {
+            path: status.path,
+            reason: format!(
+                "setting the length from {} to {}: shrinking a file is not supported yet",
+                status.length, args.size
+            ),
+        }
+        .into());
     }
-    .into())
+    let mut writer = client
+        .open_options()
+        .write(true)
+        .open(&args.remote)
+        .await
+        .with_context(|| format!("cannot open {} for writing", args.remote))?;
+    writer.set_len(args.size).await?;
+    writer.close().await?;
+    Ok(())
 }
 
 async fn copy_out(client: &Client, remote: &str, mut out: impl AsyncWrite + Unpin) -> Result<()> {

@@ -111,8 +111,14 @@ fn round_trips(engine: &str) {
         // Before the chunk being written: refused, nothing changes.
         let e = w.write_at(100, b"x").await.expect_err("an earlier chunk");
         assert!(matches!(e, Error::NotSupported { .. }), "{e}");
-        let e = w.set_len(10).await.expect_err("truncate");
+        let e = w.set_len(10).await.expect_err("shrink");
         assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+        // Growing writes zeros; the position stays.
+        let pos = w.position();
+        let grown = model.len() as u64 + 70_000;
+        w.set_len(grown).await.expect("grow");
+        model.resize(grown as usize, 0);
+        assert_eq!((w.position(), w.len()), (pos, grown));
         let status = w.close().await.expect("close");
         assert_eq!(status.length, model.len() as u64);
         assert_eq!(read_all(&client, path).await, model, "after close");
@@ -145,13 +151,16 @@ fn the_cli_writes_at_an_offset_and_refuses_what_it_does_not_support() {
     let out = c.run_stdin(&["write", "/cli", "--offset", "16", "-"], b"!");
     assert!(out.status.success());
     assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
-    // Truncate is refused before anything is taken.
+    // Shrinking is refused before anything is taken.
     let out = c.run(&["truncate", "/cli", "3"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not supported"), "{err}");
     assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
     assert_eq!(c.stat_json("/cli")["state"], "closed");
+    // Growing reads zeros past the old end.
+    c.ok(&["truncate", "/cli", "20"]);
+    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!\0\0\0");
     // `--create` makes a new file; without it a missing file is an error.
     let out = c.run_stdin(&["write", "/new", "--offset", "0", "-"], b"x");
     assert!(!out.status.success());

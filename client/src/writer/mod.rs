@@ -332,16 +332,41 @@ impl FileWriter {
         self.write_all(data).await.map_err(Error::from_io)
     }
 
-    /// Truncating or extending a file is not supported yet: always
-    /// [`Error::NotSupported`] (nothing changes).
+    /// Sets the file's length to `len` (a writer for writes anywhere): a longer file
+    /// gets zeros up to `len` (written like any bytes, so they cost disk); the same
+    /// length changes nothing; a shorter one is not supported yet
+    /// ([`Error::NotSupported`], nothing changes: the master must lower the committed
+    /// length before any replica is cut, or lease recovery would take every cut replica
+    /// for short). The position does not move.
     pub async fn set_len(&mut self, len: u64) -> Result<()> {
-        Err(Error::NotSupported {
-            path: self.path.clone(),
-            reason: format!(
-                "setting the length to {len}: truncate is not supported yet (writes at any \
-                 offset of the last chunk and past the end are)"
-            ),
-        })
+        use tokio::io::AsyncWriteExt;
+        if self.mode == WriteMode::Append {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: "an append writer does not set the length (open it with \
+                         OpenOptions::write)"
+                    .into(),
+            });
+        }
+        if len < self.end {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: format!(
+                    "setting the length from {} to {len}: shrinking a file is not supported yet",
+                    self.end
+                ),
+            });
+        }
+        let (pos, written) = (self.pos, self.written);
+        let zeros = vec![0u8; self.packet_size];
+        let mut res = Ok(());
+        while self.end < len && res.is_ok() {
+            let n = (len - self.end).min(zeros.len() as u64) as usize;
+            self.pos = self.end;
+            res = self.write_all(&zeros[..n]).await.map_err(Error::from_io);
+        }
+        (self.pos, self.written) = (pos, written);
+        res
     }
 
     /// Checks that a write at `self.pos` is possible now.
