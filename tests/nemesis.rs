@@ -49,6 +49,10 @@ fn run_seed(seed: u64, duration: &str) {
         .unwrap_or(0);
     let violations = run["violations"].as_array().map_or(usize::MAX, |v| v.len());
     assert!(acked > 0, "seed {seed}: nothing acknowledged:\n{stdout}");
+    assert!(
+        run["acknowledged_overwrites"].as_u64().unwrap_or(0) > 0,
+        "seed {seed}: no overwrite acknowledged:\n{stdout}"
+    );
     assert!(faults > 0, "seed {seed}: no fault injected:\n{stdout}");
     assert_eq!(violations, 0, "seed {seed}: violations:\n{stdout}");
     assert_eq!(run["fsck_healthy"], true, "{stdout}");

@@ -18,8 +18,30 @@ use std::sync::Mutex;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Event {
-    /// A writer session opened `file` for append.
-    SessionStart { file: u32, session: SessionId },
+    /// A writer session opened `file` (for append, or for writes anywhere: the slot
+    /// file), at `at_us` (microseconds of the system clock, logged once the lease was
+    /// taken; 0 in histories of older versions).
+    SessionStart {
+        file: u32,
+        session: SessionId,
+        #[serde(default)]
+        at_us: u64,
+    },
+    /// Record `seq` of `session` is about to be written over slot `slot` of the slot
+    /// file (logged, durably, before the write is issued: every write that may have
+    /// reached the storage has one), at `at_us`.
+    SlotWrite {
+        session: SessionId,
+        seq: u32,
+        slot: u32,
+        at_us: u64,
+    },
+    /// That write was hsynced.
+    SlotAck {
+        session: SessionId,
+        seq: u32,
+        slot: u32,
+    },
     /// Record `seq` of `session` (with `payload_len` payload bytes) was hsynced.
     Ack {
         file: u32,
@@ -66,10 +88,32 @@ pub struct ReadObservation {
     pub digest: u64,
 }
 
+/// A write over a slot of the slot file (see [`crate::slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotWrite {
+    pub session: SessionId,
+    pub seq: u32,
+    pub slot: u32,
+    /// When its intent was logged (before the write was issued).
+    pub at_us: u64,
+    pub acked: bool,
+}
+
+/// Microseconds of the system clock (shared by every process of a run: one host).
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Every client's history, merged.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     pub acks: Vec<Ack>,
+    /// Writes over the slot file's slots, acknowledged or not.
+    pub slot_writes: Vec<SlotWrite>,
+    /// When each session started (its lease taken), by its `SessionStart`.
+    pub session_starts: std::collections::HashMap<SessionId, u64>,
     pub reads: Vec<ReadObservation>,
     pub sessions: u64,
     pub fenced_sessions: u64,
@@ -81,7 +125,32 @@ impl History {
     /// Adds one event.
     pub fn push(&mut self, e: Event) {
         match e {
-            Event::SessionStart { .. } => self.sessions += 1,
+            Event::SessionStart { session, at_us, .. } => {
+                self.sessions += 1;
+                self.session_starts.insert(session, at_us);
+            }
+            Event::SlotWrite {
+                session,
+                seq,
+                slot,
+                at_us,
+            } => self.slot_writes.push(SlotWrite {
+                session,
+                seq,
+                slot,
+                at_us,
+                acked: false,
+            }),
+            Event::SlotAck { session, seq, slot } => {
+                if let Some(w) = self
+                    .slot_writes
+                    .iter_mut()
+                    .rev()
+                    .find(|w| w.session == session && w.seq == seq && w.slot == slot)
+                {
+                    w.acked = true;
+                }
+            }
             Event::Ack {
                 file,
                 session,

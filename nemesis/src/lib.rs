@@ -27,7 +27,11 @@
 //! started with seeded [`crash`] points armed: they kill themselves in the middle of
 //! lease recovery, version bumps and replica copies.
 //!
-//! Not yet: overwrites (they need writes at any offset).
+//! Overwrites: besides the append files, library clients write whole records over
+//! random slots of a slot file with `hsync`, judged slot by slot by [`slots::check`]
+//! (no acknowledged overwrite lost, none of a session that held the lease before it
+//! in its place, torn bytes only after an unacknowledged write). Writes in earlier
+//! chunks wait for their grant: the slot file is one chunk.
 
 pub mod checker;
 pub mod clients;
@@ -42,6 +46,7 @@ pub mod replicas;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod slots;
 pub mod workload;
 
 use std::path::PathBuf;

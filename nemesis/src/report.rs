@@ -34,6 +34,11 @@ pub struct RunReport {
     pub sessions: u64,
     pub fenced_sessions: u64,
     pub acknowledged_records: u64,
+    /// Acknowledged overwrites of the slot file's slots (of `slot_writes` attempted).
+    #[serde(default)]
+    pub acknowledged_overwrites: u64,
+    #[serde(default)]
+    pub slot_writes: u64,
     pub reads_checked: u64,
     /// Final length of each shared file.
     pub file_lengths: BTreeMap<u32, u64>,
@@ -66,12 +71,13 @@ impl RunReport {
             .join(" ");
         let mut s = format!(
             "seed {}: {} faults ({faults}); {} sessions ({} fenced), {} acknowledged records, \
-             {} reads checked, fsck {}; {} violations",
+             {} acknowledged overwrites, {} reads checked, fsck {}; {} violations",
             self.seed,
             self.total_faults(),
             self.sessions,
             self.fenced_sessions,
             self.acknowledged_records,
+            self.acknowledged_overwrites,
             self.reads_checked,
             if self.fsck_healthy {
                 "healthy"

@@ -227,6 +227,17 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
                 .await?;
             w.close().await?;
         }
+        // The slot file (overwrites), one chunk.
+        let mut w = admin
+            .create(
+                &crate::slots::path(DIR),
+                CreateOptions {
+                    replication: Some(replication),
+                    ..CreateOptions::default()
+                },
+            )
+            .await?;
+        w.close().await?;
         Ok(())
     })
     .await?;
@@ -349,9 +360,15 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
                 };
                 out.insert(f, got.map_err(|e| e.to_string()));
             }
-            Ok(out)
+            let path = crate::slots::path(DIR);
+            let slots = match recover(&admin, &path).await {
+                Ok(()) => read_final(&admin, &path).await,
+                Err(e) => Err(e),
+            };
+            Ok((out, slots.map_err(|e| e.to_string())))
         })
         .await?;
+    let (outcomes, slot_bytes) = outcomes;
     let mut files = BTreeMap::new();
     let mut violations = std::mem::take(&mut exits);
     for (f, got) in outcomes {
@@ -376,6 +393,24 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         let p = final_dir.join(format!("f{f}"));
         std::fs::write(&p, bytes).map_err(Error::io(&p))?;
     }
+    let slot_bytes = match slot_bytes {
+        Ok(bytes) => {
+            let p = final_dir.join("s0");
+            std::fs::write(&p, &bytes).map_err(Error::io(&p))?;
+            Some(bytes)
+        }
+        Err(e) => {
+            violations.push(Violation {
+                kind: ViolationKind::Unavailable,
+                file: Some(crate::slots::SLOT_FILE),
+                offset: None,
+                session: None,
+                seq: None,
+                message: format!("{} after the heal: {e}", crate::slots::path(DIR)),
+            });
+            None
+        }
+    };
 
     // 7. Check.
     let history = History::load_dir(&clients.history_dir())?;
@@ -392,6 +427,13 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         .copied()
         .collect();
     violations.extend(checker::check(&files, &acks, &reads));
+    if let Some(bytes) = &slot_bytes {
+        violations.extend(crate::slots::check(
+            bytes,
+            &history.slot_writes,
+            &history.session_starts,
+        ));
+    }
 
     // 8. fsck.
     let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master, &net).await {
@@ -417,12 +459,17 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     if fsck_healthy {
         let m = master.clone();
         let names: Vec<u32> = files.keys().copied().collect();
+        let slots_read = slot_bytes.is_some();
         let found = net
             .admin(move || async move {
                 let admin = connect(&m).await?;
                 let mut out = Vec::new();
                 for f in names {
                     out.extend(check_replicas(&admin, &file_path(DIR, f), Some(f)).await?);
+                }
+                if slots_read {
+                    let (path, id) = (crate::slots::path(DIR), crate::slots::SLOT_FILE);
+                    out.extend(check_replicas(&admin, &path, Some(id)).await?);
                 }
                 Ok(out)
             })
@@ -468,6 +515,8 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         sessions: history.sessions,
         fenced_sessions: history.fenced_sessions,
         acknowledged_records: history.acks.len() as u64,
+        acknowledged_overwrites: history.slot_writes.iter().filter(|w| w.acked).count() as u64,
+        slot_writes: history.slot_writes.len() as u64,
         reads_checked: history.reads.len() as u64,
         file_lengths: files.iter().map(|(&k, v)| (k, v.len() as u64)).collect(),
         fsck_healthy,

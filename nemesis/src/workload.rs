@@ -105,7 +105,11 @@ pub(crate) fn begin_session(
         counter: *counter,
     };
     *counter += 1;
-    history.log(&Event::SessionStart { file, session })?;
+    history.log(&Event::SessionStart {
+        file,
+        session,
+        at_us: crate::history::now_us(),
+    })?;
     Ok((session, rng.gen_range(1..=MAX_RECORDS)))
 }
 
@@ -134,6 +138,10 @@ pub async fn run(cfg: WorkloadConfig) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut counter = 0u32;
     while !stopped(&cfg.stop_file) {
+        if rng.gen_ratio(1, 3) {
+            slot_session(&cfg, &history, &mut counter, &mut rng).await?;
+            continue;
+        }
         let file = rng.gen_range(0..cfg.files.max(1));
         let Some((client, mut writer)) = open_for_append(&cfg, file, &mut rng).await else {
             continue;
@@ -184,6 +192,103 @@ pub async fn run(cfg: WorkloadConfig) -> Result<()> {
     reader.abort();
     tracing::info!(client = cfg.client, "nemesis client stopping");
     Ok(())
+}
+
+/// One session on the slot file ([`crate::slots`]): opened for writes anywhere, a few
+/// records each over a random slot with `hsync`, each intent logged before its write
+/// and each acknowledgement after its `hsync`.
+async fn slot_session(
+    cfg: &WorkloadConfig,
+    history: &HistoryWriter,
+    counter: &mut u32,
+    rng: &mut StdRng,
+) -> Result<()> {
+    use crate::slots;
+    let path = slots::path(&cfg.dir);
+    let Some((client, mut writer)) = open_slots(cfg, &path, rng).await else {
+        return Ok(());
+    };
+    let (session, n) = begin_session(cfg, slots::SLOT_FILE, counter, history, rng)?;
+    let mut outcome = None;
+    for seq in 0..n {
+        let slot = rng.gen_range(0..slots::SLOTS);
+        history.log(&Event::SlotWrite {
+            session,
+            seq,
+            slot,
+            at_us: crate::history::now_us(),
+        })?;
+        let bytes = slots::record(session, seq).encode();
+        let res = match writer.write_at(slots::offset(slot), &bytes).await {
+            Ok(()) => writer.hsync().await,
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(()) => history.log(&Event::SlotAck { session, seq, slot })?,
+            Err(e) => {
+                outcome = Some(e);
+                break;
+            }
+        }
+        if rng.gen_ratio(1, 3) {
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(1..40))).await;
+        }
+    }
+    let outcome = match outcome {
+        None => match writer.close().await {
+            Ok(_) => "closed".to_string(),
+            Err(e) => describe(&e),
+        },
+        Some(e) => describe(&e),
+    };
+    tracing::info!(%session, %outcome, "slot session ended");
+    if outcome != "closed" && outcome != "fenced" {
+        drop(writer);
+        let _ = client.recover_lease(&path).await;
+    }
+    history.log(&Event::SessionEnd {
+        file: slots::SLOT_FILE,
+        session,
+        outcome,
+    })?;
+    Ok(())
+}
+
+/// Opens the slot file for writes anywhere under a fresh client (taking it over now
+/// and then); `None` after a failed attempt (already backed off).
+async fn open_slots(
+    cfg: &WorkloadConfig,
+    path: &str,
+    rng: &mut StdRng,
+) -> Option<(Client, stampfs_client::FileWriter)> {
+    let client = match Client::connect_with(&cfg.master, client_config()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(error = %e, "cannot reach the master");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return None;
+        }
+    };
+    match client.open_options().write(true).open(path).await {
+        Ok(w) => Some((client, w)),
+        Err(e) => {
+            let contended = matches!(
+                e,
+                ClientError::Remote(
+                    RemoteError::LeaseConflict { .. } | RemoteError::RecoveryInProgress { .. }
+                )
+            );
+            tracing::info!(%path, error = %e, contended, "open for writes refused");
+            if contended && rng.gen_ratio(1, 4) {
+                match client.recover_lease(path).await {
+                    Ok(out) => tracing::info!(%path, closed = out.closed, "took the file over"),
+                    Err(e) => tracing::info!(%path, error = %e, "recover_lease failed"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..200))).await;
+            None
+        }
+    }
 }
 
 fn describe(e: &ClientError) -> String {
