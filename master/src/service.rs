@@ -497,6 +497,13 @@ impl Core {
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle, length = req.length))]
+    pub async fn cut_last_chunk(&self, req: stampfs_proto::CutLastChunk) -> Result<()> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        self.mutate_durable(|st, now, mt| st.cut_last_chunk(&req, ino, now, mt))
+            .await
+    }
+
     pub async fn close(&self, req: Close) -> Result<FileStatus> {
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self

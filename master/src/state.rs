@@ -162,6 +162,15 @@ pub enum Record {
         version: ChunkVersion,
         servers: Vec<ChunkserverId>,
     },
+    /// The writer of the open file `inode` shrinks its last chunk `handle` to `length`
+    /// bytes (below its committed length): logged before any replica is cut, so that
+    /// lease recovery never takes a cut replica for short.
+    CutChunk {
+        inode: InodeId,
+        handle: ChunkHandle,
+        length: u64,
+        mtime_ms: u64,
+    },
 }
 
 /// The pipeline an open file's last chunk was granted with (see

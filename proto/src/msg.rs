@@ -201,6 +201,18 @@ pub struct UpdatePipeline {
     pub acked_length: u64,
 }
 
+/// The lease holder shrinks the file's last chunk `handle` to `length` bytes: the
+/// master lowers the chunk's committed length (durably) before the writer cuts the
+/// replicas, so lease recovery never takes a cut replica for short. Answered once the
+/// new length is durable; a length at or above the committed one changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct CutLastChunk {
+    pub path: String,
+    pub client: ClientId,
+    pub handle: ChunkHandle,
+    pub length: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Close {
     pub path: String,
@@ -485,6 +497,8 @@ pub enum MasterRequest {
     ReportPart(ReportPart),
     /// After every older variant, so that each keeps its wire index.
     MakeFile(MakeFile),
+    /// After every older variant, so that each keeps its wire index.
+    CutLastChunk(CutLastChunk),
 }
 
 // ---------------------------------------------------------------- → chunkserver

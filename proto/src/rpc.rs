@@ -61,6 +61,7 @@ rpc! {
     MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport;
     MasterRequest::ReportPart(ReportPart) -> ();
     MasterRequest::MakeFile(MakeFile) -> FileStatus;
+    MasterRequest::CutLastChunk(CutLastChunk) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -148,6 +148,35 @@ impl MasterState {
                 });
                 self.pipelines.remove(inode);
             }
+            Record::CutChunk {
+                inode,
+                handle,
+                length,
+                mtime_ms,
+            } => {
+                let f = self
+                    .ns
+                    .file(*inode)
+                    .ok_or(format!("{inode} is not a file"))?;
+                if f.writer().is_none() {
+                    return Err(format!("{inode} is not open"));
+                }
+                if f.chunks.last() != Some(handle) {
+                    return Err(format!("{handle} is not the last chunk of {inode}"));
+                }
+                let info = self
+                    .chunks
+                    .get_mut(*handle)
+                    .ok_or(format!("chunk {handle} is unknown"))?;
+                if *length > info.length {
+                    return Err(format!(
+                        "a cut of {handle} to {length} is above its committed {}",
+                        info.length
+                    ));
+                }
+                info.length = *length;
+                self.touch_file(*inode, *mtime_ms, |_| {});
+            }
             Record::AbandonChunk { inode, handle } => {
                 let f = self
                     .ns

@@ -354,6 +354,45 @@ impl MasterState {
         Ok(())
     }
 
+    /// `cut_last_chunk`: the writer of `expect` lowers its last chunk's committed length
+    /// to `req.length` before cutting the replicas (logged; nothing when the length is
+    /// not below the committed one).
+    pub fn cut_last_chunk(
+        &mut self,
+        req: &stampfs_proto::CutLastChunk,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<()> {
+        let path = self.locked_file(&req.path, expect)?.0;
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (path, f) = self.locked_file(&req.path, expect)?;
+        if f.chunks.last() != Some(&req.handle) {
+            return Err(Error::bad_request(format!(
+                "chunk {} is not the last chunk of {path}",
+                req.handle
+            )));
+        }
+        let committed = self
+            .chunks
+            .get(req.handle)
+            .map(|i| i.length)
+            .ok_or_else(|| Error::bad_request(format!("chunk {} is unknown", req.handle)))?;
+        if req.length >= committed {
+            return Ok(());
+        }
+        self.commit(
+            Record::CutChunk {
+                inode: expect,
+                handle: req.handle,
+                length: req.length,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(())
+    }
+
     fn check_commit(&self, path: &str, f: &FileMeta, c: &ChunkCommit) -> Result<()> {
         if f.chunks.last() != Some(&c.handle) {
             return Err(Error::bad_request(format!(

@@ -418,6 +418,13 @@ prop_compose! {
 }
 
 prop_compose! {
+    pub fn arb_cut_last_chunk()(path in arb_string(), client in arb_client(),
+                                handle in arb_handle(), length in arb_u64()) -> CutLastChunk {
+        CutLastChunk { path, client, handle, length }
+    }
+}
+
+prop_compose! {
     pub fn arb_append()(path in arb_string(), client in arb_client()) -> Append {
         Append { path, client }
     }
@@ -683,6 +690,9 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             .prop_map(MasterRequest::ReportPart)
             .boxed(),
         arb_make_file().prop_map(MasterRequest::MakeFile).boxed(),
+        arb_cut_last_chunk()
+            .prop_map(MasterRequest::CutLastChunk)
+            .boxed(),
     ]
     .boxed()
 }
@@ -712,6 +722,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::ClusterReport(_) => "ClusterReport",
         MasterRequest::ReportPart(_) => "ReportPart",
         MasterRequest::MakeFile(_) => "MakeFile",
+        MasterRequest::CutLastChunk(_) => "CutLastChunk",
     }
 }
 
