@@ -28,7 +28,7 @@ use crate::config::ChunkserverConfig;
 use crate::error::{Error, Result};
 use crate::stall::StallGuard;
 use crate::store::{self, Store};
-use crate::{deletion, heartbeat, io, pipeline, replication, scrub};
+use crate::{deletion, digest, heartbeat, io, pipeline, replication, scrub};
 use bytes::Bytes;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
@@ -367,13 +367,17 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 let result = scrub::verify_request(&shared, req).await;
                 reply_frame(id, &result, Bytes::new())
             }
-            ChunkRequest::OverwriteSetup(_) | ChunkRequest::Digest(_) => reply_frame(
+            ChunkRequest::OverwriteSetup(_) => reply_frame(
                 id,
                 &Err::<(), _>(RemoteError::NotSupported {
                     reason: "this chunkserver does not serve overwrites yet".into(),
                 }),
                 Bytes::new(),
             ),
+            ChunkRequest::Digest(req) => {
+                let result = digest::serve(&shared, req).await;
+                reply_frame(id, &result, Bytes::new())
+            }
         };
         let sent = match outcome {
             Ok(frame) => writer.write_frame(&frame).await,

@@ -50,6 +50,7 @@
 //!   block may; recovery extends a replica past its header to a record's length when
 //!   the data bears the record out. Cuts erase the records.
 
+mod digest;
 mod files;
 mod incoming;
 mod recovery;

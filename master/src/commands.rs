@@ -1,7 +1,9 @@
 //! Commands the master pushes to chunkservers and waits for: version bumps (before a
-//! grant leaves, invariant 2), finalizes, and lease recovery's truncate + finalize.
+//! grant leaves, invariant 2), finalizes, and lease recovery's truncate, digest and
+//! finalize.
 //!
-//! Each command is a [`Signed`] [`ChunkCommand`] sent over a cached connection per
+//! Each command is a [`Signed`] [`ChunkCommand`] (a digest request a [`Signed`]
+//! [`DigestReplica`], under its own MAC domain) sent over a cached connection per
 //! chunkserver address, with a timeout on connect and reply. A cached connection that
 //! fails at the transport level is replaced once (the commands are idempotent).
 
@@ -10,7 +12,7 @@ use crate::oplog::lock;
 use futures::future::join_all;
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClusterKey,
-    RemoteError, ReplicaReport, ReplicaState, RpcClient, Signed,
+    DigestReplica, RemoteError, ReplicaDigest, ReplicaReport, ReplicaState, Rpc, RpcClient, Signed,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -61,19 +63,36 @@ impl CommandSender {
 
     /// Sends `cmd` to the chunkserver at `addr` and returns its reply.
     pub async fn send(&self, addr: &str, cmd: ChunkCommand) -> Result<Option<ReplicaReport>> {
-        let signed = Signed::new(&self.key, cmd)?;
+        self.call(addr, Signed::new(&self.key, cmd)?).await
+    }
+
+    /// Asks the chunkserver at `addr` for the digest of its replica of `handle` at
+    /// exactly `version` (a signed `DigestReplica`).
+    pub async fn digest(
+        &self,
+        addr: &str,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+    ) -> Result<ReplicaDigest> {
+        let req = Signed::new(&self.key, DigestReplica { handle, version })?;
+        self.call(addr, req).await
+    }
+
+    /// One signed request to `addr` over a cached connection, within the timeout; a
+    /// cached connection that fails at the transport level is replaced once.
+    async fn call<Q: Rpc + Clone>(&self, addr: &str, req: Q) -> Result<Q::Response> {
         for attempt in 0..2 {
             let (mut conn, reused) = match self.take_idle(addr) {
                 Some(c) if attempt == 0 => (c, true),
                 _ => (RpcClient::connect(addr, self.timeout).await?, false),
             };
-            match stampfs_proto::pause::timeout(self.timeout, conn.call(signed.clone())).await {
-                Ok(Ok(report)) => {
+            match stampfs_proto::pause::timeout(self.timeout, conn.call(req.clone())).await {
+                Ok(Ok(reply)) => {
                     self.put_idle(addr, conn);
-                    return Ok(report);
+                    return Ok(reply);
                 }
                 Ok(Err(stampfs_proto::Error::Remote(e))) => {
-                    // The chunkserver answered: the connection is fine, the command failed.
+                    // The chunkserver answered: the connection is fine, the request failed.
                     self.put_idle(addr, conn);
                     return Err(e.into());
                 }
@@ -149,33 +168,17 @@ impl CommandSender {
         ok
     }
 
-    /// Lease recovery's seal: `Truncate` then `Finalize` at `length` on each target,
-    /// targets concurrently. One result per target, in target order (the finalize's
-    /// report, or the first failure).
-    pub async fn seal(
+    /// Asks every target for its replica's digest at `version`, concurrently; one
+    /// result per target, in target order (lease recovery compares them).
+    pub async fn digest_all(
         &self,
         targets: &[ChunkserverAddr],
         handle: ChunkHandle,
         version: ChunkVersion,
-        length: u64,
-    ) -> Vec<CommandResult> {
-        let calls = targets.iter().map(|t| async move {
-            let truncate = ChunkCommand::Truncate {
-                handle,
-                version,
-                length,
-            };
-            let finalize = ChunkCommand::Finalize {
-                handle,
-                version,
-                length,
-            };
-            let result = match self.send(&t.addr, truncate).await {
-                Ok(_) => self.send(&t.addr, finalize).await,
-                Err(e) => Err(e),
-            };
-            (t.id, result)
-        });
+    ) -> Vec<(ChunkserverId, Result<ReplicaDigest>)> {
+        let calls = targets
+            .iter()
+            .map(|t| async move { (t.id, self.digest(&t.addr, handle, version).await) });
         join_all(calls).await
     }
 

@@ -18,13 +18,16 @@
 //!   the state lock ([`checkpoint::build`]).
 //! - [`pacing`]: how sliced background work gives way between its slices
 //!   ([`pacing::Pacer`]).
-//! - [`commands`]: version bumps and finalizes pushed to chunkservers.
+//! - [`commands`]: version bumps, finalizes and recovery's truncates and digest
+//!   requests pushed to chunkservers.
 //! - [`health`]: replica health, pure: stale / corrupt / orphan / surplus replica
 //!   deletion, prioritised re-replication, trash expiry, decided in slices of bounded
 //!   work ([`health::Pass`]; [`health::plan`] in one piece); commands
 //!   travel in heartbeat replies. [`trash`]: where `rm` puts files for `--trash-for`.
 //! - [`recovery`]: lease recovery of files whose writer died or hung: triggers, the
-//!   bump / shortest length / truncate / finalize / commit procedure, restart.
+//!   bump / shortest length / truncate / digest comparison / finalize / commit
+//!   procedure (replicas that diverged: the pipeline head kept alone at one more
+//!   version), restart.
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!

@@ -23,10 +23,17 @@
 //! 3. the bump replies carry each replica's length; the file keeps the shortest
 //!    ([`recovered_length`]): every acknowledged byte is on every pipeline replica
 //!    (invariant 5), so the minimum never cuts one;
-//! 4. `Truncate` then `Finalize` at that length on each bumped replica ([`after_seal`]:
-//!    when some are sealed, one that failed is dropped from the chunk's replicas; when
-//!    none is, all stay listed and the attempt is retried);
-//! 5. log `RecoveryCommitted`: the chunk's committed length, the file closed.
+//! 4. `Truncate` at that length on each bumped replica, then ask each for its digest
+//!    (`DigestReplica`: the CRC of each block up to the length) and compare them
+//!    ([`compare_content`], in the `seal` module with the other end-of-attempt rules).
+//!    Identical: `Finalize` every one at `N`. Different: keep the first replica of the
+//!    granted pipeline among those that answered, log one more version `N + 1`
+//!    (`SetVersion`), bump only that replica to it and finalize it there; the others
+//!    stay at `N`, stale. A replica whose truncate, digest or finalize fails counts as
+//!    unsealed ([`after_seal`]: when some are sealed, one that failed is dropped from
+//!    the chunk's replicas; when none is, all stay listed and the attempt is retried);
+//! 5. log `RecoveryCommitted` at the version the sealed replicas hold: the chunk's
+//!    committed length, the file closed.
 //!
 //! A file that is open without an open last chunk (no chunk yet, or its last chunk is
 //! full: the writer died between chunks) is closed at its committed length: the
@@ -74,6 +81,11 @@
 //! replicas, and a fresh version makes every replica the new attempt does not reach
 //! stale, so the length is always decided over exactly the replicas that will serve.
 //! Versions are only ever minted through the log, strictly increasing (invariant 1).
+//! That holds for the extra version of diverged replicas too: a restart between its
+//! `SetVersion` and the commit finds the file still `Recovering` with its chunk at
+//! `N + 1`; the resumed attempt takes every pipeline replica from the writer's
+//! version up to `N + 1` (the kept one, bumped or not, and those left at `N`), mints
+//! `N + 2` over them and compares again.
 
 use crate::chunk_table::ChunkInfo;
 use crate::lease::Takeover;
@@ -81,6 +93,12 @@ use crate::namespace::WriteState;
 use stampfs_proto::{ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId, InodeId};
 use std::collections::HashMap;
 use std::fmt;
+
+mod seal;
+pub use seal::{
+    after_seal, compare_content, in_pipeline_order, recovered_length, replica_at, AfterSeal,
+    Content,
+};
 
 /// How long `RecoverLease` waits for the recovery before answering `closed: false`.
 pub const RECOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -354,38 +372,6 @@ pub fn recoverable_targets(
         .collect();
     out.sort_by_key(|a| a.id);
     out
-}
-
-/// The length recovery commits: the shortest replica that took the bump (`None` when
-/// none did).
-pub fn recovered_length(lengths: impl IntoIterator<Item = u64>) -> Option<u64> {
-    lengths.into_iter().min()
-}
-
-/// What a recovery attempt does after its seal (`Truncate` + `Finalize` at the
-/// recovered length on every bumped replica).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AfterSeal {
-    /// Some replicas are sealed: commit the length and close the file; the replicas
-    /// in `drop` failed their seal and leave the chunk's replica list (they are not
-    /// handed out; a later report at the sealed version brings one back).
-    Commit { drop: Vec<ChunkserverId> },
-    /// No replica is sealed: nothing is dropped and the file stays in recovery. Every
-    /// bumped replica holds at least the recovered length and stays listed, so the
-    /// next attempt bumps and seals it again. (Dropping them would let the next
-    /// attempt find no replica at all and take them for gone.)
-    Retry,
-}
-
-/// The seal rule, from the replicas that sealed and those that failed.
-pub fn after_seal(sealed: &[ChunkserverId], failed: &[ChunkserverId]) -> AfterSeal {
-    if sealed.is_empty() {
-        AfterSeal::Retry
-    } else {
-        AfterSeal::Commit {
-            drop: failed.to_vec(),
-        }
-    }
 }
 
 /// Whether a file left in recovery may be resumed after a start-up: every one of its
@@ -951,21 +937,6 @@ mod tests {
         assert!(c.replica(ChunkserverId(3)).expect("recorded").short);
         let targets = recoverable_targets(&c, ChunkVersion(5), None, live_except(&[]));
         assert_eq!(ids(&targets), vec![1, 2]);
-    }
-
-    #[test]
-    fn a_seal_that_failed_everywhere_keeps_the_replicas_for_the_next_attempt() {
-        let (a, b) = (ChunkserverId(1), ChunkserverId(2));
-        assert_eq!(after_seal(&[], &[a, b]), AfterSeal::Retry);
-        assert_eq!(after_seal(&[a], &[b]), AfterSeal::Commit { drop: vec![b] });
-        assert_eq!(after_seal(&[a, b], &[]), AfterSeal::Commit { drop: vec![] });
-    }
-
-    #[test]
-    fn the_shortest_bumped_replica_decides_the_length() {
-        assert_eq!(recovered_length([4096, 1000, 65536]), Some(1000));
-        assert_eq!(recovered_length([7]), Some(7));
-        assert_eq!(recovered_length([]), None);
     }
 
     #[test]

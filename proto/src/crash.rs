@@ -72,6 +72,8 @@ pub const CATALOGUE: &[Point] = &[
           "lease recovery: RecoveryStarted (new version) is durable; no bump sent yet"),
     point("recovery-after-bump", Process::Master,
           "lease recovery: the replicas took the new version; none truncated or finalized"),
+    point("recovery-after-kept-version", Process::Master,
+          "lease recovery: the replicas differ; the version for the kept one is durable, no bump sent to it"),
     point("recovery-before-commit", Process::Master,
           "lease recovery: replicas truncated and finalized; RecoveryCommitted not logged"),
     // Version bumps of a write lease (master/src/service.rs).

@@ -3,8 +3,10 @@
 //! `RecoverLease`. The rules are in [`crate::recovery`], the records in the state.
 //!
 //! Between the steps sit a fail point and a crash point of the same name
-//! (`recovery-after-start`, `recovery-after-bump`, `recovery-before-commit`): a test
-//! makes the attempt fail there, or the process die there (`stampfs_proto::crash`).
+//! (`recovery-after-start`, `recovery-after-bump`, `recovery-before-commit`, and in
+//! the seal, `recovery-after-kept-version`): a test makes the attempt fail there, or
+//! the process die there (`stampfs_proto::crash`). The seal (step 4: truncate,
+//! compare the replicas' digests, finalize) is in `seal`.
 //!
 //! Every step logs one `info` line with structured fields (`path`, `handle`,
 //! `old_version`, `new_version`, `replicas`, `length`) so the demo can narrate it.
@@ -14,14 +16,14 @@ use crate::error::{Error, Result};
 use crate::lease::RESUME_SETTLE;
 use crate::namespace::{self, join};
 use crate::oplog::lock;
-use crate::recovery::{
-    after_seal, id_list, recovered_length, AfterSeal, RetrySchedule, Trigger, RECOVER_WAIT,
-};
+use crate::recovery::{id_list, recovered_length, RetrySchedule, Trigger, RECOVER_WAIT};
 use crate::state::{Closing, RecoveryBegin, RecoveryPlan};
 use stampfs_proto::{
     ChunkCommand, ChunkserverAddr, ChunkserverId, InodeId, RecoverLease, RecoveryOutcome,
     RemoteError, ReplicaReport,
 };
+
+mod seal;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -249,48 +251,18 @@ impl Core {
         stampfs_proto::crash_point!("recovery-after-bump");
         fail_point!("recovery-after-bump");
 
-        // Step 4: truncate and finalize at that length.
+        // Step 4: truncate, compare, finalize (all, or the kept one at a new version).
         let targets: Vec<ChunkserverAddr> = bumped.into_iter().map(|(a, _)| a).collect();
-        let results = self
-            .commands
-            .seal(&targets, plan.handle, plan.version, length)
-            .await;
-        let mut sealed: Vec<(ChunkserverId, ReplicaReport)> = Vec::new();
-        let mut failed: Vec<ChunkserverId> = Vec::new();
-        for (id, r) in results {
-            match r {
-                Ok(Some(rep)) if rep.version == plan.version && rep.length == length => {
-                    sealed.push((id, rep))
-                }
-                Ok(other) => {
-                    tracing::warn!(path = %plan.path, handle = %plan.handle, chunkserver = %id, report = ?other, "lease recovery: unexpected seal reply; the replica is dropped");
-                    failed.push(id);
-                }
-                Err(e) => {
-                    tracing::warn!(path = %plan.path, handle = %plan.handle, chunkserver = %id, error = %e, "lease recovery: truncate/finalize failed; the replica is dropped");
-                    failed.push(id);
-                }
-            }
-        }
-        let sealed_ids: Vec<ChunkserverId> = sealed.iter().map(|(id, _)| *id).collect();
-        match after_seal(&sealed_ids, &failed) {
-            AfterSeal::Retry => {
-                tracing::warn!(path = %plan.path, handle = %plan.handle, new_version = %plan.version, failed = %id_list(failed.iter()), "lease recovery: no replica could be sealed; they stay listed and the next attempt bumps them again");
-                return Err(Error::NotEnoughReplicas { live: 0, needed: 1 });
-            }
-            AfterSeal::Commit { drop } => {
-                let mut st = self.state();
-                st.record_replicas(plan.handle, &sealed);
-                st.drop_replicas(plan.handle, &drop);
-            }
-        }
+        let sealed = self.seal_recovery(&plan, &targets, length).await?;
+        let plan = sealed.plan;
         tracing::info!(
             path = %plan.path,
             handle = %plan.handle,
             new_version = %plan.version,
             length,
-            replicas = %id_list(sealed.iter().map(|(id, _)| id)),
-            dropped = %id_list(failed.iter()),
+            replicas = %id_list(sealed.replicas.iter().map(|(id, _)| id)),
+            dropped = %id_list(sealed.dropped.iter()),
+            stale = %id_list(sealed.left_stale.iter()),
             "lease recovery: replicas truncated and finalized"
         );
         stampfs_proto::crash_point!("recovery-before-commit");
@@ -307,7 +279,7 @@ impl Core {
             new_version = %plan.version,
             length,
             file_length = outcome.length,
-            replicas = %id_list(sealed.iter().map(|(id, _)| id)),
+            replicas = %id_list(sealed.replicas.iter().map(|(id, _)| id)),
             "lease recovery committed: file closed"
         );
         Ok(outcome)

@@ -1,7 +1,8 @@
 //! Lease recovery's state changes, as methods of [`MasterState`]: the append gate,
 //! the durable start and commit of a recovery, and what the worker should run. The
 //! decisions themselves are pure functions in [`crate::recovery`]; the steps that talk
-//! to chunkservers are in the service.
+//! to chunkservers are in the service. The end of an attempt (the extra version of
+//! diverged replicas, the commit, dropping replicas a seal missed) is in `finish`.
 
 use super::{MasterState, Record};
 use crate::error::{Error, Result};
@@ -10,8 +11,9 @@ use crate::namespace::{self, join, FileMeta, WriteState};
 use crate::recovery::{self, OnAppend, Start, Trigger};
 use stampfs_proto::{
     ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId, InodeId, RecoveryOutcome,
-    RemoteError,
 };
+
+mod finish;
 
 /// What `append` runs into before it takes the file lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +40,9 @@ pub struct RecoveryPlan {
     pub version: ChunkVersion,
     /// Live replicas at a version in `old_version..=previous`, by chunkserver id.
     pub targets: Vec<ChunkserverAddr>,
+    /// The granted pipeline, in its order (empty when it is not known): which replica
+    /// is kept when the targets turn out to hold different bytes.
+    pub pipeline: Vec<ChunkserverId>,
     /// The chunk's committed length: no replica shorter than it may vote.
     pub committed: u64,
 }
@@ -134,7 +139,7 @@ impl MasterState {
     }
 
     /// The path of a file for recovery (its inode may have been renamed since).
-    fn recovery_file(&self, inode: InodeId) -> Result<(String, &FileMeta)> {
+    pub(super) fn recovery_file(&self, inode: InodeId) -> Result<(String, &FileMeta)> {
         let path = self.ns.path_of(inode).ok_or_else(|| Error::NotFound {
             path: format!("file {inode}"),
         })?;
@@ -190,6 +195,7 @@ impl MasterState {
             never_granted: handle
                 .is_some_and(|h| self.pipelines.get(&inode).is_none_or(|p| p.handle != h)),
         };
+        let pipeline = holders.pipeline.map(<[_]>::to_vec).unwrap_or_default();
         let start = recovery::decide(
             write,
             trigger.expired_holder(),
@@ -322,47 +328,11 @@ impl MasterState {
                     previous,
                     version,
                     targets,
+                    pipeline,
                     committed,
                 }))
             }
         }
-    }
-
-    /// Step 5: commits the recovered `length` of the plan's chunk and closes the file.
-    /// Refused when the file moved on meanwhile (deleted, or another attempt minted a
-    /// newer version).
-    pub fn commit_recovery(
-        &mut self,
-        plan: &RecoveryPlan,
-        length: u64,
-        now_ms: u64,
-        mtime_ms: u64,
-    ) -> Result<RecoveryOutcome> {
-        let (path, f) = self.recovery_file(plan.inode)?;
-        let at = self.chunks.get(plan.handle).map(|i| i.version);
-        if !f.is_recovering() || f.chunks.last() != Some(&plan.handle) || at != Some(plan.version) {
-            return Err(RemoteError::Unavailable {
-                reason: format!(
-                    "{path} changed during lease recovery (chunk {} is at {at:?}, not {})",
-                    plan.handle, plan.version
-                ),
-            }
-            .into());
-        }
-        self.commit(
-            Record::RecoveryCommitted {
-                inode: plan.inode,
-                handle: plan.handle,
-                version: plan.version,
-                length,
-                mtime_ms,
-            },
-            now_ms,
-        )?;
-        let mut outcome = self.recovery_outcome(plan.inode, path)?;
-        outcome.old_version = Some(plan.old_version);
-        outcome.new_version = Some(plan.version);
-        Ok(outcome)
     }
 
     /// Logs the close of `inode` at its committed length; `how` says why.
@@ -414,23 +384,6 @@ impl MasterState {
             new_version,
             length: status.length,
         })
-    }
-
-    /// Forgets replicas of `handle` that failed to be sealed by a recovery: they are
-    /// not handed out (a later report at the sealed version brings them back; they
-    /// hold at least the committed length).
-    pub fn drop_replicas(&mut self, handle: ChunkHandle, ids: &[ChunkserverId]) {
-        let Some(info) = self.chunks.get_mut(handle) else {
-            return;
-        };
-        for id in ids {
-            if let Some(idx) = crate::chunk_table::server_index(*id) {
-                info.remove_replica(idx);
-            }
-            if let Some(cs) = self.registry.get_mut(*id) {
-                cs.replicas.remove(&handle);
-            }
-        }
     }
 
     /// Files in lease recovery whose last chunk has a replica on one of `servers` (a
@@ -515,7 +468,7 @@ mod tests {
     use std::time::Duration;
 
     const A: ClientId = ClientId(0xa);
-    const B: ClientId = ClientId(0xb);
+    pub(super) const B: ClientId = ClientId(0xb);
     const CHUNK: u64 = 1 << 20;
 
     fn settings() -> Settings {
@@ -527,7 +480,7 @@ mod tests {
         }
     }
 
-    fn state_with_servers(n: u64) -> MasterState {
+    pub(super) fn state_with_servers(n: u64) -> MasterState {
         let mut st = MasterState::new(settings());
         for i in 0..n {
             st.register(
@@ -562,7 +515,7 @@ mod tests {
     }
 
     /// A file held by A with one chunk at version 1 on three replicas.
-    fn open_file(st: &mut MasterState) -> (InodeId, ChunkHandle, Vec<ChunkserverId>) {
+    pub(super) fn open_file(st: &mut MasterState) -> (InodeId, ChunkHandle, Vec<ChunkserverId>) {
         let ino = create(st, "/f");
         let p = st
             .add_chunk(
@@ -588,7 +541,7 @@ mod tests {
         (ino, p.bump.handle, ids)
     }
 
-    fn report(
+    pub(super) fn report(
         handle: ChunkHandle,
         version: u64,
         length: u64,
@@ -602,7 +555,7 @@ mod tests {
         }
     }
 
-    fn replay(st: &MasterState, log: &[(u64, Vec<u8>)]) -> MasterState {
+    pub(super) fn replay(st: &MasterState, log: &[(u64, Vec<u8>)]) -> MasterState {
         let mut back = MasterState::new(settings());
         replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
         assert!(back.same_persisted(st));

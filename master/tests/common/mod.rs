@@ -116,6 +116,17 @@ impl Cluster {
         Header::newest(&bytes[..slot], &bytes[slot..2 * slot]).expect("a valid header")
     }
 
+    /// The newest header of `id`'s replica of `handle`, when there is a replica file
+    /// with a valid header (replica health may be deleting or replacing it).
+    pub fn try_header(&self, id: ChunkserverId, handle: ChunkHandle) -> Option<Header> {
+        let bytes = std::fs::read(replica_path(&self.dirs[&id], handle)).ok()?;
+        let slot = SLOT_SIZE as usize;
+        if bytes.len() < 2 * slot {
+            return None;
+        }
+        Header::newest(&bytes[..slot], &bytes[slot..2 * slot]).ok()
+    }
+
     /// The first `len` data bytes of `id`'s replica of `handle`.
     pub fn data(&self, id: ChunkserverId, handle: ChunkHandle, len: u64) -> Vec<u8> {
         let bytes = std::fs::read(replica_path(&self.dirs[&id], handle)).expect("replica file");
@@ -251,6 +262,33 @@ impl Stream {
             reply.failed
         );
         assert_eq!(reply.accepted, ids(g));
+        let (reader, writer) = c.into_parts();
+        Stream {
+            reader,
+            writer,
+            token: g.token,
+            seq: 0,
+            offset: g.chunk_offset,
+        }
+    }
+
+    /// Sets up a stream to pipeline member `i` of the grant alone (no downstream):
+    /// what it is sent, the other members never see. Makes replicas diverge without
+    /// any overwrite.
+    pub async fn open_alone(g: &WriteGrant, i: usize) -> Stream {
+        let member = &g.pipeline[i];
+        let mut c = RpcClient::connect(&member.addr, TIMEOUT)
+            .await
+            .expect("connect to the member");
+        let reply = c
+            .call(WriteSetup {
+                token: g.token,
+                offset: g.chunk_offset,
+                downstream: Vec::new(),
+            })
+            .await
+            .expect("write setup");
+        assert_eq!(reply.accepted, vec![member.id], "{reply:?}");
         let (reader, writer) = c.into_parts();
         Stream {
             reader,
