@@ -52,6 +52,7 @@
 
 mod files;
 mod incoming;
+mod overwrite;
 mod recovery;
 mod replica;
 mod scan;
@@ -80,7 +81,7 @@ pub use files::replace_file;
 pub use incoming::Incoming;
 use replica::{stale_table_entries, Disk, Replica};
 pub use scan::{ScanStats, SCAN_THREADS};
-pub use write::{BatchOutcome, PacketWrite};
+pub use write::{BatchOutcome, PacketWrite, WriteMode};
 
 /// The per-chunk lock and what it protects.
 type Slot = RwLock<SlotState>;
@@ -415,6 +416,7 @@ impl Store {
             id,
             header,
             header_durable: true,
+            durable_length: 0,
             length: 0,
             tail_crc: 0,
             behind: 0,
@@ -608,11 +610,73 @@ impl Store {
         self.settle(handle, &slot, &mut guard, result).await
     }
 
+    /// Opens an overwrite stream at `offset` after the gate: the replica must be
+    /// `Writing` and hold at least `offset` bytes (`ReplicaShort` otherwise). Unlike
+    /// [`Store::open_for_write`] it never cuts: the bytes past `offset` are the
+    /// writer's to overwrite.
+    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, offset))]
+    pub async fn open_for_overwrite(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+    ) -> Result<ReplicaReport> {
+        let slot = self.slot(handle).ok_or(Error::NotFound { handle })?;
+        let guard = slot.read().await;
+        match &*guard {
+            SlotState::Live(r) => r.check_overwrite_setup(version, offset),
+            _ => Err(Error::NotFound { handle }),
+        }
+    }
+
+    /// Ends an overwrite stream: when the replica's header carries overwrite marks,
+    /// flushes the whole file and writes the header without them (see
+    /// [`crate::header`]), so start-up recovery checks every block strictly again.
+    /// No gate: it changes no version, length or state, and a flush followed by a
+    /// header is safe whoever writes the replica now (a later in-place write marks
+    /// its region again).
+    #[tracing::instrument(skip_all, fields(chunk = %handle))]
+    pub async fn close_overwrite(&self, handle: ChunkHandle) -> Result<()> {
+        let (slot, mut guard) = self.lock_live(handle).await?;
+        let result = match &mut *guard {
+            SlotState::Live(r) => r.clear_marks(self.engine.as_ref()).await,
+            _ => Err(Error::NotFound { handle }),
+        };
+        self.settle(handle, &slot, &mut guard, result).await
+    }
+
     /// Writes one packet: [`Store::write_batch`] of that packet alone (the one write
-    /// path), returning the replica's length after it.
+    /// path) as an append, returning the replica's length after it.
     pub async fn write(
         &self,
         handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+        data: Bytes,
+        sync: bool,
+    ) -> Result<u64> {
+        self.write_one(handle, WriteMode::Append, version, offset, data, sync)
+            .await
+    }
+
+    /// Writes one packet at any offset up to the replica's length: [`Store::write_batch`]
+    /// of that packet alone as an overwrite, returning the replica's length after it.
+    pub async fn overwrite(
+        &self,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        offset: u64,
+        data: Bytes,
+        sync: bool,
+    ) -> Result<u64> {
+        self.write_one(handle, WriteMode::Overwrite, version, offset, data, sync)
+            .await
+    }
+
+    async fn write_one(
+        &self,
+        handle: ChunkHandle,
+        mode: WriteMode,
         version: ChunkVersion,
         offset: u64,
         data: Bytes,
@@ -625,7 +689,7 @@ impl Store {
             crc: None,
             sync,
         };
-        let outcome = self.write_batch(handle, vec![packet]).await;
+        let outcome = self.write_batch(handle, mode, vec![packet]).await;
         match (outcome.error, outcome.lengths.last()) {
             (Some(e), _) => Err(e),
             (None, Some(&length)) => Ok(length),
@@ -639,11 +703,14 @@ impl Store {
 
     /// Writes consecutive packets of one stream under a single hold of the per-chunk
     /// lock: each packet passes the version gate and the write checks in turn (as
-    /// [`Store::write`] would), contiguous appends go to disk as one chain, and a
-    /// `sync` anywhere in the batch makes the whole batch durable before returning.
+    /// [`Store::write`] would), the batch goes to disk as one chain (an append
+    /// batch's contiguous appends; an overwrite batch's writes at their own offsets,
+    /// see [`WriteMode`]), and a `sync` anywhere in the batch makes the whole batch
+    /// durable before returning.
     pub async fn write_batch(
         &self,
         handle: ChunkHandle,
+        mode: WriteMode,
         packets: Vec<PacketWrite>,
     ) -> BatchOutcome {
         let (slot, mut guard) = match self.lock_live(handle).await {
@@ -658,7 +725,7 @@ impl Store {
         let outcome = match &mut *guard {
             SlotState::Live(r) => {
                 let (outcome, hint) = r
-                    .write_batch(self.engine.as_ref(), packets, self.write_behind)
+                    .write_batch(self.engine.as_ref(), mode, packets, self.write_behind)
                     .await;
                 if let Some(op) = hint {
                     // Unawaited and outside the lock: a hint that only moves work earlier.

@@ -48,6 +48,7 @@ async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(2, 0, &data[..65_536], false),
                     packet(2, 65_536, &data[65_536..150_000], false),
@@ -67,12 +68,13 @@ async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
         assert_eq!(&got[..], &data[..150_000]);
         // A newer token than the replica's is refused the same way, and a gap too.
         let out = s
-            .write_batch(H, vec![packet(3, 150_000, b"x", false)])
+            .write_batch(H, WriteMode::Append, vec![packet(3, 150_000, b"x", false)])
             .await;
         assert!(matches!(out.error, Some(Error::ReplicaStale { .. })));
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(2, 150_000, b"ok", false),
                     packet(2, 150_010, b"gap", false),
@@ -103,6 +105,7 @@ async fn a_batch_handles_retries_overlaps_and_unaligned_packets() {
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(1, 0, &data[..1000], false),
                     // An exact retry of bytes already planned.
@@ -144,7 +147,9 @@ async fn hsync_header_rides_on_the_next_flush_and_carries_its_tail_crc() {
             .await
             .expect("create");
         let data = pattern(10_000, 3);
-        let out = s.write_batch(H, vec![packet(1, 0, &data, true)]).await;
+        let out = s
+            .write_batch(H, WriteMode::Append, vec![packet(1, 0, &data, true)])
+            .await;
         assert_eq!(out.lengths, vec![10_000]);
         let slot = s.slot(H).expect("slot");
         {
@@ -244,6 +249,7 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (out, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 0, &data[..60_000], false)],
             64 << 10,
         )
@@ -253,6 +259,7 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (_, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 60_000, &data[60_000..], false)],
             64 << 10,
         )
@@ -272,6 +279,7 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (_, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 100_000, &data[..10], true)],
             0,
         )
