@@ -624,3 +624,30 @@ async fn replicas_with_format_1_headers_still_load_and_take_overwrites() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_batch_of_scattered_overwrites_is_split_into_chains_the_engine_takes() {
+    init_tracing();
+    for kind in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), kind).await;
+        let mut model = replica_with(&s, 255 * BLOCK as usize, 50).await;
+        // 128 packets, each in a block of its own (every other one), the last an
+        // hsync: 128 data writes and 128 table writes, more than one chain links.
+        let packets: Vec<PacketWrite> = (0..128u64)
+            .map(|i| {
+                let at = 2 * i * BLOCK + 100 + i;
+                let data = pattern(50 + i as usize, 60 + i);
+                model.write(at as usize, &data);
+                packet(at, &data, i == 127)
+            })
+            .collect();
+        let out = s.write_batch(H, WriteMode::Overwrite, packets).await;
+        assert!(out.error.is_none(), "{kind:?}: {:?}", out.error);
+        assert_eq!(out.lengths, vec![model.len(); 128]);
+        assert_reads_like(&s, &model, &format!("{kind:?}")).await;
+        drop(s);
+        let s = open(dir.path(), kind).await;
+        assert_reads_like(&s, &model, &format!("{kind:?} after a restart")).await;
+    }
+}

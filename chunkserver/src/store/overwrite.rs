@@ -45,6 +45,7 @@ impl Replica {
         packets: Vec<PacketWrite>,
     ) -> BatchOutcome {
         let mut plan = Plan::new(self.length);
+        let mut lengths = Vec::with_capacity(packets.len());
         let mut planned = Vec::with_capacity(packets.len());
         let mut sync = false;
         let mut failure = None;
@@ -53,6 +54,20 @@ impl Replica {
             if let Err(e) = self.check_write(p.version, p.offset, len, plan.length) {
                 failure = Some(e);
                 break;
+            }
+            if plan.ops() + blocks_touched(p.offset, len) + 1 > MAX_PLAN_OPS {
+                // A chain has room for so many ops (io_uring links at most 255): issue
+                // what is planned and go on with a new plan. A `sync` in the batch is
+                // honoured by the last chain, whose flush covers the whole file.
+                let full = std::mem::replace(&mut plan, Plan::new(0));
+                if let Err(e) = self.issue_plan(engine, full, false).await {
+                    return BatchOutcome {
+                        lengths,
+                        error: Some(e),
+                    };
+                }
+                lengths.append(&mut planned);
+                plan = Plan::new(self.length);
             }
             let in_place_end = (p.offset + len).min(plan.length);
             if p.offset < in_place_end {
@@ -68,9 +83,8 @@ impl Replica {
             sync |= p.sync;
             planned.push(plan.length);
         }
-        let mut lengths = Vec::new();
         match self.issue_plan(engine, plan, sync).await {
-            Ok(()) => lengths = planned,
+            Ok(()) => lengths.append(&mut planned),
             Err(e) => failure = Some(e),
         }
         BatchOutcome {
@@ -190,13 +204,26 @@ impl Replica {
                 data: Bytes::copy_from_slice(&crc.to_le_bytes()),
             });
         }
-        match engine.run(file, ops).await {
-            Ok(()) => self.tail_crc = tail,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot repair the checksum table after a failed overwrite")
+        for chunk in ops.chunks(MAX_PLAN_OPS) {
+            if let Err(e) = engine.run(file.clone(), chunk.to_vec()).await {
+                tracing::warn!(error = %e, "cannot repair the checksum table after a failed overwrite");
+                return;
             }
         }
+        self.tail_crc = tail;
     }
+}
+
+/// Most data and table writes in one plan's chain (leaving room for an hsync's tail
+/// within the io_uring engine's limit of 255 linked ops).
+const MAX_PLAN_OPS: usize = 192;
+
+/// Blocks that `len` bytes at `offset` touch.
+fn blocks_touched(offset: u64, len: u64) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    (checksum::block_of(offset + len - 1) - checksum::block_of(offset) + 1) as usize
 }
 
 /// The new content of one block touched by a plan.
@@ -327,6 +354,12 @@ impl Plan {
         Ok(())
     }
 
+    /// Ops the plan's chain holds at most: its data writes and one table write per
+    /// block (fewer when blocks are consecutive).
+    fn ops(&self) -> usize {
+        self.data.len() + self.blocks.len()
+    }
+
     /// CRC of the partial last block after the plan (0 when block aligned): the last
     /// block's image when the plan touched it, else the replica's `tail` (the plan
     /// then left the end where it was).
@@ -419,6 +452,15 @@ mod tests {
                 (header::table_entry_offset(7), 8),
             ]
         );
+    }
+
+    #[test]
+    fn blocks_touched_counts_partial_blocks_at_both_ends() {
+        assert_eq!(blocks_touched(0, 0), 0);
+        assert_eq!(blocks_touched(0, 1), 1);
+        assert_eq!(blocks_touched(0, BLOCK), 1);
+        assert_eq!(blocks_touched(BLOCK - 1, 2), 2);
+        assert_eq!(blocks_touched(10, 3 * BLOCK), 4);
     }
 
     #[test]
