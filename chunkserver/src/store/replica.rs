@@ -172,6 +172,9 @@ impl Replica {
             .run(self.file().await?, pre)
             .await
             .map_err(self.io("sync"))?;
+        // The chain's flush made the header before this one durable (it was written
+        // before the chain), whether or not it was an hsync's.
+        self.durable_length = self.header.length;
         self.header = next;
         self.header_durable = false;
         self.behind = self.behind.max(length);

@@ -342,5 +342,10 @@ async fn an_in_place_write_into_bytes_only_a_sync_record_vouches_for_makes_a_hea
             (false, 100_000, 100_010, 1),
             "nothing to make durable"
         );
+        // The next hsync's flush makes the previous hsync's header durable.
+        assert!(write(100_010, &data[..10], true).await.error.is_none());
+        assert_eq!(state(&s), (false, 100_010, 100_020, 1));
+        assert!(write(100_005, &data[..10], false).await.error.is_none());
+        assert_eq!(state(&s), (true, 100_020, 100_020, 1));
     }
 }
