@@ -8,11 +8,11 @@
 //! offset 72 KiB   data                   (4 KiB aligned), up to MAX_CHUNK_SIZE bytes
 //! ```
 //!
-//! A header slot holds (little endian):
+//! A header slot holds (little endian; format 2, written by this version):
 //!
 //! ```text
 //! 0..8    magic "STAMPCHK"
-//! 8..12   format version (1)
+//! 8..12   format version (2)
 //! 12..16  checksum block size (65536)
 //! 16..24  chunk handle
 //! 24..32  chunk version
@@ -23,8 +23,15 @@
 //!         bit 1 = bytes 50..54 hold the tail CRC
 //! 50..54  tail CRC: CRC32 of the data of the block that holds `length`, up to `length`
 //! 54..56  zero
-//! 56..60  CRC32 of bytes 0..56
+//! 56..88  overwrite marks: 256 bits, one per 4 MiB region of the data (bit `r % 8`
+//!         of byte `56 + r / 8` is region `r`, bytes `r * 4 MiB .. (r + 1) * 4 MiB`)
+//! 88..92  CRC32 of bytes 0..88
 //! ```
+//!
+//! Format 1 (written by older chunkservers, still read) is the same up to byte 56 and
+//! ends there with the CRC32 of bytes 0..56 at 56..60; it has no overwrite marks (a
+//! format-1 header decodes with none set). The CRC's place follows from the format
+//! field, which the CRC covers.
 //!
 //! Header writes alternate between the two slots by sequence number (`seq % 2`), and each
 //! is followed by an fsync, so a write torn by a crash leaves the other slot, holding the
@@ -60,6 +67,16 @@
 //!
 //! Start-up recovery may extend a replica past its header to a record's length when
 //! the data bears the record out; a record never shortens a replica.
+//!
+//! *Overwrite marks* ([`Marks`]) make in-place writes (an overwrite stream, DESIGN.md
+//! "Writes at any offset") crash safe: such a write changes a block's data and its
+//! table entry in two places, and a crash may persist one without the other. Before
+//! the first in-place write into a region whose mark is not durable yet, the store
+//! writes and flushes a header with the mark set; start-up recovery then recomputes a
+//! marked block whose CRC does not match instead of calling the replica corrupt. Marks
+//! stay set in every header until one is written after a flush of the whole file
+//! (end of the overwrite stream, finalize, bump, truncate, cut): [`Header::next`] keeps
+//! them, [`Header::unmarked`] clears them. An hsync's header keeps them.
 
 use crate::error::{Error, Result};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaState, CHECKSUM_BLOCK};
@@ -77,16 +94,29 @@ pub const TABLE_LEN: u64 = (MAX_CHUNK_SIZE / BLOCK) * 4;
 /// Where data starts (4 KiB aligned).
 pub const DATA_OFFSET: u64 = TABLE_OFFSET + TABLE_LEN;
 /// Format version written into every header.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The format before overwrite marks (still read).
+pub const FORMAT_V1: u32 = 1;
+/// Bytes of data per overwrite mark.
+pub const REGION: u64 = 4 << 20;
+/// Overwrite marks of a header (one per region of the largest chunk).
+pub const REGIONS: usize = (MAX_CHUNK_SIZE / REGION) as usize;
 
 const MAGIC: &[u8; 8] = b"STAMPCHK";
-const CRC_AT: usize = 56;
+/// Where the header CRC sits in format 1 (and where the marks start in format 2).
+const CRC_AT_V1: usize = 56;
+const MARKS_AT: usize = 56;
+const MARKS_LEN: usize = REGIONS / 8;
+/// Where the header CRC sits in format 2.
+const CRC_AT: usize = MARKS_AT + MARKS_LEN;
 const STATE_WRITING: u8 = 1;
 const STATE_FINALIZED: u8 = 2;
 const FLAG_CAPPED: u8 = 1;
 const FLAG_TAIL: u8 = 2;
 
 const _: () = assert!(DATA_OFFSET % 4096 == 0);
+const _: () = assert!(CRC_AT == 88 && CRC_AT + 4 <= HEAD_LEN);
+const _: () = assert!(REGION % BLOCK == 0 && REGIONS == 256);
 const _: () = assert!(HEAD_LEN as u64 <= RECORD_AT && RECORD_AT + RECORD_LEN as u64 <= SLOT_SIZE);
 
 /// Bytes of a header write (one sector; see [`Header::encode_head`]).
@@ -173,6 +203,87 @@ pub fn table_entry_offset(block: u64) -> u64 {
     TABLE_OFFSET + 4 * block
 }
 
+/// The overwrite marks of a header: one bit per [`REGION`] of the data (see the
+/// module overview). A mark set means an in-place write into that region may have
+/// been interrupted by a crash; start-up recovery trusts the region's data over its
+/// checksum table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Marks([u8; MARKS_LEN]);
+
+impl Marks {
+    /// No region marked.
+    pub const NONE: Marks = Marks([0; MARKS_LEN]);
+
+    /// The region holding data byte `offset` (clamped to the last region).
+    pub fn region_of(offset: u64) -> usize {
+        ((offset / REGION) as usize).min(REGIONS - 1)
+    }
+
+    /// The marks of every region that the data bytes `start..end` touch (none when the
+    /// range is empty).
+    pub fn of_range(start: u64, end: u64) -> Marks {
+        let mut m = Marks::NONE;
+        if end > start {
+            for r in Self::region_of(start)..=Self::region_of(end - 1) {
+                m.set(r);
+            }
+        }
+        m
+    }
+
+    /// Sets the mark of region `r`.
+    pub fn set(&mut self, r: usize) {
+        if let Some(b) = self.0.get_mut(r / 8) {
+            *b |= 1 << (r % 8);
+        }
+    }
+
+    /// Whether region `r` is marked.
+    pub fn contains(&self, r: usize) -> bool {
+        self.0.get(r / 8).is_some_and(|b| b & (1 << (r % 8)) != 0)
+    }
+
+    /// Whether the region of data byte `offset` is marked.
+    pub fn covers(&self, offset: u64) -> bool {
+        self.contains(Self::region_of(offset))
+    }
+
+    /// Whether no region is marked.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|b| *b == 0)
+    }
+
+    /// Every region marked here or in `other`.
+    #[must_use]
+    pub fn union(self, other: Marks) -> Marks {
+        let mut out = self;
+        for (a, b) in out.0.iter_mut().zip(other.0) {
+            *a |= b;
+        }
+        out
+    }
+
+    /// The regions marked in `self` but not in `other`.
+    #[must_use]
+    pub fn minus(self, other: Marks) -> Marks {
+        let mut out = self;
+        for (a, b) in out.0.iter_mut().zip(other.0) {
+            *a &= !b;
+        }
+        out
+    }
+
+    /// How many regions are marked.
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|b| b.count_ones()).sum()
+    }
+
+    /// The encoded marks (bit `r % 8` of byte `r / 8` is region `r`).
+    pub fn to_bytes(self) -> [u8; MARKS_LEN] {
+        self.0
+    }
+}
+
 /// One replica header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -188,6 +299,8 @@ pub struct Header {
     /// CRC32 of the data from the start of the block holding `length` up to `length`
     /// (0 when `length` is block aligned); `None` in headers written without it.
     pub tail_crc: Option<u32>,
+    /// Regions an in-place write may have left torn (see [`Marks`]).
+    pub marks: Marks,
 }
 
 impl Header {
@@ -206,10 +319,13 @@ impl Header {
             seq: 1,
             capped: false,
             tail_crc: None,
+            marks: Marks::NONE,
         }
     }
 
     /// The header that replaces this one (next sequence number, so the other slot).
+    /// It keeps the overwrite marks: only a header written after a flush of the whole
+    /// file may drop them ([`Header::unmarked`]).
     #[must_use]
     pub fn next(&self, version: ChunkVersion, state: ReplicaState, length: u64) -> Self {
         Self {
@@ -220,6 +336,26 @@ impl Header {
             seq: self.seq.wrapping_add(1),
             capped: false,
             tail_crc: None,
+            marks: self.marks,
+        }
+    }
+
+    /// This header with `marks` set as well.
+    #[must_use]
+    pub fn with_marks(self, marks: Marks) -> Self {
+        Self {
+            marks: self.marks.union(marks),
+            ..self
+        }
+    }
+
+    /// This header without overwrite marks: for a header written after a flush of the
+    /// whole file, which made every in-place write before it whole.
+    #[must_use]
+    pub fn unmarked(self) -> Self {
+        Self {
+            marks: Marks::NONE,
+            ..self
         }
     }
 
@@ -263,13 +399,14 @@ impl Header {
         out[49] =
             (u8::from(self.capped) * FLAG_CAPPED) | (u8::from(self.tail_crc.is_some()) * FLAG_TAIL);
         out[50..54].copy_from_slice(&self.tail_crc.unwrap_or(0).to_le_bytes());
+        out[MARKS_AT..MARKS_AT + MARKS_LEN].copy_from_slice(&self.marks.to_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         out
     }
 
     /// The bytes a store writes for this header: the first 512-byte sector of its
-    /// slot (the header proper is 60 bytes), so a header write never touches the sync
+    /// slot (the header proper is 92 bytes), so a header write never touches the sync
     /// record further into the same slot page.
     pub fn encode_head(&self) -> Vec<u8> {
         let mut out = self.encode();
@@ -277,9 +414,10 @@ impl Header {
         out
     }
 
-    /// Checks a slot's magic and CRC without interpreting its fields.
-    pub fn verify(slot: &[u8]) -> Result<()> {
-        if slot.len() < CRC_AT + 4 {
+    /// Checks a slot's magic and CRC without interpreting its fields (other than the
+    /// format, which says where the CRC is). Returns the format.
+    pub fn verify(slot: &[u8]) -> Result<u32> {
+        if slot.len() < CRC_AT_V1 + 4 {
             return Err(corrupt(format!(
                 "slot of {} bytes is too short",
                 slot.len()
@@ -288,24 +426,31 @@ impl Header {
         if &slot[0..8] != MAGIC {
             return Err(corrupt("bad magic".into()));
         }
-        let stored = u32::from_le_bytes([
-            slot[CRC_AT],
-            slot[CRC_AT + 1],
-            slot[CRC_AT + 2],
-            slot[CRC_AT + 3],
-        ]);
-        let computed = crc32fast::hash(&slot[..CRC_AT]);
+        let format = u32::from_le_bytes([slot[8], slot[9], slot[10], slot[11]]);
+        let crc_at = match format {
+            FORMAT_V1 => CRC_AT_V1,
+            FORMAT_VERSION => CRC_AT,
+            other => return Err(corrupt(format!("unsupported format version {other}"))),
+        };
+        let Some(stored) = slot.get(crc_at..crc_at + 4) else {
+            return Err(corrupt(format!(
+                "slot of {} bytes is too short for format {format}",
+                slot.len()
+            )));
+        };
+        let stored = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+        let computed = crc32fast::hash(&slot[..crc_at]);
         if stored != computed {
             return Err(corrupt(format!(
                 "header CRC {stored:#010x} does not match {computed:#010x}"
             )));
         }
-        Ok(())
+        Ok(format)
     }
 
     /// Decodes and validates a slot.
     pub fn decode(slot: &[u8]) -> Result<Self> {
-        Self::verify(slot)?;
+        let format = Self::verify(slot)?;
         let u32_at = |at: usize| {
             let mut b = [0u8; 4];
             b.copy_from_slice(&slot[at..at + 4]);
@@ -316,10 +461,6 @@ impl Header {
             b.copy_from_slice(&slot[at..at + 8]);
             u64::from_le_bytes(b)
         };
-        let format = u32_at(8);
-        if format != FORMAT_VERSION {
-            return Err(corrupt(format!("unsupported format version {format}")));
-        }
         let block = u32_at(12);
         if block as usize != CHECKSUM_BLOCK {
             return Err(corrupt(format!("unsupported checksum block size {block}")));
@@ -345,6 +486,13 @@ impl Header {
             seq: u64_at(40),
             capped: flags & FLAG_CAPPED != 0,
             tail_crc: (flags & FLAG_TAIL != 0).then(|| u32_at(50)),
+            marks: if format == FORMAT_V1 {
+                Marks::NONE
+            } else {
+                let mut m = [0u8; MARKS_LEN];
+                m.copy_from_slice(&slot[MARKS_AT..MARKS_AT + MARKS_LEN]);
+                Marks(m)
+            },
         })
     }
 
@@ -455,6 +603,83 @@ mod tests {
         let at = SyncRecord::offset(r.seq) as usize;
         slots[at..at + RECORD_LEN].copy_from_slice(&bytes);
         assert_eq!(SyncRecord::both(&slots), vec![r]);
+    }
+
+    /// A format-1 slot, byte for byte as chunkservers before overwrite marks wrote it.
+    fn format_1_slot(h: &Header) -> Vec<u8> {
+        let mut out = vec![0u8; SLOT_SIZE as usize];
+        out[0..8].copy_from_slice(b"STAMPCHK");
+        out[8..12].copy_from_slice(&1u32.to_le_bytes());
+        out[12..16].copy_from_slice(&65536u32.to_le_bytes());
+        out[16..24].copy_from_slice(&h.handle.0.to_le_bytes());
+        out[24..32].copy_from_slice(&h.version.0.to_le_bytes());
+        out[32..40].copy_from_slice(&h.length.to_le_bytes());
+        out[40..48].copy_from_slice(&h.seq.to_le_bytes());
+        out[48] = 1;
+        out[49] = if h.tail_crc.is_some() { 2 } else { 0 };
+        out[50..54].copy_from_slice(&h.tail_crc.unwrap_or(0).to_le_bytes());
+        let crc = crc32fast::hash(&out[..56]);
+        out[56..60].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn format_1_headers_still_decode_without_marks() {
+        let h = header().with_tail(0x1234_5678);
+        let old = format_1_slot(&h);
+        assert_eq!(Header::decode(&old).expect("format 1 decodes"), h);
+        assert!(Header::decode(&old).expect("decodes").marks.is_empty());
+        assert_eq!(Header::verify(&old).expect("valid"), FORMAT_V1);
+        // Every byte of a format-1 header is still covered by its CRC.
+        for i in 0..60 {
+            let mut b = old.clone();
+            b[i] ^= 0x40;
+            assert!(Header::decode(&b).is_err(), "flip at {i} went unnoticed");
+        }
+        // A newer header in the other slot wins over a format-1 one, and the reverse.
+        let new = h.next(ChunkVersion(8), ReplicaState::Writing, 5);
+        assert_eq!(Header::newest(&old, &new.encode()).expect("valid"), new);
+        assert_eq!(
+            Header::verify(&new.encode()).expect("valid"),
+            FORMAT_VERSION
+        );
+    }
+
+    #[test]
+    fn marks_round_trip_and_only_next_keeps_them() {
+        let mut m = Marks::NONE;
+        for r in [0, 7, 8, 100, 255] {
+            m.set(r);
+        }
+        let h = header().with_marks(m);
+        let bytes = h.encode();
+        assert_eq!(bytes[56], 0b1000_0001);
+        assert_eq!(bytes[57], 0b0000_0001);
+        assert_eq!(bytes[56 + 31], 0b1000_0000);
+        let back = Header::decode(&bytes).expect("decodes");
+        assert_eq!(back, h);
+        assert_eq!(back.marks.count(), 5);
+        assert!(back.marks.contains(100) && !back.marks.contains(101));
+        let next = h.next(ChunkVersion(7), ReplicaState::Writing, 1);
+        assert_eq!(next.marks, m, "the next header keeps the marks");
+        assert!(next.unmarked().marks.is_empty());
+        assert!(!h.with_tail(1).capped().marks.is_empty());
+    }
+
+    #[test]
+    fn marks_cover_the_regions_a_range_touches() {
+        assert!(Marks::of_range(5, 5).is_empty());
+        let m = Marks::of_range(REGION - 1, REGION + 1);
+        assert_eq!(m.count(), 2);
+        assert!(m.covers(0) && m.covers(REGION) && !m.covers(2 * REGION));
+        let all = Marks::of_range(0, MAX_CHUNK_SIZE);
+        assert_eq!(all.count(), 256);
+        assert!(all.covers(MAX_CHUNK_SIZE - 1));
+        assert_eq!(Marks::region_of(MAX_CHUNK_SIZE + 5), REGIONS - 1);
+        let a = Marks::of_range(0, 1);
+        let b = Marks::of_range(REGION, REGION + 1);
+        assert_eq!(a.union(b).minus(a), b);
+        assert!(a.minus(a.union(b)).is_empty());
     }
 
     #[test]

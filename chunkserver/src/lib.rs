@@ -6,7 +6,8 @@
 //! registers / heartbeats in the background, retrying while the master is away.
 //!
 //! Rooms:
-//! - [`header`]: the replica file layout and its two-slot header (encode/decode/verify).
+//! - [`header`]: the replica file layout and its two-slot header (encode/decode/verify),
+//!   with the overwrite marks ([`header::Marks`]) that make in-place writes crash safe.
 //! - [`checksum`]: per-64 KiB-block CRC32 arithmetic (pure).
 //! - [`gate`]: the version comparison every data-path request passes (pure).
 //! - [`io`]: the [`io::IoEngine`] trait with io_uring ([`io::UringEngine`]) and
@@ -14,11 +15,13 @@
 //! - [`layout`]: where replica files live (`DIR/<hh>/<handle>.chunk`, 256
 //!   subdirectories) and how files of the flat layout are put in place.
 //! - [`store`]: the [`store::Store`] of replicas, per-chunk locks, durability rules,
-//!   the streaming start-up scan and recovery, corrupt replicas moved aside, the
-//!   chunk report in pages.
+//!   the one write path ([`store::Store::write_batch`], appends or writes at any
+//!   offset by [`store::WriteMode`]), the streaming start-up scan and recovery,
+//!   corrupt replicas moved aside, the chunk report in pages.
 //! - [`fdcache`]: the bounded LRU of open replica files ([`fdcache::FileCache`],
 //!   `--max-open-files`), so replicas are not limited by the open-file limit.
-//! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure).
+//! - [`pipeline`]: the write pipeline (setup, packets, acks, backpressure), for append
+//!   streams (`WriteSetup`) and overwrite streams (`OverwriteSetup`) alike.
 //! - [`replication`]: copying a finalized replica to another chunkserver.
 //! - [`scrub`]: background checksum verification of every replica at a bounded rate,
 //!   and the on-request check of one replica that the master asks for when a client

@@ -7,8 +7,8 @@
 //! [`TaskTracker`]) for every handler, the heartbeat task and running replications.
 //!
 //! A connection carries request frames `(id, ChunkRequest)` answered by reply frames
-//! `(id, Result<_, RemoteError>)`, one at a time, until a `WriteSetup` or a
-//! `ReceiveReplica` turns it into a stream (see [`crate::pipeline`] and
+//! `(id, Result<_, RemoteError>)`, one at a time, until a `WriteSetup`, an
+//! `OverwriteSetup` or a `ReceiveReplica` turns it into a stream (see [`crate::pipeline`] and
 //! [`crate::replication`]). A malformed frame closes that connection only, and so does
 //! silence: a peer that sends no request for `--idle-timeout` after its last reply
 //! (frozen, vanished, or a half-open TCP connection) is disconnected, which frees its
@@ -336,7 +336,14 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         let mut _read_permit = None;
         let outcome = match request {
             ChunkRequest::WriteSetup(setup) => {
-                pipeline::serve(shared.clone(), id, setup, reader, writer, peer).await;
+                let mode = pipeline::WriteMode::Append;
+                pipeline::serve(shared.clone(), id, setup, mode, reader, writer, peer).await;
+                return;
+            }
+            ChunkRequest::OverwriteSetup(overwrite) => {
+                let mode = pipeline::WriteMode::Overwrite;
+                let setup = overwrite.setup;
+                pipeline::serve(shared.clone(), id, setup, mode, reader, writer, peer).await;
                 return;
             }
             ChunkRequest::ReceiveReplica(req) => {
@@ -367,13 +374,6 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 let result = scrub::verify_request(&shared, req).await;
                 reply_frame(id, &result, Bytes::new())
             }
-            ChunkRequest::OverwriteSetup(_) => reply_frame(
-                id,
-                &Err::<(), _>(RemoteError::NotSupported {
-                    reason: "this chunkserver does not serve overwrites yet".into(),
-                }),
-                Bytes::new(),
-            ),
             ChunkRequest::Digest(req) => {
                 let result = digest::serve(&shared, req).await;
                 reply_frame(id, &result, Bytes::new())

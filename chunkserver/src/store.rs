@@ -44,6 +44,15 @@
 //!   are renamed aside as `.corrupt` and reported, never deleted. A finalized replica
 //!   whose file is longer than its length is cut to it.
 //!
+//! - an overwrite stream writes bytes below the length in place (`store::overwrite`):
+//!   before the first in-place write into a 4 MiB region whose *overwrite mark* is
+//!   not in a durable header, a header with the mark set is written and flushed (and
+//!   while an hsync's header is not durable yet, before an in-place write into bytes
+//!   only its sync record vouches for); a torn in-place write in a marked region is
+//!   recomputed at start-up instead of called corrupt. The next header written after
+//!   a flush of the whole file clears the marks (the stream's end, finalize, bump,
+//!   truncate, cut); an hsync's header keeps them.
+//!
 //! - an hsync's flush also carries a *sync record* (length and tail CRC, see
 //!   [`crate::header`]): its header is written after the flush and may not reach the
 //!   disk before a power loss, and a later append's checksum entry for the partial
@@ -53,9 +62,11 @@
 mod digest;
 mod files;
 mod incoming;
+mod overwrite;
 mod recovery;
 mod replica;
 mod scan;
+mod streams;
 mod write;
 
 use crate::checksum;
@@ -81,7 +92,7 @@ pub use files::replace_file;
 pub use incoming::Incoming;
 use replica::{stale_table_entries, Disk, Replica};
 pub use scan::{ScanStats, SCAN_THREADS};
-pub use write::{BatchOutcome, PacketWrite};
+pub use write::{BatchOutcome, PacketWrite, WriteMode};
 
 /// The per-chunk lock and what it protects.
 type Slot = RwLock<SlotState>;
@@ -416,6 +427,7 @@ impl Store {
             id,
             header,
             header_durable: true,
+            durable_length: 0,
             length: 0,
             tail_crc: 0,
             behind: 0,
@@ -586,109 +598,6 @@ impl Store {
         }
         let data = Bytes::from(data).slice((offset - start) as usize..(end - start) as usize);
         Ok((report, data))
-    }
-
-    /// Opens a write stream at `offset` after the gate: the replica must be `Writing`;
-    /// bytes beyond `offset` (an unacknowledged tail of the writer holding this version)
-    /// are cut; a gap before `offset` is refused.
-    #[tracing::instrument(skip_all, fields(chunk = %handle, version = %version, offset))]
-    pub async fn open_for_write(
-        &self,
-        handle: ChunkHandle,
-        version: ChunkVersion,
-        offset: u64,
-    ) -> Result<ReplicaReport> {
-        let (slot, mut guard) = self.lock_live(handle).await?;
-        let result = match &mut *guard {
-            SlotState::Live(r) => {
-                r.open_for_write(self.engine.as_ref(), version, offset)
-                    .await
-            }
-            _ => Err(Error::NotFound { handle }),
-        };
-        self.settle(handle, &slot, &mut guard, result).await
-    }
-
-    /// Writes one packet: [`Store::write_batch`] of that packet alone (the one write
-    /// path), returning the replica's length after it.
-    pub async fn write(
-        &self,
-        handle: ChunkHandle,
-        version: ChunkVersion,
-        offset: u64,
-        data: Bytes,
-        sync: bool,
-    ) -> Result<u64> {
-        let packet = PacketWrite {
-            version,
-            offset,
-            data,
-            crc: None,
-            sync,
-        };
-        let outcome = self.write_batch(handle, vec![packet]).await;
-        match (outcome.error, outcome.lengths.last()) {
-            (Some(e), _) => Err(e),
-            (None, Some(&length)) => Ok(length),
-            (None, None) => Err(Error::Internal {
-                reason: format!(
-                    "a batch of one packet to chunk {handle} applied nothing and reported no error"
-                ),
-            }),
-        }
-    }
-
-    /// Writes consecutive packets of one stream under a single hold of the per-chunk
-    /// lock: each packet passes the version gate and the write checks in turn (as
-    /// [`Store::write`] would), contiguous appends go to disk as one chain, and a
-    /// `sync` anywhere in the batch makes the whole batch durable before returning.
-    pub async fn write_batch(
-        &self,
-        handle: ChunkHandle,
-        packets: Vec<PacketWrite>,
-    ) -> BatchOutcome {
-        let (slot, mut guard) = match self.lock_live(handle).await {
-            Ok(x) => x,
-            Err(e) => {
-                return BatchOutcome {
-                    lengths: Vec::new(),
-                    error: Some(e),
-                }
-            }
-        };
-        let outcome = match &mut *guard {
-            SlotState::Live(r) => {
-                let (outcome, hint) = r
-                    .write_batch(self.engine.as_ref(), packets, self.write_behind)
-                    .await;
-                if let Some(op) = hint {
-                    // Unawaited and outside the lock: a hint that only moves work earlier.
-                    // It holds the file until it completes, evicted or not.
-                    match r.file().await {
-                        Ok(file) => {
-                            let engine = self.engine.clone();
-                            tokio::spawn(async move {
-                                if let Err(e) = engine.run(file, vec![op]).await {
-                                    tracing::debug!(chunk = %handle, error = %e, "write-behind failed");
-                                }
-                            });
-                        }
-                        Err(e) => {
-                            tracing::debug!(chunk = %handle, error = %e, "write-behind skipped")
-                        }
-                    }
-                }
-                outcome
-            }
-            _ => BatchOutcome {
-                lengths: Vec::new(),
-                error: Some(Error::NotFound { handle }),
-            },
-        };
-        if let Some(e @ Error::ChecksumMismatch { .. }) = &outcome.error {
-            self.quarantine(handle, &slot, &mut guard, e).await;
-        }
-        outcome
     }
 
     /// Starts receiving a replica of `handle` at `version` (`length` bytes) from

@@ -67,6 +67,7 @@ async fn an_evicted_replica_reopens_between_the_packets_of_a_stream() {
                 let out = s
                     .write_batch(
                         STREAM,
+                        stampfs_chunkserver::store::WriteMode::Append,
                         vec![
                             packet(offset as u64, &piece[..half], false),
                             packet((offset + half) as u64, &piece[half..], i % 5 == 0),
@@ -180,7 +181,11 @@ async fn evictions_racing_a_stream_under_its_lock_change_nothing_it_writes() {
         let step = PACKET / 7;
         for (i, piece) in data.chunks(step).enumerate() {
             let out = s
-                .write_batch(STREAM, vec![packet(offset, piece, i % 4 == 0)])
+                .write_batch(
+                    STREAM,
+                    stampfs_chunkserver::store::WriteMode::Append,
+                    vec![packet(offset, piece, i % 4 == 0)],
+                )
                 .await;
             assert!(out.error.is_none(), "{kind:?} packet {i}: {:?}", out.error);
             offset += piece.len() as u64;

@@ -80,6 +80,7 @@ async fn an_hsync_that_fails_after_its_table_write_leaves_the_acknowledged_bytes
         let out = s
             .write_batch(
                 H,
+                stampfs_chunkserver::store::WriteMode::Append,
                 vec![stampfs_chunkserver::store::PacketWrite {
                     version: v1,
                     offset: 10_000,

@@ -168,6 +168,7 @@ async fn hundreds_of_replicas_through_a_small_descriptor_cache() {
                 let out = s
                     .write_batch(
                         handle(i),
+                        stampfs_chunkserver::store::WriteMode::Append,
                         vec![
                             PacketWrite {
                                 version: v(1),

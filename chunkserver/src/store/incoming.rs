@@ -105,6 +105,7 @@ impl Incoming {
             id: store.disk.cache.next_id(),
             header,
             header_durable: true,
+            durable_length: self.received,
             length: self.received,
             tail_crc: self.table.tail(),
             behind: self.received,

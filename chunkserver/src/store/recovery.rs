@@ -10,15 +10,22 @@
 //!   as the checksum table vouches (never past a capped header or the file's end);
 //!   what lies past the recovered length is dropped;
 //! - an interrupted cut (capped header) is completed; a finalized replica is cut to
-//!   its length.
+//!   its length;
+//! - in a `Writing` replica whose header has overwrite marks, a block of a marked
+//!   region below the header's length whose CRC does not match its table entry (or
+//!   the partial last block, its tail CRC) is an in-place write torn by a crash, not
+//!   corruption: its entry is recomputed from the data and the replica kept (logged
+//!   with a count). Outside marked regions, and for sync records, the rules above
+//!   are unchanged. Such a replica (and one a sync record carried past its header)
+//!   then gets a durable header at its recovered length, without marks.
 
 use super::{stale_table_entries, Disk, Replica};
 use crate::checksum::{self, BlockCheck};
 use crate::error::{Error, Result};
 use crate::fdcache;
 use crate::header::{
-    self, Header, SyncRecord, BLOCK, DATA_OFFSET, HEAD_LEN, MAX_CHUNK_SIZE, RECORD_LEN, SLOT_SIZE,
-    TABLE_LEN,
+    self, Header, Marks, SyncRecord, BLOCK, DATA_OFFSET, HEAD_LEN, MAX_CHUNK_SIZE, RECORD_LEN,
+    SLOT_SIZE, TABLE_LEN,
 };
 use stampfs_proto::{ChunkHandle, ReplicaState};
 use std::fs::File;
@@ -52,6 +59,9 @@ pub(super) fn load_replica(path: &Path, handle: ChunkHandle, disk: &Arc<Disk>) -
     }
     let on_disk = file_len.saturating_sub(DATA_OFFSET).min(MAX_CHUNK_SIZE);
     let mut table = Vec::new();
+    let mut repairs = Repairs::new(header.marks);
+    // Whether a sync record carried the length past the header.
+    let mut from_record = false;
     let (length, tail_crc) = match header.state {
         ReplicaState::Finalized => {
             if on_disk < header.length {
@@ -86,9 +96,11 @@ pub(super) fn load_replica(path: &Path, handle: ChunkHandle, disk: &Arc<Disk>) -
             table_bytes[got..].fill(0);
             table = checksum::parse_table(&table_bytes);
             // Every header's length was synced before the header was written, so data
-            // that does not bear it out is corruption, never a torn write.
+            // that does not bear it out is corruption, never a torn write; except in a
+            // region the header marks, where an in-place write may have been torn
+            // between a block's data and its table entry: there the data wins.
             let Some(base_tail) =
-                vouches(&file, &table, on_disk, &header, 0).map_err(io("read"))?
+                vouches(&file, &table, on_disk, &header, 0, &mut repairs).map_err(io("read"))?
             else {
                 return Err(Error::CorruptHeader {
                     reason: format!(
@@ -97,12 +109,18 @@ pub(super) fn load_replica(path: &Path, handle: ChunkHandle, disk: &Arc<Disk>) -
                     ),
                 });
             };
+            for &(block, crc) in &repairs.entries {
+                if let Some(e) = table.get_mut(block as usize) {
+                    *e = crc;
+                }
+            }
             if header.capped {
                 (header.length, base_tail)
             } else {
                 let (length, tail) =
                     past_header(&file, &table, on_disk, &header, base_tail, &slots)
                         .map_err(io("read"))?;
+                from_record = length > header.length;
                 extend_length(&file, on_disk, &table, length, tail).map_err(io("read"))?
             }
         }
@@ -112,6 +130,7 @@ pub(super) fn load_replica(path: &Path, handle: ChunkHandle, disk: &Arc<Disk>) -
         id: disk.cache.next_id(),
         header,
         header_durable: true,
+        durable_length: header.length,
         length,
         tail_crc,
         behind: length,
@@ -126,6 +145,14 @@ pub(super) fn load_replica(path: &Path, handle: ChunkHandle, disk: &Arc<Disk>) -
         replica
             .forget_past_end(&file, &table, file_len)
             .map_err(io("drop what lies past the recovered length"))?;
+    }
+    if header.state == ReplicaState::Writing
+        && !header.capped
+        && (!header.marks.is_empty() || from_record)
+    {
+        replica
+            .settle_at_load(&file, &repairs, from_record)
+            .map_err(io("settle an interrupted overwrite or hsync"))?;
     }
     if header.state == ReplicaState::Finalized && file_len > DATA_OFFSET + header.length {
         // A crash between finalize's header and its cut left zeros (or a recovered
@@ -176,6 +203,55 @@ impl Replica {
         Ok(())
     }
 
+    /// After start-up recovery of a `Writing` replica whose header has overwrite marks
+    /// or whose length a sync record carried past its header: the table entries of
+    /// marked blocks recomputed from their data are written, the file flushed, and a
+    /// header with the recovered length and no marks written and flushed (blocking,
+    /// at start-up). From then on the replica is as if its last stream had closed
+    /// cleanly: a later in-place write marks its regions again, and no byte it
+    /// counts is vouched for by a sync record alone (an in-place write could make the
+    /// record's check fail after a crash).
+    fn settle_at_load(
+        &mut self,
+        file: &File,
+        repairs: &Repairs,
+        from_record: bool,
+    ) -> std::io::Result<()> {
+        for &(block, crc) in &repairs.entries {
+            file.write_all_at(&crc.to_le_bytes(), header::table_entry_offset(block))?;
+        }
+        file.sync_data()?;
+        let next = self
+            .header
+            .next(self.header.version, ReplicaState::Writing, self.length)
+            .with_tail(self.tail_crc)
+            .unmarked();
+        file.write_all_at(&next.encode_head(), next.slot_offset())?;
+        file.sync_all()?;
+        let recomputed = repairs.entries.len() + usize::from(repairs.tail);
+        if recomputed > 0 {
+            tracing::warn!(
+                chunk = %next.handle,
+                blocks = recomputed,
+                marked_regions = self.header.marks.count(),
+                length = self.length,
+                "blocks torn by an interrupted overwrite recomputed from their data; replica kept"
+            );
+        } else {
+            tracing::info!(
+                chunk = %next.handle,
+                marked_regions = self.header.marks.count(),
+                from_record,
+                length = self.length,
+                "overwrite marks cleared at start-up"
+            );
+        }
+        self.header = next;
+        self.durable_length = next.length;
+        self.behind = self.length;
+        Ok(())
+    }
+
     /// Completes a cut that a crash interrupted after its capped header (see
     /// [`Replica::cut_to`]): the data ends at the header's length; the bytes and
     /// checksums past it are removed and the header is rewritten uncapped (blocking,
@@ -203,11 +279,13 @@ impl Replica {
         let next = self
             .header
             .next(self.header.version, self.header.state, length)
-            .with_tail(tail);
+            .with_tail(tail)
+            .unmarked();
         file.write_all_at(&next.encode_head(), next.slot_offset())?;
         file.sync_all()?;
         tracing::info!(chunk = %next.handle, length, "finished a cut interrupted by a crash");
         self.header = next;
+        self.durable_length = length;
         self.length = length;
         self.tail_crc = tail;
         self.behind = length;
@@ -229,10 +307,36 @@ pub(super) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io:
     Ok(got)
 }
 
+/// Blocks of a header's claim that its overwrite marks let start-up recovery
+/// recompute from their data (see [`vouches`]).
+struct Repairs {
+    /// The regions the header marks (none: every block must match).
+    marks: Marks,
+    /// Whole blocks whose table entry did not match, with the CRC of their data.
+    entries: Vec<(u64, u32)>,
+    /// Whether the partial last block did not match the header's tail CRC.
+    tail: bool,
+}
+
+impl Repairs {
+    fn new(marks: Marks) -> Self {
+        Self {
+            marks,
+            entries: Vec::new(),
+            tail: false,
+        }
+    }
+}
+
 /// Whether the data bears out `h`'s length: every whole block below it matches its
 /// checksum entry, and the partial block matches the header's tail CRC (or, for a
 /// header written without one, the entry covers at least that much). Returns the CRC
 /// of the partial block (0 when aligned).
+///
+/// A block in a region `repairs` marks that does not match is taken as the data of an
+/// in-place write torn by a crash: it counts as borne out, and its CRC is noted in
+/// `repairs` (the bytes are all present, since a header never claims bytes that were
+/// not flushed; they are, byte by byte, old or new).
 ///
 /// Whole blocks below `checked` are taken as verified already (a claim past a header
 /// that was itself borne out need not read them again).
@@ -242,6 +346,7 @@ fn vouches(
     on_disk: u64,
     h: &Header,
     checked: u64,
+    repairs: &mut Repairs,
 ) -> std::io::Result<Option<u32>> {
     if h.length > on_disk {
         return Ok(None);
@@ -249,10 +354,18 @@ fn vouches(
     let last = checksum::block_of(h.length);
     let mut buf = vec![0u8; BLOCK as usize];
     for block in checksum::block_of(checked).min(last)..last {
-        let got = read_full_at(file, &mut buf, DATA_OFFSET + checksum::block_start(block))?;
+        let start = checksum::block_start(block);
+        let got = read_full_at(file, &mut buf, DATA_OFFSET + start)?;
         let stored = table.get(block as usize).copied().unwrap_or(0);
-        if got < buf.len() || crc32fast::hash(&buf) != stored {
+        if got < buf.len() {
             return Ok(None);
+        }
+        let crc = crc32fast::hash(&buf);
+        if crc != stored {
+            if !repairs.marks.covers(start) {
+                return Ok(None);
+            }
+            repairs.entries.push((block, crc));
         }
     }
     let rem = (h.length % BLOCK) as usize;
@@ -267,7 +380,12 @@ fn vouches(
     }
     let tail = crc32fast::hash(&buf[..rem]);
     let ok = match h.tail_crc {
-        Some(t) => t == tail,
+        Some(t) if t == tail => true,
+        Some(_) if repairs.marks.covers(start) => {
+            repairs.tail = true;
+            true
+        }
+        Some(_) => false,
         None => {
             match checksum::check_block(&buf[..got], table.get(last as usize).copied().unwrap_or(0))
             {
@@ -302,7 +420,12 @@ fn past_header(
         let claim = header
             .next(r.version, ReplicaState::Writing, r.length)
             .with_tail(r.tail_crc);
-        if let Some(t) = vouches(file, table, on_disk, &claim, header.length)? {
+        // Strict, marks or not: no in-place write touches bytes a record alone vouches
+        // for without first making a header durable past them (see
+        // `Replica::needs_durable_header`), so a record the data does not bear out is
+        // one whose flush did not complete.
+        let mut strict = Repairs::new(Marks::NONE);
+        if let Some(t) = vouches(file, table, on_disk, &claim, header.length, &mut strict)? {
             tracing::info!(chunk = %r.handle, length = r.length, header = header.length, "an hsync's record carries the replica past its header");
             return Ok((r.length, t));
         }

@@ -41,6 +41,10 @@ pub(super) struct Replica {
     /// Whether `header` is known durable (false after an hsync header, which rides on
     /// the next flush).
     pub(super) header_durable: bool,
+    /// The length of the newest header known durable (`header.length` when
+    /// `header_durable`; lower while an hsync's header rides on the next flush, its
+    /// bytes past this vouched for only by the hsync's sync record).
+    pub(super) durable_length: u64,
     /// Bytes of data; at least `header.length`, more after appends not yet synced.
     pub(super) length: u64,
     /// CRC of the partial last block (`length % BLOCK` bytes); 0 when block aligned.
@@ -83,7 +87,9 @@ impl Replica {
         move |e| Error::io(op, self.path(), e)
     }
 
-    /// Writes the next header after `pre`, then fsyncs, as one linked chain.
+    /// Writes the next header after `pre`, then fsyncs, as one linked chain. The
+    /// header drops the overwrite marks, so `pre` must flush the whole file (or the
+    /// chain must follow one): every caller's does.
     pub(super) async fn write_header(
         &mut self,
         engine: &dyn IoEngine,
@@ -96,7 +102,8 @@ impl Replica {
         let next = self
             .header
             .next(version, state, length)
-            .with_tail(self.tail_crc);
+            .with_tail(self.tail_crc)
+            .unmarked();
         self.write_next_header(engine, next, pre).await
     }
 
@@ -118,6 +125,7 @@ impl Replica {
             .map_err(self.io("write header"))?;
         self.header = next;
         self.header_durable = true;
+        self.durable_length = next.length;
         Ok(())
     }
 
@@ -164,6 +172,9 @@ impl Replica {
             .run(self.file().await?, pre)
             .await
             .map_err(self.io("sync"))?;
+        // The chain's flush made the header before this one durable (it was written
+        // before the chain), whether or not it was an hsync's.
+        self.durable_length = self.header.length;
         self.header = next;
         self.header_durable = false;
         self.behind = self.behind.max(length);
@@ -255,7 +266,8 @@ impl Replica {
             .header
             .next(version, state, length)
             .with_tail(new_tail)
-            .capped();
+            .capped()
+            .unmarked();
         self.write_next_header(engine, capped, vec![IoOp::SyncData])
             .await?;
         if let Some((offset, entries)) = stale_table_entries(length, new_tail) {
@@ -403,6 +415,34 @@ impl Replica {
         Ok(self.report())
     }
 
+    /// The checks of an overwrite stream's set-up (see [`Store::open_for_overwrite`]):
+    /// the gate, still `Writing`, and `offset` within the replica. Nothing is cut.
+    pub(super) fn check_overwrite_setup(
+        &self,
+        version: ChunkVersion,
+        offset: u64,
+    ) -> Result<ReplicaReport> {
+        gate::check(self.header.handle, version, self.header.version)?;
+        if self.header.state != ReplicaState::Writing {
+            return Err(self.finalized());
+        }
+        self.holds(offset)?;
+        Ok(self.report())
+    }
+
+    /// The end of an overwrite stream: if the header has overwrite marks, the whole
+    /// file is flushed and the header written again without them.
+    pub(super) async fn clear_marks(&mut self, engine: &dyn IoEngine) -> Result<()> {
+        if self.header.marks.is_empty() {
+            return Ok(());
+        }
+        let regions = self.header.marks.count();
+        let state = self.header.state;
+        self.persist_length(engine, state).await?;
+        tracing::debug!(regions, "overwrite marks cleared");
+        Ok(())
+    }
+
     /// Makes the current length durable in the header (data synced first).
     pub(super) async fn persist_length(
         &mut self,
@@ -410,7 +450,11 @@ impl Replica {
         state: ReplicaState,
     ) -> Result<()> {
         let (version, length) = (self.header.version, self.length);
-        if self.header_durable && self.header.length == length && self.header.state == state {
+        if self.header_durable
+            && self.header.length == length
+            && self.header.state == state
+            && self.header.marks.is_empty()
+        {
             return Ok(());
         }
         self.write_header(engine, version, state, length, vec![IoOp::SyncData])

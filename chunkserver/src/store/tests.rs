@@ -48,6 +48,7 @@ async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(2, 0, &data[..65_536], false),
                     packet(2, 65_536, &data[65_536..150_000], false),
@@ -67,12 +68,13 @@ async fn a_batch_gates_every_packet_and_keeps_the_ones_before_a_stale_one() {
         assert_eq!(&got[..], &data[..150_000]);
         // A newer token than the replica's is refused the same way, and a gap too.
         let out = s
-            .write_batch(H, vec![packet(3, 150_000, b"x", false)])
+            .write_batch(H, WriteMode::Append, vec![packet(3, 150_000, b"x", false)])
             .await;
         assert!(matches!(out.error, Some(Error::ReplicaStale { .. })));
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(2, 150_000, b"ok", false),
                     packet(2, 150_010, b"gap", false),
@@ -103,6 +105,7 @@ async fn a_batch_handles_retries_overlaps_and_unaligned_packets() {
         let out = s
             .write_batch(
                 H,
+                WriteMode::Append,
                 vec![
                     packet(1, 0, &data[..1000], false),
                     // An exact retry of bytes already planned.
@@ -144,7 +147,9 @@ async fn hsync_header_rides_on_the_next_flush_and_carries_its_tail_crc() {
             .await
             .expect("create");
         let data = pattern(10_000, 3);
-        let out = s.write_batch(H, vec![packet(1, 0, &data, true)]).await;
+        let out = s
+            .write_batch(H, WriteMode::Append, vec![packet(1, 0, &data, true)])
+            .await;
         assert_eq!(out.lengths, vec![10_000]);
         let slot = s.slot(H).expect("slot");
         {
@@ -244,6 +249,7 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (out, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 0, &data[..60_000], false)],
             64 << 10,
         )
@@ -253,6 +259,7 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (_, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 60_000, &data[60_000..], false)],
             64 << 10,
         )
@@ -272,10 +279,73 @@ async fn write_behind_is_asked_for_every_threshold_of_appended_bytes() {
     let (_, hint) = r
         .write_batch(
             engine.as_ref(),
+            WriteMode::Append,
             vec![packet(1, 100_000, &data[..10], true)],
             0,
         )
         .await;
     assert!(hint.is_none());
     assert_eq!(r.behind, 100_010);
+}
+
+#[tokio::test]
+async fn an_in_place_write_into_bytes_only_a_sync_record_vouches_for_makes_a_header_durable() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(dir.path(), engine).await.expect("open");
+        s.bump_version(H, ChunkVersion(1), true)
+            .await
+            .expect("create");
+        let data = pattern(100_000, 5);
+        let state = |s: &Store| {
+            let slot = s.slot(H).expect("slot");
+            let guard = slot.try_read_owned().expect("unlocked");
+            let SlotState::Live(r) = &*guard else {
+                panic!("live replica expected")
+            };
+            (
+                r.header_durable,
+                r.durable_length,
+                r.header.length,
+                r.header.marks.count(),
+            )
+        };
+        let write = |offset: u64, bytes: &[u8], sync: bool| {
+            s.write_batch(
+                H,
+                WriteMode::Overwrite,
+                vec![packet(1, offset, bytes, sync)],
+            )
+        };
+        assert!(write(0, &data[..50_000], true).await.error.is_none());
+        assert_eq!(state(&s), (false, 0, 50_000, 0), "the hsync's header rides");
+        // The first in-place write marks region 0 in a durable header (the hsync's
+        // header again, same slot) at the hsync's length.
+        assert!(write(100, &data[100..200], false).await.error.is_none());
+        assert_eq!(state(&s), (true, 50_000, 50_000, 1));
+        assert!(write(50_000, &data[50_000..], true).await.error.is_none());
+        assert_eq!(state(&s), (false, 50_000, 100_000, 1));
+        // Region 0 is marked already, but bytes 50 000..100 000 are vouched for by the
+        // sync record alone: an in-place write into their blocks makes a header
+        // durable first.
+        assert!(write(70_000, &data[70_000..70_010], false)
+            .await
+            .error
+            .is_none());
+        assert_eq!(state(&s), (true, 100_000, 100_000, 1));
+        // Below the block of the durable length, after another hsync: no extra flush.
+        assert!(write(100_000, &data[..10], true).await.error.is_none());
+        assert_eq!(state(&s), (false, 100_000, 100_010, 1));
+        assert!(write(10, &data[10..20], false).await.error.is_none());
+        assert_eq!(
+            state(&s),
+            (false, 100_000, 100_010, 1),
+            "nothing to make durable"
+        );
+        // The next hsync's flush makes the previous hsync's header durable.
+        assert!(write(100_010, &data[..10], true).await.error.is_none());
+        assert_eq!(state(&s), (false, 100_010, 100_020, 1));
+        assert!(write(100_005, &data[..10], false).await.error.is_none());
+        assert_eq!(state(&s), (true, 100_020, 100_020, 1));
+    }
 }

@@ -1,6 +1,9 @@
 //! The write path of a replica: packets checked (gate included) and planned under the
 //! per-chunk lock, contiguous appends issued as one chain, and the repair of the table
-//! after a chain that failed part-way.
+//! after a chain that failed part-way. A batch is written in one of two modes
+//! ([`WriteMode`]): an append stream's (bytes below the length are an idempotent
+//! retry) or an overwrite stream's (bytes below the length are written in place, see
+//! `store::overwrite`); the checks, the chain and its durable tail are the same.
 
 use super::replica::{stale_table_entries, Replica};
 use super::{Error, Result};
@@ -15,7 +18,13 @@ impl Replica {
     /// The checks every packet passes under the lock before it is written: the version
     /// gate, the replica still open for writing, the chunk limit, no gap after
     /// `length` (the replica's length including packets planned before this one).
-    fn check_write(&self, version: ChunkVersion, offset: u64, len: u64, length: u64) -> Result<()> {
+    pub(super) fn check_write(
+        &self,
+        version: ChunkVersion,
+        offset: u64,
+        len: u64,
+        length: u64,
+    ) -> Result<()> {
         let handle = self.header.handle;
         gate::check(handle, version, self.header.version)?;
         if self.header.state != ReplicaState::Writing {
@@ -46,15 +55,23 @@ impl Replica {
     /// when any packet asks for `sync` the chain ends with fdatasync, then the header
     /// (holding the new length) and fsync.
     ///
+    /// In [`WriteMode::Overwrite`], packets are planned by `overwrite_packets`
+    /// instead (bytes below the length written in place), through the same checks and
+    /// the same chain.
+    ///
     /// Also returns a write-behind hint once `write_behind` bytes (if not zero) have
     /// been appended since the last hint or sync, for the caller to run unawaited.
     pub(super) async fn write_batch(
         &mut self,
         engine: &dyn IoEngine,
+        mode: WriteMode,
         packets: Vec<PacketWrite>,
         write_behind: u64,
     ) -> (BatchOutcome, Option<IoOp>) {
-        let outcome = self.write_packets(engine, packets).await;
+        let outcome = match mode {
+            WriteMode::Append => self.write_packets(engine, packets).await,
+            WriteMode::Overwrite => self.overwrite_packets(engine, packets).await,
+        };
         let hint = if write_behind > 0 && self.length >= self.behind.saturating_add(write_behind) {
             let op = IoOp::WriteBehind {
                 offset: DATA_OFFSET + self.behind,
@@ -133,7 +150,7 @@ impl Replica {
     }
 
     /// Runs a chain of data and table writes.
-    async fn run_ops(&self, engine: &dyn IoEngine, ops: Vec<IoOp>) -> Result<()> {
+    pub(super) async fn run_ops(&self, engine: &dyn IoEngine, ops: Vec<IoOp>) -> Result<()> {
         engine
             .run(self.file().await?, ops)
             .await
@@ -184,7 +201,7 @@ impl Replica {
     /// CRC `tail`), with the durable-length tail when `sync`, then makes that the
     /// replica's state; a chain that fails leaves the state as it was (and the table
     /// put back, see [`Replica::forget_failed_write`]).
-    async fn commit_ops(
+    pub(super) async fn commit_ops(
         &mut self,
         engine: &dyn IoEngine,
         ops: Vec<IoOp>,
@@ -243,6 +260,18 @@ impl Replica {
             .await?;
         Ok(end)
     }
+}
+
+/// How a [`Store::write_batch`] treats a packet's bytes below the replica's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// An append stream (`WriteSetup`): bytes below the length are an idempotent retry
+    /// of bytes already written, and are skipped.
+    Append,
+    /// An overwrite stream (`OverwriteSetup`): bytes below the length are written in
+    /// place (their blocks' checksums recomputed, their regions marked first), the
+    /// rest appended.
+    Overwrite,
 }
 
 /// One packet of a [`Store::write_batch`].

@@ -7,8 +7,8 @@ use stampfs_chunkserver::{start, ChunkserverConfig, ChunkserverHandle, IoEngineK
 use stampfs_proto::rpc::request_frame;
 use stampfs_proto::{
     Ack, ChunkCommand, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId,
-    ClientId, ClusterKey, Frame, FrameReader, FrameWriter, Packet, Read, ReadReply, RemoteError,
-    ReplicaReport, RpcClient, Signed, WriteSetup, WriteSetupReply,
+    ClientId, ClusterKey, Frame, FrameReader, FrameWriter, OverwriteSetup, Packet, Read, ReadReply,
+    RemoteError, ReplicaReport, RpcClient, Signed, WriteSetup, WriteSetupReply,
 };
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -198,6 +198,38 @@ impl Writer {
                 token,
                 offset,
                 downstream,
+            })
+            .await
+        {
+            Ok(s) => s,
+            Err(stampfs_proto::Error::Remote(e)) => return Err(e),
+            Err(e) => panic!("transport error: {e}"),
+        };
+        let (reader, writer) = c.into_parts();
+        Ok(Writer {
+            reader,
+            writer,
+            token,
+            setup,
+        })
+    }
+
+    /// Opens an overwrite stream (`OverwriteSetup`): packets at any offset up to the
+    /// replica's length.
+    pub async fn open_overwrite(
+        first: &ChunkserverHandle,
+        token: ChunkToken,
+        offset: u64,
+        downstream: Vec<ChunkserverAddr>,
+    ) -> Result<Writer, RemoteError> {
+        let mut c = connect(first).await;
+        let setup = match c
+            .call(OverwriteSetup {
+                setup: WriteSetup {
+                    token,
+                    offset,
+                    downstream,
+                },
             })
             .await
         {
