@@ -34,8 +34,8 @@ pub enum Command {
     /// Write a local file (or stdin with `-`) into REMOTE at --offset, over what is
     /// there (the file's last chunk or past its end; a gap reads as zeros).
     Write(WriteArgs),
-    /// Set REMOTE's length: a longer file reads zeros past its old end (shrinking is
-    /// not supported yet: it fails, changing nothing).
+    /// Set REMOTE's length: a longer file reads zeros past its old end; a shorter one is
+    /// cut (within its last chunk only, so far: below it fails, changing nothing).
     Truncate(TruncateArgs),
     /// Copy REMOTE to a local file (or stdout with `-`).
     Get(GetArgs),

@@ -275,6 +275,7 @@ pub async fn write(args: WriteArgs) -> Result<()> {
 }
 
 pub async fn truncate(args: TruncateArgs) -> Result<()> {
+    anyhow::ensure!(arm_crash_points("truncate"), "bad crash point settings");
     let client = connect(&args.master).await?;
     let status = client.stat(&args.remote).await?;
     anyhow::ensure!(
@@ -285,12 +286,14 @@ pub async fn truncate(args: TruncateArgs) -> Result<()> {
     if status.length == args.size {
         return Ok(());
     }
-    if args.size < status.length {
-        // Refused before any lease is taken: nothing changes.
+    // Below the last chunk is refused before any lease is taken: nothing changes.
+    let last_chunk = status.length - status.length % status.chunk_size.max(1);
+    if args.size < last_chunk {
         return Err(stampfs_client::Error::NotSupported {
             path: status.path,
             reason: format!(
-                "setting the length from {} to {}: shrinking a file is not supported yet",
+                "setting the length from {} to {}: shrinking a file below its last chunk \
+                 (from {last_chunk}) is not supported yet",
                 status.length, args.size
             ),
         }

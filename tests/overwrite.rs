@@ -111,8 +111,19 @@ fn round_trips(engine: &str) {
         // Before the chunk being written: refused, nothing changes.
         let e = w.write_at(100, b"x").await.expect_err("an earlier chunk");
         assert!(matches!(e, Error::NotSupported { .. }), "{e}");
-        let e = w.set_len(10).await.expect_err("shrink");
+        let e = w
+            .set_len(10)
+            .await
+            .expect_err("shrink into an earlier chunk");
         assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+        // Shrink within the last chunk (its start is 2 × CHUNK now), then write past
+        // the new end: the gap reads as zeros, not as the cut bytes.
+        let cut = 2 * CHUNK + 50;
+        w.set_len(cut).await.expect("shrink");
+        model.truncate(cut as usize);
+        assert_eq!(w.len(), cut);
+        w.write_at(cut + 20, b"after the cut").await.expect("write");
+        apply(&mut model, cut + 20, b"after the cut");
         // Growing writes zeros; the position stays.
         let pos = w.position();
         let grown = model.len() as u64 + 70_000;
@@ -151,16 +162,20 @@ fn the_cli_writes_at_an_offset_and_refuses_what_it_does_not_support() {
     let out = c.run_stdin(&["write", "/cli", "--offset", "16", "-"], b"!");
     assert!(out.status.success());
     assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
-    // Shrinking is refused before anything is taken.
-    let out = c.run(&["truncate", "/cli", "3"]);
+    // Growing reads zeros past the old end; shrinking cuts.
+    c.ok(&["truncate", "/cli", "20"]);
+    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!\0\0\0");
+    c.ok(&["truncate", "/cli", "5"]);
+    assert_eq!(c.cat("/cli"), b"hello");
+    assert_eq!(c.stat_json("/cli")["length"], 5);
+    // Below the last chunk is refused before anything is taken.
+    c.put_bytes("/two", &pattern(300_000, 9), &["--chunk-size", "256KiB"]);
+    let out = c.run(&["truncate", "/two", "3"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not supported"), "{err}");
-    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!");
-    assert_eq!(c.stat_json("/cli")["state"], "closed");
-    // Growing reads zeros past the old end.
-    c.ok(&["truncate", "/cli", "20"]);
-    assert_eq!(c.cat("/cli"), b"hello, stamp\n\0\0\0!\0\0\0");
+    assert_eq!(c.cat("/two"), pattern(300_000, 9));
+    assert_eq!(c.stat_json("/two")["state"], "closed");
     // `--create` makes a new file; without it a missing file is an error.
     let out = c.run_stdin(&["write", "/new", "--offset", "0", "-"], b"x");
     assert!(!out.status.success());
@@ -291,4 +306,35 @@ fn a_writer_killed_in_the_middle_of_an_overwrite_leaves_old_or_new_bytes_and_ide
         assert_replicas_identical(&client, "/killw").await;
         assert_eq!(read_all(&client, "/killw").await, got);
     });
+}
+
+#[test]
+fn a_writer_killed_between_lowering_the_length_and_cutting_leaves_a_recoverable_file() {
+    // The master lowers the committed length before any replica is cut: a writer that
+    // dies in between leaves replicas longer than the committed length, which lease
+    // recovery keeps (had it cut first, recovery would have found every replica
+    // shorter than the committed length, short, and kept none).
+    let c = cluster("auto");
+    let data = pattern(100_000, 31);
+    c.put_bytes("/cut", &data, &[]);
+    let out = c
+        .cmd(&["truncate", "/cut", "1000"])
+        .env("STAMPFS_CRASH_POINTS", "writer-cut-before-setup=1")
+        .output()
+        .expect("run truncate");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "killed at the crash point: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.ok(&["recover", "/cut"]);
+    common::wait_for("the file to close", || {
+        c.stat_json("/cut")["state"] == "closed"
+    });
+    // Nothing was cut: recovery closed the file at what the replicas hold.
+    assert_eq!(c.cat("/cut"), data);
+    let (code, report) = common::fsck_json(&c, &["/cut"]);
+    assert_eq!(code, Some(0), "{report}");
 }

@@ -102,6 +102,9 @@ pub const CATALOGUE: &[Point] = &[
     // A writer's pipeline recovery (client/src/writer/runtime.rs, the engine's `Resend`).
     point("writer-reopen-before-resend", Process::Client,
           "pipeline recovery: the new stream is open at its start offset; no unacknowledged packet resent"),
+    // A writer's shrink (client/src/writer/runtime.rs, the engine's `CutLastChunk`).
+    point("writer-cut-before-setup", Process::Client,
+          "shrink: the master lowered the committed length durably; no replica cut yet"),
 ];
 
 const N: usize = CATALOGUE.len();

@@ -44,7 +44,7 @@ mod reopen;
 use super::event::{Action, Event, Packet, StreamFailure, Wait, Watch};
 use super::policy::{after_stream_end, excluded, EndAction};
 use crate::error::{Error, Result};
-use job::{FlushStage, Job, Pieces};
+use job::{CutStage, FlushStage, Job, Pieces};
 use reopen::{Reopen, Then};
 use stampfs_proto::{
     ChunkCommit, ChunkVersion, ChunkserverId, ClientId, FileStatus, RemoteError, WriteGrant,
@@ -66,6 +66,9 @@ struct Chunk {
     unacked: VecDeque<Packet>,
     /// Bytes of the packets in `unacked` (what the window bounds).
     unacked_bytes: u64,
+    /// A shrink in progress: the next stream is an append stream set up at this chunk
+    /// offset (its set-up cuts every member there).
+    cut: Option<u64>,
     /// Every unacked packet went onto the current stream after it had been at rest
     /// (nothing in flight), and no ack has come back since: if the stream turns out
     /// closed, the head may have closed it for idleness before they were sent.
@@ -81,6 +84,7 @@ impl Chunk {
             acked: offset,
             unacked: VecDeque::new(),
             unacked_bytes: 0,
+            cut: None,
             quiet_burst: false,
         }
     }
@@ -118,6 +122,8 @@ enum Awaiting {
     /// The reopen's own questions (its step says which).
     Reopen,
     FileClose,
+    /// `CutLastChunk` at the master.
+    Cut,
 }
 
 /// The writer's state machine (see the module docs).
@@ -231,6 +237,20 @@ impl Engine {
                     self.job = Some(Job::Flush { sync, stage });
                 }
             },
+            Event::Cut { offset } => match self.check().and_then(|()| self.cut_point(offset)) {
+                Err(e) => self.output.push_back(Action::FlushDone(Err(e))),
+                Ok(None) => self.output.push_back(Action::FlushDone(Ok(()))),
+                Ok(Some(at)) => {
+                    self.job = Some(Job::Cut {
+                        at,
+                        stage: CutStage::Drain,
+                    })
+                }
+            },
+            Event::ChunkCut(res) => {
+                self.answered(Awaiting::Cut);
+                self.on_chunk_cut(res);
+            }
             Event::Close => match self.check() {
                 Err(e) => self.close_done(Err(e)),
                 Ok(()) => self.job = Some(Job::Close { committing: false }),

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::{SetupError, StreamEnd};
 use bytes::Bytes;
 use stampfs_proto::{
-    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, FileStatus, UpdatePipeline, WriteGrant,
-    WriteSetupReply,
+    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, FileStatus, UpdatePipeline,
+    WriteGrant, WriteSetupReply,
 };
 
 /// A packet of the current chunk, sent or about to be, kept until every replica of the
@@ -70,6 +70,12 @@ pub(crate) enum Event {
         offset: u64,
         data: Bytes,
     },
+    /// Shrink the file to file offset `offset`, within the current chunk (the front
+    /// refuses anything else): drain, lower the committed length at the master, cut
+    /// every member with an append set-up there. Answered by [`Action::FlushDone`].
+    Cut {
+        offset: u64,
+    },
     /// Flush, commit the last chunk, close the file. Answered by [`Action::CloseDone`].
     Close,
     /// The runtime is about to wait; `backlog`: more front commands are queued already
@@ -104,6 +110,8 @@ pub(crate) enum Event {
     Resent(std::result::Result<(), StreamFailure>),
     /// To [`Action::CloseFile`].
     FileClosed(Result<FileStatus>),
+    /// To [`Action::CutLastChunk`].
+    ChunkCut(Result<()>),
 }
 
 #[derive(Debug)]
@@ -151,6 +159,9 @@ pub(crate) enum Action {
     UpdatePipeline(UpdatePipeline),
     /// Answer: [`Event::FileClosed`].
     CloseFile(Close),
+    /// Lower the last chunk's committed length before cutting its replicas. Answer:
+    /// [`Event::ChunkCut`].
+    CutLastChunk(CutLastChunk),
 
     // ------------------------------------------------------------ bookkeeping, the front
     /// A packet was cut (the ack-latency clock starts).

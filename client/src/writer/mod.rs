@@ -150,6 +150,11 @@ pub(super) enum Cmd {
         data: Bytes,
         done: oneshot::Sender<Result<()>>,
     },
+    /// Shrink the file to `offset` (in the chunk being written).
+    Cut {
+        offset: u64,
+        done: oneshot::Sender<Result<()>>,
+    },
     Close {
         done: oneshot::Sender<Result<FileStatus>>,
     },
@@ -334,10 +339,12 @@ impl FileWriter {
 
     /// Sets the file's length to `len` (a writer for writes anywhere): a longer file
     /// gets zeros up to `len` (written like any bytes, so they cost disk); the same
-    /// length changes nothing; a shorter one is not supported yet
-    /// ([`Error::NotSupported`], nothing changes: the master must lower the committed
-    /// length before any replica is cut, or lease recovery would take every cut replica
-    /// for short). The position does not move.
+    /// length changes nothing; a shorter one is cut, when `len` is within the chunk
+    /// being written (from [`FileWriter::writable_from`]): every write so far is
+    /// acknowledged first, the master lowers the chunk's committed length, and an
+    /// append set-up at the new end cuts every replica. Shorter than that is
+    /// [`Error::NotSupported`] (nothing changes). The position does not move; a later
+    /// write past the new end fills the gap with zeros.
     pub async fn set_len(&mut self, len: u64) -> Result<()> {
         use tokio::io::AsyncWriteExt;
         if self.mode == WriteMode::Append {
@@ -349,13 +356,18 @@ impl FileWriter {
             });
         }
         if len < self.end {
-            return Err(Error::NotSupported {
-                path: self.path.clone(),
-                reason: format!(
-                    "setting the length from {} to {len}: shrinking a file is not supported yet",
-                    self.end
-                ),
-            });
+            let from = self.writable_from();
+            if len < from {
+                return Err(Error::NotSupported {
+                    path: self.path.clone(),
+                    reason: format!(
+                        "setting the length from {} to {len}: shrinking a file below the \
+                         chunk being written (from {from}) is not supported yet",
+                        self.end
+                    ),
+                });
+            }
+            return self.cut(len).await;
         }
         let (pos, written) = (self.pos, self.written);
         let zeros = vec![0u8; self.packet_size];
@@ -367,6 +379,36 @@ impl FileWriter {
         }
         (self.pos, self.written) = (pos, written);
         res
+    }
+
+    /// Shrinks the file to `len`, in the chunk being written.
+    async fn cut(&mut self, len: u64) -> Result<()> {
+        if let Some(e) = &self.done {
+            return Err(e.duplicate());
+        }
+        std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
+        let (done, rx) = oneshot::channel();
+        let closed = || Error::WriterClosed {
+            path: self.path.clone(),
+        };
+        self.raw_tx
+            .send(Cmd::Cut { offset: len, done })
+            .await
+            .map_err(|_| closed())?;
+        let res = rx.await.unwrap_or_else(|_| Err(closed()));
+        match res {
+            Ok(()) => {
+                self.end = len;
+                self.buf_at = self.buf_at.min(len);
+                Ok(())
+            }
+            Err(e) => {
+                if e.is_fenced() {
+                    self.done = Some(e.duplicate());
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Checks that a write at `self.pos` is possible now.

@@ -68,6 +68,10 @@ impl Runtime {
                             self.flush_waiter = Some(done);
                             self.engine.handle(Event::Flush { sync, offset, data });
                         }
+                        Some(Cmd::Cut { offset, done }) => {
+                            self.flush_waiter = Some(done);
+                            self.engine.handle(Event::Cut { offset });
+                        }
                         Some(Cmd::Close { done }) => {
                             self.close_waiter = Some(done);
                             self.engine.handle(Event::Close);
@@ -182,6 +186,11 @@ impl Runtime {
             Action::AddChunk(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::UpdatePipeline(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::CloseFile(req) => Some(Event::FileClosed(self.client.call(req).await)),
+            Action::CutLastChunk(req) => {
+                let res = self.client.call(req).await;
+                stampfs_proto::crash_point!("writer-cut-before-setup", if res.is_ok());
+                Some(Event::ChunkCut(res))
+            }
             Action::Queued { seq } => {
                 if let Some(t) = self.clock.start() {
                     self.stamps.push_back((seq, t));

@@ -8,7 +8,7 @@ use super::{Awaiting, Chunk, Engine};
 use crate::error::{Error, Result};
 use crate::writer::event::{Action, Packet};
 use bytes::Bytes;
-use stampfs_proto::{AddChunk, Close};
+use stampfs_proto::{AddChunk, Close, CutLastChunk};
 
 /// A packet cut for the current chunk, not yet queued on a stream.
 #[derive(Debug)]
@@ -64,6 +64,25 @@ pub(super) enum Job {
     Close {
         committing: bool,
     },
+    /// A shrink of the current chunk to chunk offset `at`.
+    Cut {
+        at: u64,
+        stage: CutStage,
+    },
+}
+
+/// Where a shrink is: drain every packet, lower the committed length at the master
+/// (`CutLastChunk`), set an append stream up at the new end (its set-up cuts every
+/// member), finish it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum CutStage {
+    Drain,
+    /// Waiting for `CutLastChunk`'s answer.
+    Asking,
+    /// The master lowered the committed length: cut the members.
+    Cutting,
+    /// The cutting stream's set-up is being done by a reopen.
+    Reopening,
 }
 
 /// What a step of the job came to.
@@ -96,6 +115,7 @@ impl Engine {
 
     fn step_job(&mut self, job: &mut Job) -> Progress {
         match job {
+            Job::Cut { at, stage } => self.step_cut(*at, stage),
             Job::Write(pieces) => self.step_pieces(pieces),
             Job::Flush { sync, stage } => match stage {
                 FlushStage::Data(pieces) => match self.step_pieces(pieces) {
@@ -153,6 +173,106 @@ impl Engine {
                     Progress::Done
                 }
             },
+        }
+    }
+
+    /// The chunk offset a shrink to file offset `offset` cuts the current chunk at;
+    /// `None` when it changes nothing (the end). Anything outside the current chunk's
+    /// bytes is refused.
+    pub(super) fn cut_point(&self, offset: u64) -> Result<Option<u64>> {
+        let refused = |reason: String| Error::NotSupported {
+            path: self.path.clone(),
+            reason,
+        };
+        let Some(chunk) = self.chunk.as_ref() else {
+            return Err(refused(format!(
+                "shrinking to {offset}: no chunk is being written"
+            )));
+        };
+        let g = &chunk.grant;
+        let end = g.file_offset + chunk.sent;
+        if offset == end {
+            return Ok(None);
+        }
+        if !self.overwrite || offset < g.file_offset || offset > end {
+            return Err(refused(format!(
+                "shrinking to {offset}: only within the chunk being written ({}..{end})",
+                g.file_offset
+            )));
+        }
+        Ok(Some(offset - g.file_offset))
+    }
+
+    fn step_cut(&mut self, at: u64, stage: &mut CutStage) -> Progress {
+        if let Err(e) = self.check() {
+            self.output.push_back(Action::FlushDone(Err(e)));
+            return Progress::Done;
+        }
+        match stage {
+            CutStage::Drain => match self.step_drain() {
+                Ok(Progress::Done) => {
+                    let Some(chunk) = self.chunk.as_ref() else {
+                        return Progress::Done;
+                    };
+                    *stage = CutStage::Asking;
+                    let req = CutLastChunk {
+                        path: self.path.clone(),
+                        client: self.client,
+                        handle: chunk.grant.token.handle,
+                        length: at,
+                    };
+                    self.ask(Awaiting::Cut, Action::CutLastChunk(req));
+                    Progress::Continue
+                }
+                Ok(other) => other,
+                Err(e) => {
+                    self.output.push_back(Action::FlushDone(Err(e)));
+                    Progress::Done
+                }
+            },
+            // `ChunkCut` moves it on (or completes the job with its error).
+            CutStage::Asking => Progress::Done,
+            CutStage::Cutting => {
+                let Some(chunk) = self.chunk.as_mut() else {
+                    return Progress::Done;
+                };
+                tracing::info!(chunk = %chunk.grant.token.handle, from = chunk.sent, to = at, "cutting the chunk's replicas");
+                chunk.sent = at;
+                chunk.acked = at;
+                chunk.cut = Some(at);
+                *stage = CutStage::Reopening;
+                self.finish_stream();
+                self.start_reopen(Vec::new(), Then::Return);
+                Progress::Continue
+            }
+            CutStage::Reopening => {
+                if let Some(chunk) = self.chunk.as_mut() {
+                    chunk.cut = None;
+                }
+                // The next write opens an overwrite stream again.
+                self.finish_stream();
+                self.output.push_back(Action::FlushDone(Ok(())));
+                Progress::Done
+            }
+        }
+    }
+
+    /// The master's answer to `CutLastChunk`: on to the cut, or the shrink fails (the
+    /// writer too when it was fenced; otherwise nothing was cut, and it goes on).
+    pub(super) fn on_chunk_cut(&mut self, res: Result<()>) {
+        let Some(Job::Cut { stage, .. }) = self.job.as_mut() else {
+            return;
+        };
+        match res {
+            Ok(()) => *stage = CutStage::Cutting,
+            Err(e) => {
+                let e = self.master_error(e);
+                if e.is_fenced() {
+                    self.fail(e.duplicate());
+                }
+                self.job = None;
+                self.output.push_back(Action::FlushDone(Err(e)));
+            }
         }
     }
 

@@ -143,6 +143,9 @@ impl Engine {
         let Some(chunk) = self.chunk.as_ref() else {
             return self.end_reopen(Ok(()));
         };
+        if let Some(at) = chunk.cut {
+            return self.open(at);
+        }
         if self.overwrite {
             let start = chunk
                 .unacked
@@ -228,7 +231,8 @@ impl Engine {
         let head = chunk.grant.pipeline.first().map(|m| m.id);
         r.step = ReopenStep::Opening { head };
         let grant = chunk.grant.clone();
-        let overwrite = self.overwrite;
+        // A cut is an append set-up: that is what cuts.
+        let overwrite = self.overwrite && chunk.cut.is_none();
         self.ask(
             Awaiting::Reopen,
             Action::OpenStream {

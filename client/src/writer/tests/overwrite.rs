@@ -203,3 +203,146 @@ fn an_appender_refuses_a_write_anywhere_but_the_end() {
     assert!(!asks_anything(&a), "{a:?}");
     assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
 }
+
+// ------------------------------------------------------------------ shrink
+
+#[test]
+fn a_shrink_lowers_the_committed_length_first_then_cuts_with_an_append_set_up() {
+    let mut e = open_overwriter();
+    let a = step(&mut e, Event::Cut { offset: 50 });
+    let [Action::CutLastChunk(req)] = &a[..] else {
+        panic!("{a:?}")
+    };
+    assert_eq!((req.handle, req.length), (HANDLE, 50));
+    let a = step(&mut e, Event::ChunkCut(Ok(())));
+    let [Action::FinishStream, Action::OpenStream {
+        start, overwrite, ..
+    }] = &a[..]
+    else {
+        panic!("{a:?}")
+    };
+    // An append set-up is what cuts every member.
+    assert_eq!((*start, *overwrite), (50, false));
+    let a = step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2, 3]))));
+    let [Action::Resend { packets, .. }] = &a[..] else {
+        panic!("{a:?}")
+    };
+    assert!(packets.is_empty());
+    let a = step(&mut e, Event::Resent(Ok(())));
+    assert!(
+        matches!(&a[..], [Action::FinishStream, Action::FlushDone(Ok(()))]),
+        "{a:?}"
+    );
+    assert_eq!(e.offsets(), Some((50, 50)));
+    // The next write opens an overwrite stream again.
+    let a = write(&mut e, 10, 5);
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            Action::OpenStream {
+                overwrite: true,
+                ..
+            }
+        )),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_shrink_waits_for_every_packet_in_flight() {
+    let mut e = open_overwriter();
+    write(&mut e, 0, 10);
+    step(&mut e, Event::Sent(Ok(())));
+    let mut a = step(&mut e, Event::Cut { offset: 20 });
+    a.extend(step(&mut e, Event::Flushed(Ok(()))));
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::CutLastChunk(_))),
+        "{a:?}"
+    );
+    let a = step(&mut e, Event::Ack(ack(1, &[1, 2, 3])));
+    assert!(
+        a.iter().any(|a| matches!(a, Action::CutLastChunk(_))),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_shrink_a_member_misses_excludes_it_at_the_new_length() {
+    let mut e = open_overwriter();
+    step(&mut e, Event::Cut { offset: 50 });
+    step(&mut e, Event::ChunkCut(Ok(())));
+    let failed = WriteSetupReply {
+        accepted: ids(&[1, 2]),
+        failed: vec![(
+            ChunkserverId(3),
+            RemoteError::Io {
+                reason: "EIO".into(),
+            },
+        )],
+    };
+    let a = step(&mut e, Event::SetupReplied(Ok(failed)));
+    let u = updates(&a);
+    assert_eq!(
+        (u[0].survivors.clone(), u[0].acked_length),
+        (ids(&[1, 2]), 50)
+    );
+    let a = step(&mut e, Event::Granted(Ok(grant(5, &[1, 2], 100))));
+    assert!(
+        matches!(
+            &a[..],
+            [Action::OpenStream {
+                start: 50,
+                overwrite: false,
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_shrink_outside_the_chunk_is_refused_and_the_writer_goes_on() {
+    let mut g = grant(4, &[1], 100);
+    g.chunk_index = 1;
+    g.file_offset = 1000;
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(g), true);
+    let a = step(&mut e, Event::Cut { offset: 900 });
+    assert!(
+        matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
+        "{a:?}"
+    );
+    assert!(e.failure().is_none());
+    // To the end: nothing to do.
+    let a = step(&mut e, Event::Cut { offset: 1100 });
+    assert!(matches!(&a[..], [Action::FlushDone(Ok(()))]), "{a:?}");
+    // An appender never cuts.
+    let mut e = appender();
+    let a = step(&mut e, Event::Cut { offset: 50 });
+    assert!(
+        matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_shrink_the_master_refuses_as_expired_fences_the_writer() {
+    let mut e = open_overwriter();
+    step(&mut e, Event::Cut { offset: 50 });
+    let a = step(
+        &mut e,
+        Event::ChunkCut(Err(Error::Remote(RemoteError::LeaseExpired {
+            path: "/f".into(),
+        }))),
+    );
+    assert!(
+        matches!(
+            &a[..],
+            [
+                Action::Fail(_),
+                Action::FlushDone(Err(Error::Fenced { .. }))
+            ]
+        ),
+        "{a:?}"
+    );
+    assert!(e.failure().is_some_and(Error::is_fenced));
+}
