@@ -285,3 +285,74 @@ fn a_copy_target_killed_before_the_rename_has_no_replica_and_gets_the_copy_again
     assert!(files_ending(&c.chunkservers[t], ".tmp").is_empty());
     assert!(c.cat("/copied") == data);
 }
+
+/// Found by the nemesis (seed 6, the slot file): a chunkserver applies the version
+/// bump of a reopen but its answer never reaches the master (here it dies right after
+/// the bump is durable, `replica-bump-before-reply`). The writer overwrites bytes in
+/// place under that version without it; restarted, the chunkserver reports a replica
+/// at the granted version and the right length, with the old bytes, which was taken
+/// for current (an overwrite changes no length, so "short" does not catch it) and
+/// served. Now a grant whose bump some target did not answer is bumped once more over
+/// those that did, and the silent one is stale.
+#[test]
+fn a_replica_that_took_a_bump_without_answering_is_stale_after_an_overwrite() {
+    let mut c = TestCluster::start();
+    let old = pattern(100_000, 41);
+    c.put_bytes("/ow", &old, &[]);
+    c.chunkservers[0].set_env(POINTS_VAR, Some("replica-bump-before-reply=1"));
+    c.chunkservers[0].restart();
+    c.wait_live(3);
+    let new = pattern(100_000, 42);
+    let out = c.run_stdin(&["write", "/ow", "--offset", "0", "-"], &new);
+    assert!(
+        out.status.success(),
+        "write: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_crashed_at(&mut c.chunkservers[0], "replica-bump-before-reply");
+    assert!(c.cat("/ow") == new);
+    assert!(
+        c.master
+            .log_text()
+            .contains("did not answer the version bump"),
+        "{}",
+        c.master.log_text()
+    );
+
+    c.chunkservers[0].set_env(POINTS_VAR, None);
+    c.chunkservers[0].restart();
+    wait_for("fsck to find the file healthy with three replicas", || {
+        common::fsck_json(&c, &["/ow"]).0 == Some(0)
+            && c.stat_json("/ow")["chunks"][0]["replicas"]
+                .as_array()
+                .is_some_and(|r| r.len() == 3)
+    });
+    // Every replica the master hands out holds the new bytes.
+    let rt = common::runtime();
+    rt.block_on(async {
+        let client = stampfs_client::Client::connect(&c.master.addr)
+            .await
+            .expect("connect");
+        let v = stampfs_nemesis::replicas::check_replicas(&client, "/ow", None)
+            .await
+            .expect("replica check");
+        assert!(v.is_empty(), "{v:?}");
+        let locs = client.locations("/ow").await.expect("locations");
+        for r in &locs.chunks[0].replicas {
+            let (_, bytes) = client
+                .read_replica(&r.addr, locs.chunks[0].token, u64::MAX)
+                .await
+                .expect("read replica");
+            assert!(
+                bytes == new,
+                "replica on {} holds other bytes: {} bytes, old {}, version {}, replicas {:?}\n{}",
+                r.chunkserver,
+                bytes.len(),
+                bytes == old,
+                locs.chunks[0].version,
+                locs.chunks[0].replicas,
+                c.logs()
+            );
+        }
+    });
+}

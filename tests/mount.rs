@@ -146,7 +146,9 @@ fn ordinary_tools_work_through_the_mount() {
         "{out:?}"
     );
 
-    // `dd conv=notrunc seek=...` into the middle of a file: EOPNOTSUPP, nothing changed.
+    // `dd conv=notrunc seek=...` into the first chunk of a two-chunk file (64 MiB
+    // chunks): an earlier chunk than the last is not writable yet, so EOPNOTSUPP and
+    // nothing changed.
     let out = tool(
         "dd",
         &[
@@ -158,12 +160,16 @@ fn ordinary_tools_work_through_the_mount() {
             "conv=notrunc",
         ],
     );
-    assert!(!out.status.success(), "a write into the middle succeeded");
+    assert!(
+        !out.status.success(),
+        "a write into an earlier chunk succeeded"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Operation not supported"), "{err}");
     tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
     assert!(
-        m.log_text().contains("append-only"),
+        m.log_text()
+            .contains("an earlier chunk is not supported yet"),
         "the refusal is explained in the log:\n{}",
         m.log_text()
     );
@@ -197,17 +203,43 @@ fn ordinary_tools_work_through_the_mount() {
     assert!(std::fs::read(m.path("log")).expect("read log") == want);
     assert!(c.cat("/log") == want);
 
-    // Truncating a non-empty file is refused; an empty one may be "truncated".
+    // In the last chunk (here the whole file), `dd conv=notrunc` writes in place, and
+    // a reader through the mount sees it at once.
+    tool_ok(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "printf 'XYZ' | dd of='{}' bs=1 seek=4090 conv=notrunc",
+                m.p("log")
+            ),
+        ],
+    );
+    want[4090..4093].copy_from_slice(b"XYZ");
+    assert!(std::fs::read(m.path("log")).expect("read log") == want);
+    assert!(c.cat("/log") == want);
+
+    // `truncate -s` grows with zeros and shrinks; `O_TRUNC` empties a file of one
+    // chunk; a bigger one is refused below its last chunk, unchanged.
+    tool_ok("truncate", &["-s", "10000", &m.p("log")]);
+    want.resize(10_000, 0);
+    assert!(c.cat("/log") == want);
+    tool_ok("truncate", &["-s", "100", &m.p("log")]);
+    assert!(c.cat("/log") == want[..100]);
+    assert_eq!(std::fs::metadata(m.path("log")).expect("stat").len(), 100);
+    File::create(m.path("log")).expect("O_TRUNC of a one-chunk file");
+    assert_eq!(c.stat_json("/log")["length"], 0);
     let err = File::options()
         .write(true)
         .truncate(true)
-        .open(m.path("log"))
-        .expect_err("O_TRUNC of a non-empty file");
+        .open(m.path("big.bin"))
+        .expect_err("O_TRUNC of a two-chunk file");
     assert_eq!(
         err.raw_os_error(),
         Some(nix::errno::Errno::EOPNOTSUPP as i32),
         "{err}"
     );
+    tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
     File::create(m.path("empty")).expect("create");
     File::create(m.path("empty")).expect("O_TRUNC of an empty file");
     assert_eq!(c.stat_json("/empty")["length"], 0);

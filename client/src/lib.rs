@@ -16,7 +16,8 @@
 //!   fenced by the same chunk versions as appends.
 //! - [`FileReader`]: from [`Client::open`]; `AsyncRead + AsyncSeek` and
 //!   [`FileReader::read_at`], reading only replicas at the current version.
-//! - [`mount`]: the FUSE mount ([`Mount`]) built on the above; append-only files.
+//! - [`mount`]: the FUSE mount ([`Mount`]) built on the above; writes anywhere in a
+//!   file's last chunk and past its end.
 
 mod client;
 mod error;

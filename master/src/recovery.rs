@@ -96,8 +96,8 @@ use std::fmt;
 
 mod seal;
 pub use seal::{
-    after_seal, compare_content, in_pipeline_order, recovered_length, replica_at, AfterSeal,
-    Content,
+    after_seal, compare_content, in_pipeline_order, recovered_length, replica_at, seal_decision,
+    AfterSeal, Content, SealDecision,
 };
 
 /// How long `RecoverLease` waits for the recovery before answering `closed: false`.

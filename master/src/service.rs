@@ -11,6 +11,11 @@
 //! no replica may hold. Reads wait for the log too, so a reply never shows state that
 //! a crash could still take back.
 //!
+//! A grant's bump that some target did not answer is pushed again, under a fresh
+//! version, to those that did (`push_bump_fenced`), so a replica that applied it
+//! without answering is stale rather than a current replica missing the writer's
+//! bytes.
+//!
 //! Each version bump of a write lease (reopen, new chunk, pipeline update) has a
 //! crash point on either side of its push (`stampfs_proto::crash`): the version is
 //! durable before, the bump answered after, and neither the grant logged nor sent.
@@ -33,6 +38,10 @@ use stampfs_proto::{
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Most extra bumps of one grant whose targets did not all answer
+/// (`Core::push_bump_fenced`).
+const MAX_FENCE_ROUNDS: usize = 3;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
@@ -313,6 +322,55 @@ impl Core {
         acked.into_iter().map(|(a, _)| a).collect()
     }
 
+    /// Pushes `plan`'s bump, then fences the targets that did not answer: such a target
+    /// may have applied the bump all the same (its reply lost, or a frozen chunkserver
+    /// applying it when it resumes), and would then hold the granted version without
+    /// what the writer writes under it: a replica of the right version and length with
+    /// other bytes, which nothing else tells apart once the file is closed (an
+    /// overwrite does not change the length; found by the nemesis). So while some
+    /// target did not answer and enough did, a fresh version (durable first) is pushed
+    /// to those that did, leaving the others below it: stale. At most
+    /// [`MAX_FENCE_ROUNDS`] rounds; a pipeline that keeps losing members is given up
+    /// as too short.
+    async fn push_bump_fenced(
+        &self,
+        plan: &BumpPlan,
+        client: stampfs_proto::ClientId,
+    ) -> Result<(BumpPlan, Vec<ChunkserverAddr>)> {
+        let mut plan = plan.clone();
+        let mut pipeline = self.push_bump(&plan).await;
+        for round in 0.. {
+            if pipeline.len() == plan.targets.len() || pipeline.len() < plan.needed {
+                return Ok((plan, pipeline));
+            }
+            if round == MAX_FENCE_ROUNDS {
+                return Ok((plan, Vec::new()));
+            }
+            let missing: Vec<_> = plan
+                .targets
+                .iter()
+                .filter(|t| !pipeline.iter().any(|p| p.id == t.id))
+                .map(|t| t.id)
+                .collect();
+            let version = self
+                .mutate_durable(|st, now, _| st.fence_version(&plan, client, now))
+                .await?;
+            tracing::warn!(
+                chunk = %plan.handle,
+                path = %plan.path,
+                from = %plan.version,
+                to = %version,
+                unanswered = %crate::recovery::id_list(missing.iter()),
+                "some replicas did not answer the version bump and may hold it all the same; \
+                 bumping those that did once more, so the others are stale"
+            );
+            plan.version = version;
+            plan.targets = pipeline;
+            pipeline = self.push_bump(&plan).await;
+        }
+        Ok((plan, pipeline))
+    }
+
     async fn finalize(&self, plan: &FinalizePlan) {
         let acked = self
             .commands
@@ -410,7 +468,7 @@ impl Core {
             });
         };
         stampfs_proto::crash_point!("reopen-before-bump");
-        let pipeline = self.push_bump(&bump).await;
+        let (bump, pipeline) = self.push_bump_fenced(&bump, req.client).await?;
         stampfs_proto::crash_point!("reopen-after-bump");
         if pipeline.len() < bump.needed {
             // The new version is logged and may have reached some replicas: closing the
@@ -456,7 +514,8 @@ impl Core {
             }
         };
         stampfs_proto::crash_point!("new-chunk-before-bump");
-        let ((), pipeline) = tokio::join!(finalize, self.push_bump(&plan.bump));
+        let ((), fenced) = tokio::join!(finalize, self.push_bump_fenced(&plan.bump, req.client));
+        let (bump, pipeline) = fenced?;
         stampfs_proto::crash_point!("new-chunk-after-bump");
         if pipeline.len() < plan.bump.needed {
             let handle = plan.bump.handle;
@@ -468,9 +527,9 @@ impl Core {
             });
         }
         let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
-        self.mutate_durable(|st, now, _| st.grant_made(&plan.bump, req.client, &ids, now))
+        self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))
             .await?;
-        Ok(self.grant(&plan.bump, req.client, pipeline))
+        Ok(self.grant(&bump, req.client, pipeline))
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle))]
@@ -480,7 +539,7 @@ impl Core {
             .mutate_durable(|st, now, _| st.update_pipeline(&req, ino, now))
             .await?;
         stampfs_proto::crash_point!("pipeline-before-bump");
-        let pipeline = self.push_bump(&plan).await;
+        let (plan, pipeline) = self.push_bump_fenced(&plan, req.client).await?;
         stampfs_proto::crash_point!("pipeline-after-bump");
         if pipeline.len() < plan.needed {
             // The version stays minted but is not granted: lease recovery still starts

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::task::TaskTracker;
 
+mod write;
+
 /// `st_blksize`: tools size their buffers from it (`cp` then writes 1 MiB at a time).
 const BLKSIZE: u32 = 1 << 20;
 /// Largest read served in one request (the kernel asks for at most 1 MiB).
@@ -111,6 +113,9 @@ pub(crate) struct Shared {
     /// The root's last attributes from the master (see [`ROOT_ATTR_WAIT`]); locked
     /// briefly, never across an await.
     root_attr: Mutex<Option<FileAttr>>,
+    /// Moves on whenever bytes written in place (or a truncate) through this mount
+    /// were flushed: readers opened before drop what they read ahead ([`write`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -128,6 +133,7 @@ impl Shared {
             released: tokio::sync::Notify::new(),
             capacity: Mutex::new(CapacityCache::new(CAPACITY_TTL, CAPACITY_TIMEOUT)),
             root_attr: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -301,27 +307,6 @@ impl Shared {
         Ok(self.attr(&st, self.shown_size(&st, size)))
     }
 
-    #[tracing::instrument(skip_all, fields(ino = ino.0, size = ?size))]
-    async fn setattr(&self, ino: INodeNo, size: Option<u64>) -> Result<FileAttr, Errno> {
-        let path = self.path_of(ino)?;
-        let (st, fetched) = self.status_and_size(&path).await?;
-        let current = self.shown_size(&st, fetched);
-        if let Some(requested) = size {
-            if !check_truncate(requested, current) {
-                tracing::warn!(
-                    %path,
-                    requested,
-                    current,
-                    "truncate refused with EOPNOTSUPP: stampfs files are append-only (as in \
-                     HDFS); only a freshly created, empty file can be truncated (to 0)"
-                );
-                return Err(Errno::EOPNOTSUPP);
-            }
-        }
-        // Modes, owners and times are not stored by stampfs: accepted and ignored.
-        Ok(self.attr(&st, current))
-    }
-
     #[tracing::instrument(skip_all, fields(%path))]
     async fn mkdir(&self, path: String) -> Result<FileStatus, Errno> {
         let st = self
@@ -411,47 +396,36 @@ impl Shared {
             .open(&path)
             .await
             .map_err(|e| errno_for(&e, "open", &path))?;
+        let generation = self.generation.load(Ordering::SeqCst);
         let h = ReadHandle {
             ino: ino.0,
             path,
-            reader: tokio::sync::Mutex::new(reader),
+            reader: tokio::sync::Mutex::new((reader, generation)),
         };
         Ok(lock(&self.handles).insert(Handle::Read(Arc::new(h))))
     }
 
-    /// Opens for writing; `truncate` (`O_TRUNC`) is allowed only on an empty file.
-    #[tracing::instrument(skip_all, fields(%path))]
-    async fn open_write(
-        &self,
-        ino: INodeNo,
-        path: String,
-        append_mode: bool,
-        truncate: bool,
-    ) -> Result<u64, Errno> {
-        if truncate {
-            let (st, size) = self.status_and_size(&path).await?;
-            let current = self.shown_size(&st, size);
-            if !check_truncate(0, current) {
-                tracing::warn!(
-                    current,
-                    "open with O_TRUNC refused with EOPNOTSUPP: stampfs files are \
-                     append-only (as in HDFS); only an empty file can be truncated"
-                );
-                return Err(Errno::EOPNOTSUPP);
-            }
-        }
-        let h = WriteHandle::new(ino.0, path, append_mode, None);
-        Ok(lock(&self.handles).insert(Handle::Write(Arc::new(h))))
-    }
-
     #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, size = size))]
     async fn read(&self, h: &ReadHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let mut reader = h.reader.lock().await;
+        let mut guard = h.reader.lock().await;
+        let (reader, seen) = &mut *guard;
         let want_end = offset.saturating_add(u64::from(size));
+        // A program reads what it wrote through this mount, as on a local file system:
+        // bytes written in place are hflushed first, and then what this reader read
+        // ahead may be old.
+        if lock(&self.handles).overwrote(h.ino) {
+            self.flush_local_writers(h.ino).await;
+        }
+        let generation = self.generation.load(Ordering::SeqCst);
+        if generation != *seen {
+            if let Ok(fresh) = self.client.open(&h.path).await {
+                *reader = fresh;
+                *seen = generation;
+            }
+        }
         if want_end > reader.len() {
             // The kernel thinks the file is longer than when this reader looked: it
-            // grew. If this mount wrote the bytes, hflush them first (a program reads
-            // what it wrote, as on a local file system); then look again.
+            // grew. If this mount wrote the bytes, hflush them first; then look again.
             if lock(&self.handles)
                 .local_size(h.ino)
                 .is_some_and(|n| n > reader.len())
@@ -464,224 +438,7 @@ impl Shared {
                 }
             }
         }
-        read_from(&mut reader, &h.path, offset, size).await
-    }
-
-    /// hflushes every writer of `ino` in this mount, each in its turn after the
-    /// requests already queued on it.
-    async fn flush_local_writers(&self, ino: u64) {
-        let writers: Vec<Arc<WriteHandle>> = lock(&self.handles)
-            .writers()
-            .into_iter()
-            .filter(|(_, w)| w.ino == ino)
-            .map(|(_, w)| w)
-            .collect();
-        for w in writers {
-            let ticket = w.turn.ticket();
-            let _turn = w.turn.enter(ticket).await;
-            if let Err(e) = self.flush(&w, false).await {
-                tracing::debug!(path = %w.path, errno = ?e, "flush before a read failed");
-            }
-        }
-    }
-
-    /// A read on a handle opened for reading and writing.
-    #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, size = size))]
-    async fn read_rw(&self, h: &WriteHandle, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let mut st = h.state.lock().await;
-        let want_end = offset.saturating_add(u64::from(size));
-        if st.reader.as_ref().is_none_or(|r| want_end > r.len()) {
-            // Reads see this handle's own writes: hflush them first.
-            if let Some(w) = st.writer.as_mut() {
-                if let Err(e) = w.hflush().await {
-                    tracing::debug!(error = %e, "flush before a read failed");
-                }
-            }
-            let fresh = self
-                .client
-                .open(&h.path)
-                .await
-                .map_err(|e| errno_for(&e, "read", &h.path))?;
-            st.reader = Some(fresh);
-        }
-        let Some(reader) = st.reader.as_mut() else {
-            return Err(Errno::EIO);
-        };
         read_from(reader, &h.path, offset, size).await
-    }
-
-    fn refuse_write(&self, h: &WriteHandle, offset: u64, end: u64) -> Errno {
-        if !h.warned.swap(true, Ordering::SeqCst) {
-            tracing::warn!(
-                offset,
-                end,
-                "write refused with EOPNOTSUPP: stampfs files are append-only (as in HDFS), \
-                 so a write must start at the current end of the file"
-            );
-        }
-        Errno::EOPNOTSUPP
-    }
-
-    /// Opens the writer of a handle that was opened (not created) for writing: the
-    /// first write must be at the file's end, and only then is the lease taken.
-    async fn open_writer(
-        &self,
-        h: &WriteHandle,
-        st: &mut WriteState,
-        offset: u64,
-    ) -> Result<(), Errno> {
-        if !h.fresh {
-            // An existing file: refuse a write that cannot be at its end before taking
-            // its lease.
-            let status = self
-                .client
-                .stat(&h.path)
-                .await
-                .map_err(|e| errno_for(&e, "write", &h.path))?;
-            if status.kind == FileKind::Directory {
-                return Err(Errno::EISDIR);
-            }
-            let closed = status.state == FileState::Closed;
-            if closed && check_write(offset, status.length, h.append_mode) == WriteCheck::NotAtEnd {
-                return Err(self.refuse_write(h, offset, status.length));
-            }
-        }
-        let mut writer = self.append(h).await?;
-        let base = writer.status().length;
-        if check_write(offset, base, h.append_mode) == WriteCheck::NotAtEnd {
-            if let Err(e) = writer.close().await {
-                tracing::warn!(path = %h.path, error = %e, "closing an unused writer failed");
-            }
-            return Err(self.refuse_write(h, offset, base));
-        }
-        h.end.store(base, Ordering::SeqCst);
-        st.writer = Some(writer);
-        self.invalidate(&h.path);
-        Ok(())
-    }
-
-    #[tracing::instrument(skip_all, fields(path = %h.path, offset = offset, len = data.len()))]
-    async fn write(&self, h: &WriteHandle, offset: u64, data: &[u8]) -> Result<u32, Errno> {
-        let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
-        let mut st = h.state.lock().await;
-        if st.closed {
-            return Err(Errno::EBADF);
-        }
-        if let Some(e) = st.failed {
-            return Err(e);
-        }
-        if st.writer.is_none() {
-            self.open_writer(h, &mut st, offset).await?;
-        }
-        let end = h.end.load(Ordering::SeqCst);
-        if check_write(offset, end, h.append_mode) == WriteCheck::NotAtEnd {
-            return Err(self.refuse_write(h, offset, end));
-        }
-        let Some(writer) = st.writer.as_mut() else {
-            return Err(Errno::EIO);
-        };
-        if let Err(e) = writer.write_all(data).await {
-            let errno = errno_for(&Error::from_io(e), "write", &h.path);
-            st.failed = Some(errno);
-            return Err(errno);
-        }
-        h.end.fetch_add(u64::from(len), Ordering::SeqCst);
-        Ok(len)
-    }
-
-    /// `flush` (every close(2)) is hflush; `fsync` is hsync.
-    #[tracing::instrument(skip_all, fields(path = %h.path, sync = sync))]
-    async fn flush(&self, h: &WriteHandle, sync: bool) -> Result<(), Errno> {
-        let mut st = h.state.lock().await;
-        if let Some(e) = st.failed {
-            return Err(e);
-        }
-        if st.closed {
-            return Ok(());
-        }
-        let Some(writer) = st.writer.as_mut() else {
-            return Ok(());
-        };
-        let res = if sync {
-            writer.hsync().await
-        } else {
-            writer.hflush().await
-        };
-        if let Err(e) = res {
-            let errno = errno_for(&e, if sync { "fsync" } else { "flush" }, &h.path);
-            st.failed = Some(errno);
-            return Err(errno);
-        }
-        Ok(())
-    }
-
-    /// Forgets a closed write handle and wakes appends waiting for it.
-    pub(crate) fn drop_writer(&self, fh: u64) {
-        lock(&self.handles).remove(fh);
-        self.released.notify_waiters();
-    }
-
-    /// Reopens `h.path` for appending. When the lease is held by this very mount (an
-    /// earlier handle of the file is closed by the program but its release has not
-    /// been served yet: the kernel sends it in the background), waits a little for
-    /// that writer to close, then tries once more.
-    async fn append(&self, h: &WriteHandle) -> Result<FileWriter, Errno> {
-        let first = self.client.append(&h.path).await;
-        let ours = matches!(
-            &first,
-            Err(Error::Remote(RemoteError::LeaseConflict { holder, .. })) if *holder == self.client.id()
-        );
-        if !ours {
-            return first.map_err(|e| errno_for(&e, "write", &h.path));
-        }
-        tracing::debug!("the lease is still held by this mount's previous writer; waiting");
-        let deadline = tokio::time::Instant::now() + OWN_WRITER_WAIT;
-        loop {
-            let released = self.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            if lock(&self.handles).local_size(h.ino).is_none() {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, released).await.is_err() {
-                tracing::warn!(
-                    "another handle of this mount is still writing the file; one writer \
-                     per file (returning EBUSY)"
-                );
-                return Err(Errno::EBUSY);
-            }
-        }
-        self.client
-            .append(&h.path)
-            .await
-            .map_err(|e| errno_for(&e, "write", &h.path))
-    }
-
-    /// Closes the handle's writer: commits the length and releases the lease.
-    #[tracing::instrument(skip_all, fields(path = %h.path))]
-    pub(crate) async fn close_writer(&self, h: &WriteHandle) {
-        let mut st = h.state.lock().await;
-        if st.closed {
-            return;
-        }
-        st.closed = true;
-        st.reader = None;
-        let Some(mut writer) = st.writer.take() else {
-            return;
-        };
-        match writer.close().await {
-            Ok(status) => {
-                tracing::debug!(length = status.length, "closed");
-            }
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "closing the file failed; it stays open until its lease is recovered \
-                     (`stampfs recover`)"
-                );
-            }
-        }
-        self.invalidate(&h.path);
     }
 
     #[tracing::instrument(skip_all, fields(ino = d.ino))]

@@ -1,4 +1,4 @@
-//! Open files and directories of the mount, and the append-only rules.
+//! Open files and directories of the mount, and where writes and truncates may go.
 //!
 //! A handle number (`fh`) names one open file description. Read handles keep a
 //! [`FileReader`] (its 1 MiB read-ahead buffer serves sequential reads); write handles
@@ -23,30 +23,38 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// What to do with a write at `offset` on a file whose data ends at `end`.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WriteCheck {
-    /// Append it.
+    /// Append it (`O_APPEND`: at the end, whatever offset the kernel computed from a
+    /// possibly stale size).
     Append,
-    /// Refuse with EOPNOTSUPP: stampfs files are append-only.
-    NotAtEnd,
+    /// Write it at its offset: in the file's last chunk, or at or past its end.
+    At,
+    /// Refuse with EOPNOTSUPP: an earlier chunk than the last is not writable yet.
+    EarlierChunk,
 }
 
-/// Files are append-only (HDFS semantics): a write must start where the file ends. A
-/// handle opened with `O_APPEND` always writes at the end, whatever offset the kernel
-/// computed from a possibly stale size.
-pub(crate) fn check_write(offset: u64, end: u64, append_mode: bool) -> WriteCheck {
-    if append_mode || offset == end {
+/// Where a write at `offset` goes in a file of `end` bytes in chunks of `chunk_size`.
+pub(crate) fn check_write(offset: u64, end: u64, chunk_size: u64, append_mode: bool) -> WriteCheck {
+    if append_mode {
         WriteCheck::Append
+    } else if offset >= last_chunk_start(end, chunk_size) {
+        WriteCheck::At
     } else {
-        WriteCheck::NotAtEnd
+        WriteCheck::EarlierChunk
     }
 }
 
-/// A truncate succeeds only when it changes nothing: to 0 on a freshly created (or
-/// otherwise empty) file, or to the current size. Anything else would cut or extend
-/// an append-only file.
-pub(crate) fn check_truncate(requested: u64, current: u64) -> bool {
-    requested == current
+/// Where the last chunk of a file of `end` bytes starts, as a writer sees it: a full
+/// last chunk is not reopened, so its start is the end.
+pub(crate) fn last_chunk_start(end: u64, chunk_size: u64) -> u64 {
+    end - end % chunk_size.max(1)
+}
+
+/// A truncate from `current` to `requested` bytes: growing always, shrinking down to
+/// the start of the last chunk (dropping whole chunks is not supported yet).
+pub(crate) fn check_truncate(requested: u64, current: u64, chunk_size: u64) -> bool {
+    requested >= current || requested >= last_chunk_start(current, chunk_size)
 }
 
 /// Whether a flush or release of a write handle is answered at once, on the session
@@ -106,9 +114,10 @@ impl Drop for Turn<'_> {
 pub(crate) struct ReadHandle {
     pub(crate) ino: u64,
     pub(crate) path: String,
-    /// The reader and its read-ahead buffer; one read at a time uses it (the kernel's
-    /// concurrent read-ahead requests for this handle queue here, other handles don't).
-    pub(crate) reader: tokio::sync::Mutex<FileReader>,
+    /// The reader and its read-ahead buffer, with the mount's generation when it was
+    /// opened; one read at a time uses it (the kernel's concurrent read-ahead requests
+    /// for this handle queue here, other handles don't).
+    pub(crate) reader: tokio::sync::Mutex<(FileReader, u64)>,
 }
 
 /// The mutable part of a write handle.
@@ -121,6 +130,8 @@ pub(crate) struct WriteState {
     pub(crate) failed: Option<fuser::Errno>,
     /// Set by release: the writer is closed.
     pub(crate) closed: bool,
+    /// The mount's generation when `reader` was opened (see [`Handles::overwrote`]).
+    pub(crate) reader_generation: u64,
 }
 
 /// An open file for writing (and perhaps reading).
@@ -132,8 +143,11 @@ pub(crate) struct WriteHandle {
     /// Bytes in the file as this handle's writer sees them (its start plus every byte
     /// it accepted); [`NO_WRITER`] until the writer exists.
     pub(crate) end: AtomicU64,
-    /// Set after the first append-only refusal so it is logged once per handle.
+    /// Set after the first refusal so it is logged once per handle.
     pub(crate) warned: AtomicBool,
+    /// A write in place (below the end) or a truncate not yet hflushed: a read through
+    /// this mount hflushes first and drops what it read ahead.
+    pub(crate) overwrote: AtomicBool,
     /// Set on the session thread when a write is sent on this handle (true from the
     /// start for a handle given a writer): see [`settles_at_once`].
     pub(crate) wrote: AtomicBool,
@@ -164,6 +178,7 @@ impl WriteHandle {
             append_mode,
             end: AtomicU64::new(end),
             warned: AtomicBool::new(false),
+            overwrote: AtomicBool::new(false),
             wrote: AtomicBool::new(writer.is_some()),
             fresh: false,
             turn: Turnstile::default(),
@@ -172,6 +187,7 @@ impl WriteHandle {
                 reader: None,
                 failed: None,
                 closed: false,
+                reader_generation: 0,
             }),
         }
     }
@@ -253,6 +269,15 @@ impl Handles {
             .max()
     }
 
+    /// Whether a write handle of `ino` wrote in place (or truncated) since its last
+    /// flush.
+    pub(crate) fn overwrote(&self, ino: u64) -> bool {
+        self.open.values().any(|h| match h {
+            Handle::Write(w) => w.ino == ino && w.overwrote.load(Ordering::SeqCst),
+            _ => false,
+        })
+    }
+
     /// Every write handle still open (for the drain at unmount).
     pub(crate) fn writers(&self) -> Vec<(u64, Arc<WriteHandle>)> {
         self.open
@@ -290,19 +315,33 @@ mod tests {
     }
 
     #[test]
-    fn writes_must_start_at_the_end_unless_appending() {
-        assert_eq!(check_write(10, 10, false), WriteCheck::Append);
-        assert_eq!(check_write(0, 10, false), WriteCheck::NotAtEnd);
-        assert_eq!(check_write(11, 10, false), WriteCheck::NotAtEnd);
-        assert_eq!(check_write(3, 10, true), WriteCheck::Append);
+    fn writes_go_anywhere_from_the_last_chunk_on_and_appends_at_the_end() {
+        // 100-byte chunks, a file of 250 bytes: its last chunk starts at 200.
+        assert_eq!(check_write(250, 250, 100, false), WriteCheck::At);
+        assert_eq!(check_write(200, 250, 100, false), WriteCheck::At);
+        assert_eq!(
+            check_write(900, 250, 100, false),
+            WriteCheck::At,
+            "past the end"
+        );
+        assert_eq!(check_write(199, 250, 100, false), WriteCheck::EarlierChunk);
+        assert_eq!(check_write(3, 250, 100, true), WriteCheck::Append);
+        // A full last chunk is not reopened: writing starts at the end.
+        assert_eq!(check_write(150, 200, 100, false), WriteCheck::EarlierChunk);
+        assert_eq!(check_write(0, 0, 100, false), WriteCheck::At);
     }
 
     #[test]
-    fn only_a_truncate_that_changes_nothing_is_allowed() {
-        assert!(check_truncate(0, 0), "fresh file truncated to 0");
-        assert!(check_truncate(42, 42));
-        assert!(!check_truncate(0, 42), "cutting data");
-        assert!(!check_truncate(50, 42), "extending with a hole");
+    fn a_truncate_grows_anything_and_shrinks_within_the_last_chunk() {
+        assert!(check_truncate(0, 0, 100));
+        assert!(check_truncate(42, 42, 100));
+        assert!(
+            check_truncate(0, 42, 100),
+            "a one-chunk file cut to nothing"
+        );
+        assert!(check_truncate(5000, 42, 100), "grown with zeros");
+        assert!(check_truncate(210, 250, 100));
+        assert!(!check_truncate(150, 250, 100), "an earlier chunk");
     }
 
     #[tokio::test]

@@ -80,6 +80,44 @@ pub fn compare_content(digests: &[(ChunkserverId, &ReplicaDigest)]) -> Content {
     }
 }
 
+/// What the seal finalizes, given the digests (in pipeline order) and whether some
+/// replica may hold the recovery's version without having been compared
+/// (`must_fence`: a bump, truncate or digest that was not answered).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SealDecision {
+    /// Every replica that answered, at the attempt's version.
+    All,
+    /// `keep` (the first of the pipeline and every replica holding its bytes), alone
+    /// at one more version; `stale` (other bytes) and every replica not compared stay
+    /// below it. A replica of unknown bytes at the version the file closes at would
+    /// be served as current: one that applied a bump without answering holds the
+    /// version at the right length, perhaps with other bytes (an overwrite changes no
+    /// length).
+    Fence {
+        keep: Vec<ChunkserverId>,
+        stale: Vec<ChunkserverId>,
+    },
+}
+
+/// See [`SealDecision`].
+pub fn seal_decision(
+    digests: &[(ChunkserverId, &ReplicaDigest)],
+    must_fence: bool,
+) -> SealDecision {
+    match compare_content(digests) {
+        Content::Unknown => SealDecision::All,
+        Content::Identical if !must_fence => SealDecision::All,
+        Content::Identical => SealDecision::Fence {
+            keep: digests.iter().map(|(id, _)| *id).collect(),
+            stale: Vec::new(),
+        },
+        Content::Diverged { keep, same, differ } => SealDecision::Fence {
+            keep: std::iter::once(keep).chain(same).collect(),
+            stale: differ,
+        },
+    }
+}
+
 /// What a recovery attempt does after its seal (`Truncate`, `Digest` and `Finalize` at
 /// the recovered length on every bumped replica, or on the kept one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +180,44 @@ mod tests {
         assert_eq!(recovered_length([4096, 1000, 65536]), Some(1000));
         assert_eq!(recovered_length([7]), Some(7));
         assert_eq!(recovered_length([]), None);
+    }
+
+    #[test]
+    fn identical_replicas_are_fenced_only_when_another_may_hold_the_version_unseen() {
+        let (a, b) = (digest(70_000, &[1, 2]), digest(70_000, &[1, 2]));
+        let view = [(id(2), &a), (id(1), &b)];
+        assert_eq!(seal_decision(&view, false), SealDecision::All);
+        assert_eq!(
+            seal_decision(&view, true),
+            SealDecision::Fence {
+                keep: vec![id(2), id(1)],
+                stale: vec![]
+            }
+        );
+        assert_eq!(
+            seal_decision(&[], true),
+            SealDecision::All,
+            "nothing to seal"
+        );
+    }
+
+    #[test]
+    fn diverged_replicas_keep_the_head_and_every_replica_holding_its_bytes() {
+        let (a, b, c) = (
+            digest(70_000, &[1, 2]),
+            digest(70_000, &[1, 9]),
+            digest(70_000, &[1, 2]),
+        );
+        let view = [(id(3), &a), (id(1), &b), (id(2), &c)];
+        for must_fence in [false, true] {
+            assert_eq!(
+                seal_decision(&view, must_fence),
+                SealDecision::Fence {
+                    keep: vec![id(3), id(2)],
+                    stale: vec![id(1)]
+                }
+            );
+        }
     }
 
     #[test]

@@ -221,7 +221,7 @@ impl Core {
         fail_point!("recovery-after-start");
 
         // Step 2: push the bump; each reply carries the replica's length.
-        let (bumped, stale) = self.push_recovery_bump(&plan).await;
+        let (bumped, stale, unanswered) = self.push_recovery_bump(&plan).await;
         let Some(length) = recovered_length(bumped.iter().map(|(_, r)| r.length)) else {
             tracing::warn!(
                 path = %plan.path,
@@ -253,7 +253,9 @@ impl Core {
 
         // Step 4: truncate, compare, finalize (all, or the kept one at a new version).
         let targets: Vec<ChunkserverAddr> = bumped.into_iter().map(|(a, _)| a).collect();
-        let sealed = self.seal_recovery(&plan, &targets, length).await?;
+        let sealed = self
+            .seal_recovery(&plan, &targets, length, unanswered)
+            .await?;
         let plan = sealed.plan;
         tracing::info!(
             path = %plan.path,
@@ -290,8 +292,14 @@ impl Core {
     async fn push_recovery_bump(
         &self,
         plan: &RecoveryPlan,
-    ) -> (Vec<(ChunkserverAddr, ReplicaReport)>, Vec<ChunkserverId>) {
+    ) -> (
+        Vec<(ChunkserverAddr, ReplicaReport)>,
+        Vec<ChunkserverId>,
+        bool,
+    ) {
         let (handle, version) = (plan.handle, plan.version);
+        // A target that did not answer may have taken the version all the same.
+        let mut unanswered = false;
         let results = self
             .commands
             .send_all(&plan.targets, || ChunkCommand::BumpVersion {
@@ -328,13 +336,14 @@ impl Core {
                 Err(e) => {
                     tracing::warn!(path = %plan.path, handle = %handle, new_version = %version, chunkserver = %target.id, error = %e, "lease recovery: bump failed; the replica is stale");
                     stale.push(target.id);
+                    unanswered = true;
                 }
             }
         }
         let mut reports: Vec<_> = bumped.iter().map(|(a, r)| (a.id, *r)).collect();
         reports.extend(short);
         self.state().record_replicas(handle, &reports);
-        (bumped, stale)
+        (bumped, stale, unanswered)
     }
 
     /// `RecoverLease` (`stampfs recover PATH`): forces lease recovery of a file

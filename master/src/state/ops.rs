@@ -719,6 +719,45 @@ impl MasterState {
     /// replicas, `pipeline`: logs [`Record::GrantedPipeline`], so that lease recovery
     /// of the file only lets those replicas vote on the length from now on (and only
     /// at the granted version or above). Must be durable before the grant leaves.
+    /// A fresh version for the chunk of `plan`, whose bump some targets did not answer
+    /// (see `Core::push_bump_fenced`): logged as `SetVersion` while `client` still
+    /// holds the file and the chunk is still its last one, at the plan's version.
+    pub fn fence_version(
+        &mut self,
+        plan: &BumpPlan,
+        client: ClientId,
+        now_ms: u64,
+    ) -> Result<ChunkVersion> {
+        let f = self.ns.file(plan.inode).ok_or_else(|| Error::NotFound {
+            path: plan.path.clone(),
+        })?;
+        if f.writer() != Some(client) || f.chunks.last() != Some(&plan.handle) {
+            return Err(Error::LeaseExpired {
+                path: plan.path.clone(),
+                client,
+            });
+        }
+        let at = self.chunks.get(plan.handle).map(|i| i.version);
+        if at != Some(plan.version) {
+            return Err(stampfs_proto::RemoteError::Unavailable {
+                reason: format!(
+                    "chunk {} of {} moved on from version {} meanwhile",
+                    plan.handle, plan.path, plan.version
+                ),
+            }
+            .into());
+        }
+        let version = plan.version.next();
+        self.commit(
+            Record::SetVersion {
+                handle: plan.handle,
+                version,
+            },
+            now_ms,
+        )?;
+        Ok(version)
+    }
+
     pub fn grant_made(
         &mut self,
         plan: &BumpPlan,

@@ -10,7 +10,7 @@
 use super::Core;
 use crate::error::{Error, Result};
 use crate::recovery::{
-    after_seal, compare_content, id_list, in_pipeline_order, replica_at, AfterSeal, Content,
+    after_seal, id_list, in_pipeline_order, replica_at, seal_decision, AfterSeal, SealDecision,
 };
 use crate::state::RecoveryPlan;
 use stampfs_proto::{
@@ -45,6 +45,7 @@ impl Core {
         plan: &RecoveryPlan,
         targets: &[ChunkserverAddr],
         length: u64,
+        unanswered: bool,
     ) -> Result<Sealed> {
         let (handle, version) = (plan.handle, plan.version);
         let mut failed: Vec<ChunkserverId> = Vec::new();
@@ -100,40 +101,48 @@ impl Core {
             .filter_map(|(id, _)| cut.iter().find(|t| t.id == *id).cloned())
             .collect();
 
-        let (sealed_plan, to_seal, left_stale) = match compare_content(&view) {
-            Content::Unknown | Content::Identical => (plan.clone(), answered, Vec::new()),
-            Content::Diverged { keep, same, differ } => {
-                let Some(kept) = answered.iter().find(|t| t.id == keep).cloned() else {
+        // A replica that failed a step (or never answered its bump) may hold the
+        // attempt's version with bytes nobody compared: fence it below the commit.
+        let must_fence = unanswered || !failed.is_empty();
+        let (sealed_plan, to_seal, left_stale) = match seal_decision(&view, must_fence) {
+            SealDecision::All => (plan.clone(), answered, Vec::new()),
+            SealDecision::Fence { keep, stale } => {
+                let kept: Vec<ChunkserverAddr> = answered
+                    .iter()
+                    .filter(|t| keep.contains(&t.id))
+                    .cloned()
+                    .collect();
+                if kept.len() != keep.len() {
                     return Err(Error::bad_request(format!(
-                        "the kept replica {keep} of {handle} is not among those that answered"
+                        "the kept replicas {} of {handle} are not all among those that answered",
+                        id_list(keep.iter())
                     )));
-                };
+                }
                 tracing::warn!(
                     path = %plan.path,
                     handle = %handle,
                     version = %version,
                     length,
-                    kept = %keep,
-                    diverged = %id_list(differ.iter()),
-                    same_as_kept = %id_list(same.iter()),
-                    "lease recovery: the replicas hold different bytes at the recovered length; \
-                     keeping the first of the granted pipeline alone at a new version, the \
-                     others stay stale and are replaced by copies of it"
+                    kept = %id_list(keep.iter()),
+                    diverged = %id_list(stale.iter()),
+                    unknown = %id_list(failed.iter()),
+                    unanswered_bump = unanswered,
+                    "lease recovery: keeping the first of the granted pipeline and the replicas \
+                     holding its bytes at a new version; the others (other bytes, or bytes \
+                     nobody could compare) stay stale and are replaced by copies"
                 );
                 let kept_plan = self
                     .mutate_durable(|st, now, _| st.mint_kept_version(plan, &kept, now))
                     .await?;
                 stampfs_proto::crash_point!("recovery-after-kept-version");
                 fail_point!("recovery-after-kept-version");
-                let stale: Vec<ChunkserverId> = answered
-                    .iter()
-                    .map(|t| t.id)
-                    .filter(|id| *id != keep)
-                    .collect();
-                let bumped = self.bump_kept(&kept_plan, &kept, length).await;
-                let to_seal = if bumped { vec![kept] } else { Vec::new() };
-                if !bumped {
-                    failed.push(keep);
+                let mut to_seal = Vec::new();
+                for k in &kept {
+                    if self.bump_kept(&kept_plan, k, length).await {
+                        to_seal.push(k.clone());
+                    } else {
+                        failed.push(k.id);
+                    }
                 }
                 (kept_plan, to_seal, stale)
             }

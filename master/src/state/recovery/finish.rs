@@ -20,7 +20,7 @@ impl MasterState {
     pub fn mint_kept_version(
         &mut self,
         plan: &RecoveryPlan,
-        keep: &ChunkserverAddr,
+        keep: &[ChunkserverAddr],
         now_ms: u64,
     ) -> Result<RecoveryPlan> {
         self.plan_is_current(plan)?;
@@ -35,7 +35,7 @@ impl MasterState {
         Ok(RecoveryPlan {
             previous: plan.version,
             version,
-            targets: vec![keep.clone()],
+            targets: keep.to_vec(),
             ..plan.clone()
         })
     }
@@ -152,7 +152,9 @@ mod tests {
             .find(|t| t.id == ids[0])
             .expect("the head is a target")
             .clone();
-        let kept = st.mint_kept_version(&plan, &keep, 1_000).expect("mint");
+        let kept = st
+            .mint_kept_version(&plan, std::slice::from_ref(&keep), 1_000)
+            .expect("mint");
         assert_eq!(
             (kept.previous, kept.version, kept.old_version),
             (ChunkVersion(2), ChunkVersion(3), ChunkVersion(1))
@@ -167,7 +169,9 @@ mod tests {
         assert_eq!(st.stat("/f").expect("stat").state, FileState::Recovering);
         // The attempt's own plan can no longer commit, nor mint again.
         assert!(st.commit_recovery(&plan, 1000, 1_000, 3).is_err());
-        assert!(st.mint_kept_version(&plan, &keep, 1_000).is_err());
+        assert!(st
+            .mint_kept_version(&plan, std::slice::from_ref(&keep), 1_000)
+            .is_err());
 
         st.record_replicas(h, &[(keep.id, report(h, 3, 1000, ReplicaState::Finalized))]);
         let out = st.commit_recovery(&kept, 1000, 1_000, 3).expect("commit");
@@ -204,7 +208,8 @@ mod tests {
         for kept_bumped in [false, true] {
             let (mut st, ino, h, ids, plan) = bumped();
             let keep = plan.targets[0].clone();
-            st.mint_kept_version(&plan, &keep, 1_000).expect("mint");
+            st.mint_kept_version(&plan, std::slice::from_ref(&keep), 1_000)
+                .expect("mint");
             let log = st.take_outbox();
             let mut back = replay(&st, &log);
             assert_eq!(back.stat("/f").expect("stat").state, FileState::Recovering);
