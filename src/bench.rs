@@ -1089,10 +1089,10 @@ fn validate(args: &BenchPipelineArgs) -> Result<()> {
         bail!("--replication takes factors between 1 and 16");
     }
     let patterns = crate::bench_patterns::Patterns::parse(&args.pattern)?;
-    if patterns.overwrite && args.chunk_size.is_none_or(|c| args.size > c) {
+    if patterns.overwrite && args.chunk_size.is_none_or(|c| args.size >= c) {
         bail!(
-            "--pattern overwrite needs --size at most --chunk-size (set both): only a \
-             file's last chunk takes writes below its end so far"
+            "--pattern overwrite needs --size below --chunk-size (set both): only a file's \
+             last chunk, and not a full one, takes writes below its end so far"
         );
     }
     if patterns.random && args.small_writes == 0 {

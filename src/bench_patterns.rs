@@ -4,8 +4,8 @@
 //! - **overwrite**: the `size` bytes the append measurement wrote are written again
 //!   from offset 0, in order, by a writer for writes anywhere, closed after an
 //!   `hsync`; timed from the open to the end of the close. Goal: at least 80% of the
-//!   append throughput. The file must be one chunk (`size` at most `--chunk-size`):
-//!   only a file's last chunk takes writes below its end so far.
+//!   append throughput. The file must be one partial chunk (`size` below
+//!   `--chunk-size`): only a file's last chunk takes writes below its end so far.
 //! - **random**: `N ×` (4 KiB written at a random 4 KiB-aligned offset of that file's
 //!   last chunk + `hsync`), one untimed warm-up. Goal: p50 at most twice the p50 of the
 //!   4 KiB append + `hsync` series of the same configuration.

@@ -404,7 +404,7 @@ pub struct BenchPipelineArgs {
     pub small_writes: usize,
     /// Write patterns, comma separated: append (always measured: the others are
     /// compared with it), overwrite (the appended bytes written again from offset 0;
-    /// needs --size at most --chunk-size), random (4 KiB at random aligned offsets,
+    /// needs --size below --chunk-size), random (4 KiB at random aligned offsets,
     /// each followed by hsync).
     #[arg(long, value_delimiter = ',', default_value = "append")]
     pub pattern: Vec<String>,
