@@ -143,7 +143,8 @@ pub async fn run(cfg: WorkloadConfig) -> Result<()> {
             continue;
         }
         let file = rng.gen_range(0..cfg.files.max(1));
-        let Some((client, mut writer)) = open_for_append(&cfg, file, &mut rng).await else {
+        let path = file_path(&cfg.dir, file);
+        let Some((client, mut writer)) = open_writer(&cfg, &path, false, &mut rng).await else {
             continue;
         };
         let (session, n) = begin_session(&cfg, file, &mut counter, &history, &mut rng)?;
@@ -170,24 +171,7 @@ pub async fn run(cfg: WorkloadConfig) -> Result<()> {
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(1..40))).await;
             }
         }
-        let outcome = match outcome {
-            None => match writer.close().await {
-                Ok(_) => "closed".to_string(),
-                Err(e) => describe(&e),
-            },
-            Some(e) => describe(&e),
-        };
-        tracing::info!(%session, file, %outcome, "session ended");
-        if outcome != "closed" && outcome != "fenced" {
-            // Let go of the file rather than hold its lease until the hard limit.
-            drop(writer);
-            let _ = client.recover_lease(&file_path(&cfg.dir, file)).await;
-        }
-        history.log(&Event::SessionEnd {
-            file,
-            session,
-            outcome,
-        })?;
+        end_session(&history, client, writer, &path, file, session, outcome).await?;
     }
     reader.abort();
     tracing::info!(client = cfg.client, "nemesis client stopping");
@@ -205,7 +189,7 @@ async fn slot_session(
 ) -> Result<()> {
     use crate::slots;
     let path = slots::path(&cfg.dir);
-    let Some((client, mut writer)) = open_slots(cfg, &path, rng).await else {
+    let Some((client, mut writer)) = open_writer(cfg, &path, true, rng).await else {
         return Ok(());
     };
     let (session, n) = begin_session(cfg, slots::SLOT_FILE, counter, history, rng)?;
@@ -234,6 +218,30 @@ async fn slot_session(
             tokio::time::sleep(Duration::from_millis(rng.gen_range(1..40))).await;
         }
     }
+    end_session(
+        history,
+        client,
+        writer,
+        &path,
+        slots::SLOT_FILE,
+        session,
+        outcome,
+    )
+    .await
+}
+
+/// Ends a session: closes the writer (unless it failed: `outcome`), lets go of the file
+/// of a writer that failed other than fenced rather than hold its lease until the
+/// hard limit, and logs the end.
+async fn end_session(
+    history: &HistoryWriter,
+    client: Client,
+    mut writer: stampfs_client::FileWriter,
+    path: &str,
+    file: u32,
+    session: SessionId,
+    outcome: Option<ClientError>,
+) -> Result<()> {
     let outcome = match outcome {
         None => match writer.close().await {
             Ok(_) => "closed".to_string(),
@@ -241,54 +249,16 @@ async fn slot_session(
         },
         Some(e) => describe(&e),
     };
-    tracing::info!(%session, %outcome, "slot session ended");
+    tracing::info!(%session, file, %outcome, "session ended");
     if outcome != "closed" && outcome != "fenced" {
         drop(writer);
-        let _ = client.recover_lease(&path).await;
+        let _ = client.recover_lease(path).await;
     }
     history.log(&Event::SessionEnd {
-        file: slots::SLOT_FILE,
+        file,
         session,
         outcome,
-    })?;
-    Ok(())
-}
-
-/// Opens the slot file for writes anywhere under a fresh client (taking it over now
-/// and then); `None` after a failed attempt (already backed off).
-async fn open_slots(
-    cfg: &WorkloadConfig,
-    path: &str,
-    rng: &mut StdRng,
-) -> Option<(Client, stampfs_client::FileWriter)> {
-    let client = match Client::connect_with(&cfg.master, client_config()).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::info!(error = %e, "cannot reach the master");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            return None;
-        }
-    };
-    match client.open_options().write(true).open(path).await {
-        Ok(w) => Some((client, w)),
-        Err(e) => {
-            let contended = matches!(
-                e,
-                ClientError::Remote(
-                    RemoteError::LeaseConflict { .. } | RemoteError::RecoveryInProgress { .. }
-                )
-            );
-            tracing::info!(%path, error = %e, contended, "open for writes refused");
-            if contended && rng.gen_ratio(1, 4) {
-                match client.recover_lease(path).await {
-                    Ok(out) => tracing::info!(%path, closed = out.closed, "took the file over"),
-                    Err(e) => tracing::info!(%path, error = %e, "recover_lease failed"),
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..200))).await;
-            None
-        }
-    }
+    })
 }
 
 fn describe(e: &ClientError) -> String {
@@ -303,14 +273,14 @@ fn stopped(stop_file: &Path) -> bool {
     stop_file.exists()
 }
 
-/// Opens `file` for append under a fresh client, taking it over now and then; `None`
-/// after a failed attempt (already backed off).
-async fn open_for_append(
+/// Opens `path` under a fresh client, for append or (`anywhere`) for writes anywhere,
+/// taking it over now and then; `None` after a failed attempt (already backed off).
+async fn open_writer(
     cfg: &WorkloadConfig,
-    file: u32,
+    path: &str,
+    anywhere: bool,
     rng: &mut StdRng,
 ) -> Option<(Client, stampfs_client::FileWriter)> {
-    let path = file_path(&cfg.dir, file);
     let client = match Client::connect_with(&cfg.master, client_config()).await {
         Ok(c) => c,
         Err(e) => {
@@ -319,7 +289,12 @@ async fn open_for_append(
             return None;
         }
     };
-    match client.append(&path).await {
+    let opened = if anywhere {
+        client.open_options().write(true).open(path).await
+    } else {
+        client.append(path).await
+    };
+    match opened {
         Ok(w) => Some((client, w)),
         Err(e) => {
             let contended = matches!(
@@ -328,9 +303,9 @@ async fn open_for_append(
                     RemoteError::LeaseConflict { .. } | RemoteError::RecoveryInProgress { .. }
                 )
             );
-            tracing::info!(%path, error = %e, contended, "append refused");
+            tracing::info!(%path, error = %e, contended, anywhere, "open for writing refused");
             if contended && rng.gen_ratio(1, 4) {
-                match client.recover_lease(&path).await {
+                match client.recover_lease(path).await {
                     Ok(out) => tracing::info!(%path, closed = out.closed, "took the file over"),
                     Err(e) => tracing::info!(%path, error = %e, "recover_lease failed"),
                 }
