@@ -244,6 +244,18 @@ impl Clients {
         }
     }
 
+    /// Asks for every client to be started; [`Clients::progress`] does it.
+    pub fn request_all(&mut self) {
+        for i in 0..self.procs.len() {
+            self.request_start(i);
+        }
+    }
+
+    /// No start is pending.
+    pub fn all_started(&self) -> bool {
+        self.pending.iter().all(Option::is_none)
+    }
+
     /// Starts client `i` and waits until it runs.
     pub async fn start(&mut self, i: usize) -> Result<()> {
         self.request_start(i);

@@ -257,8 +257,20 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         crash_seed: cfg.crash_points.then_some(cfg.seed),
     };
     let mut clients = Clients::new(&spec, &net);
-    for i in 0..cfg.clients {
-        clients.start(i).await?;
+    let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    // Servers that exited by themselves, not at a crash point.
+    let mut exits: Vec<Violation> = Vec::new();
+    // A server may die at a crash point while the clients start (the first writes
+    // come at once): it is started again meanwhile, or a mount waiting for the
+    // master would never come up.
+    clients.request_all();
+    loop {
+        clients.progress().await?;
+        if clients.all_started() {
+            break;
+        }
+        restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // 3. Faults.
@@ -273,9 +285,6 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
             disk_faults: !cluster.disks.is_empty(),
         },
     );
-    let mut injected: BTreeMap<String, u64> = BTreeMap::new();
-    // Servers that exited by themselves, not at a crash point.
-    let mut exits: Vec<Violation> = Vec::new();
     let steps_log = logs.join("nemesis-steps.log");
     let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
     let t0 = Instant::now();
