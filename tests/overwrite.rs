@@ -45,6 +45,34 @@ fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
     model[offset as usize..end].copy_from_slice(data);
 }
 
+/// Writes `data` as the new file `path` in chunks of `chunk_size` and closes it, then
+/// opens it again for writes anywhere.
+async fn written_then_reopened(
+    client: &Client,
+    path: &str,
+    chunk_size: u64,
+    data: &[u8],
+) -> stampfs_client::FileWriter {
+    let mut w = client
+        .create(
+            path,
+            CreateOptions {
+                chunk_size: Some(chunk_size),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create");
+    w.write_all(data).await.expect("write");
+    w.close().await.expect("close");
+    client
+        .open_options()
+        .write(true)
+        .open(path)
+        .await
+        .expect("open for writes anywhere")
+}
+
 /// Replicas of every chunk of `path` at the master's version are byte-identical.
 async fn assert_replicas_identical(client: &Client, path: &str) {
     let v = check_replicas(client, path, None)
@@ -61,25 +89,7 @@ fn round_trips(engine: &str) {
         client.mkdir("/ow", true).await.expect("mkdir");
         // Chunk 0 full, chunk 1 holding 37 856 bytes.
         let mut model = pattern(300_000, 1);
-        let mut w = client
-            .create(
-                path,
-                CreateOptions {
-                    chunk_size: Some(CHUNK),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("create");
-        w.write_all(&model).await.expect("write");
-        w.close().await.expect("close");
-
-        let mut w = client
-            .open_options()
-            .write(true)
-            .open(path)
-            .await
-            .expect("open for writes anywhere");
+        let mut w = written_then_reopened(&client, path, CHUNK, &model).await;
         assert_eq!(
             (w.position(), w.len(), w.writable_from()),
             (0, 300_000, CHUNK)
@@ -194,24 +204,7 @@ fn kill_a_chunkserver_mid_stream(engine: &str) {
         let len = 1_000_000usize;
         let old = pattern(len, 11);
         let new = pattern(len, 12);
-        let mut w = client
-            .create(
-                path,
-                CreateOptions {
-                    chunk_size: Some(4 << 20),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("create");
-        w.write_all(&old).await.expect("write");
-        w.close().await.expect("close");
-        let mut w = client
-            .open_options()
-            .write(true)
-            .open(path)
-            .await
-            .expect("open");
+        let mut w = written_then_reopened(&client, path, 4 << 20, &old).await;
         let every = 100_000;
         for (i, piece) in new.chunks(every).enumerate() {
             if i == 3 {

@@ -117,13 +117,7 @@ impl MasterState {
                 version,
                 mtime_ms,
             } => {
-                let f = self
-                    .ns
-                    .file(*inode)
-                    .ok_or(format!("{inode} is not a file"))?;
-                if f.writer().is_none() {
-                    return Err(format!("{inode} is not open"));
-                }
+                let f = self.open_file_of(*inode)?;
                 let replication = f.replication;
                 if let Some(c) = previous {
                     if f.chunks.last() != Some(&c.handle) {
@@ -154,13 +148,7 @@ impl MasterState {
                 length,
                 mtime_ms,
             } => {
-                let f = self
-                    .ns
-                    .file(*inode)
-                    .ok_or(format!("{inode} is not a file"))?;
-                if f.writer().is_none() {
-                    return Err(format!("{inode} is not open"));
-                }
+                let f = self.open_file_of(*inode)?;
                 if f.chunks.last() != Some(handle) {
                     return Err(format!("{handle} is not the last chunk of {inode}"));
                 }
@@ -397,6 +385,15 @@ impl MasterState {
             }
         });
         Ok(())
+    }
+
+    /// The file `ino`, which a client holds open for writing.
+    fn open_file_of(&self, ino: InodeId) -> std::result::Result<&FileMeta, String> {
+        let f = self.ns.file(ino).ok_or(format!("{ino} is not a file"))?;
+        if f.writer().is_none() {
+            return Err(format!("{ino} is not open"));
+        }
+        Ok(f)
     }
 
     pub(super) fn touch_file(
