@@ -14,23 +14,8 @@ use std::time::Duration;
 impl Client {
     /// Creates a file and returns its writer (the client now holds its write lease).
     pub async fn create(&self, path: &str, opts: CreateOptions) -> Result<FileWriter> {
-        let path = normalized(path)?;
-        let status = self
-            .call(Create {
-                path: path.clone(),
-                client: self.inner.id,
-                replication: opts.replication,
-                chunk_size: opts.chunk_size,
-                overwrite: opts.overwrite,
-            })
-            .await?;
-        self.hold_lease(&path);
-        Ok(FileWriter::start(
-            self.clone(),
-            status,
-            None,
-            crate::writer::WriteMode::Append,
-        ))
+        self.create_with(path, opts, crate::writer::WriteMode::Append)
+            .await
     }
 
     /// An [`OpenOptions`](crate::OpenOptions) builder for a writer of this cluster
