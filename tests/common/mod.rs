@@ -252,6 +252,7 @@ impl TestCluster {
     }
 
     pub fn with(opts: Opts) -> Self {
+        remember_panics();
         let dir = tempfile::Builder::new()
             .prefix("stampfs-test-")
             .tempdir()
@@ -425,8 +426,47 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
+            // The logs can be long and a CI report shows only their end: the failure
+            // again, after them.
+            if let Some(why) = last_panic() {
+                eprintln!("==== the test failed (above the logs too): {why}");
+            }
         }
     }
+}
+
+thread_local! {
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Installs (once per test binary) a panic hook that remembers, per thread, the
+/// message and place of the last panic before the default hook prints it.
+fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            // The first lines of the message: a message that embeds a log is long.
+            let short: String = msg.lines().take(20).collect::<Vec<_>>().join("\n");
+            let place = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("at {place}: {short}")));
+            default(info);
+        }));
+    });
+}
+
+/// The message of this thread's last panic, if [`remember_panics`] saw one.
+fn last_panic() -> Option<String> {
+    LAST_PANIC.with(|p| p.borrow().clone())
 }
 
 /// Deterministic test data.
