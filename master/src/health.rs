@@ -72,7 +72,7 @@ use crate::namespace::{FileMeta, WriteState};
 use crate::registry::Registry;
 use crate::state::{CorruptReport, MasterState};
 use stampfs_proto::{
-    ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ReplicaState,
+    ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, InodeId, ReplicaState,
     Verification,
 };
 use std::fmt;
@@ -409,10 +409,11 @@ pub fn examine(st: &MasterState, handle: ChunkHandle, info: &ChunkInfo, now_ms: 
     ex
 }
 
-/// Whether the replicas of chunk `index` of `f` may be touched: every chunk of a
-/// closed file, every chunk but the last of an open or recovering one.
-pub fn settled(f: &FileMeta, index: usize) -> bool {
-    f.write == WriteState::Closed || index + 1 < f.chunks.len()
+/// Whether the replicas of chunk `index` of `f` (inode `ino`) may be touched: every
+/// chunk of a closed file, every chunk but the one being written
+/// ([`MasterState::open_index_of`]) of an open or recovering one.
+pub fn settled(st: &MasterState, ino: InodeId, f: &FileMeta, index: usize) -> bool {
+    f.write == WriteState::Closed || st.open_index_of(ino, f) != Some(index)
 }
 
 mod pass;

@@ -230,8 +230,10 @@ pub enum Start {
     },
 }
 
-/// Decides how to recover a file from its write state, chunk size and last chunk.
-/// `expired` is the holder the trigger saw expire ([`Trigger::expired_holder`]);
+/// Decides how to recover a file from its write state, chunk size and the chunk it is
+/// written in (`last`; `reopened` when a `ChunkOpened` moved the writer to it, so
+/// that it is open even when full). `expired` is the holder the trigger saw expire
+/// ([`Trigger::expired_holder`]);
 /// `holders` is what the master knows of who may hold the writer's bytes; `live`
 /// gives the address of a live chunkserver.
 pub fn decide(
@@ -239,6 +241,7 @@ pub fn decide(
     expired: Option<ClientId>,
     chunk_size: u64,
     last: Option<&ChunkInfo>,
+    reopened: bool,
     holders: &Holders<'_>,
     live: impl Fn(ChunkserverId) -> Option<String>,
 ) -> Start {
@@ -248,7 +251,7 @@ pub fn decide(
             return Start::HolderChanged { holder: client }
         }
         (WriteState::Open { .. }, None) => return Start::CloseAtCommitted,
-        (WriteState::Open { .. }, Some(info)) if info.length >= chunk_size => {
+        (WriteState::Open { .. }, Some(info)) if info.length >= chunk_size && !reopened => {
             return Start::CloseAtCommitted
         }
         (WriteState::Open { client, granted }, Some(info)) => (client, granted, info),
@@ -546,6 +549,7 @@ mod tests {
             Some(A),
             CHUNK,
             Some(&c),
+            false,
             &ALL,
             live_except(&[4]),
         );
@@ -579,7 +583,7 @@ mod tests {
             version,
             targets,
             ..
-        } = decide(write, None, CHUNK, Some(&c), &ALL, live_except(&[]))
+        } = decide(write, None, CHUNK, Some(&c), false, &ALL, live_except(&[]))
         else {
             panic!("expected a bump");
         };
@@ -594,12 +598,20 @@ mod tests {
             granted: ChunkVersion(2),
         };
         assert_eq!(
-            decide(write, None, CHUNK, None, &ALL, live_except(&[])),
+            decide(write, None, CHUNK, None, false, &ALL, live_except(&[])),
             Start::CloseAtCommitted
         );
         let full = chunk(2, CHUNK, &[(1, 2)]);
         assert_eq!(
-            decide(write, None, CHUNK, Some(&full), &ALL, live_except(&[])),
+            decide(
+                write,
+                None,
+                CHUNK,
+                Some(&full),
+                false,
+                &ALL,
+                live_except(&[])
+            ),
             Start::CloseAtCommitted,
             "the writer died between chunks"
         );
@@ -609,6 +621,7 @@ mod tests {
                 None,
                 CHUNK,
                 Some(&full),
+                false,
                 &ALL,
                 live_except(&[])
             ),
@@ -624,6 +637,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&full),
+                false,
                 &ALL,
                 live_except(&[])
             ),
@@ -643,7 +657,15 @@ mod tests {
         let c = chunk(3, 100, &[(1, 3), (2, 2)]);
         for holders in [ALL, UNREPORTED] {
             assert_eq!(
-                decide(write, Some(A), CHUNK, Some(&c), &holders, live_except(&[1])),
+                decide(
+                    write,
+                    Some(A),
+                    CHUNK,
+                    Some(&c),
+                    false,
+                    &holders,
+                    live_except(&[1])
+                ),
                 Start::Fence {
                     holder: A,
                     old_version: ChunkVersion(3),
@@ -664,6 +686,7 @@ mod tests {
                 None,
                 CHUNK,
                 Some(&fenced),
+                false,
                 &ALL,
                 live_except(&[1])
             ),
@@ -689,6 +712,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&none),
+                false,
                 &UNREPORTED,
                 live_except(&[])
             ),
@@ -697,7 +721,15 @@ mod tests {
         // Every chunkserver reported, and none holds it: the chunk is lost. The
         // version is still raised first.
         assert_eq!(
-            decide(write, Some(A), CHUNK, Some(&none), &ALL, live_except(&[])),
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&none),
+                false,
+                &ALL,
+                live_except(&[])
+            ),
             Start::Lost {
                 old_version: ChunkVersion(3),
                 version: ChunkVersion(4),
@@ -721,7 +753,15 @@ mod tests {
         let dead = chunk(3, 100, &[(1, 3)]);
         assert!(!proven_gone(&dead, ChunkVersion(3), &ALL));
         assert!(matches!(
-            decide(write, Some(A), CHUNK, Some(&dead), &ALL, live_except(&[1])),
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&dead),
+                false,
+                &ALL,
+                live_except(&[1])
+            ),
             Start::Fence { .. }
         ));
         // The operator gives the dead replica up: the file closes at once.
@@ -735,6 +775,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&dead),
+                false,
                 &given_up,
                 live_except(&[1])
             ),
@@ -747,6 +788,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&dead),
+                false,
                 &given_up,
                 live_except(&[])
             ),
@@ -764,6 +806,7 @@ mod tests {
                 None,
                 CHUNK,
                 Some(&fenced),
+                false,
                 &ALL,
                 live_except(&[])
             ),
@@ -788,7 +831,15 @@ mod tests {
             version,
             targets,
             ..
-        } = decide(write, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
+        } = decide(
+            write,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &ALL,
+            live_except(&[]),
+        )
         else {
             panic!("expected a bump");
         };
@@ -800,9 +851,15 @@ mod tests {
         );
         // The bump reached one replica before the master gave up: it counts too.
         let c = chunk(6, 0, &[(1, 6), (2, 5), (3, 4)]);
-        let Start::Bump { targets, .. } =
-            decide(write, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
-        else {
+        let Start::Bump { targets, .. } = decide(
+            write,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &ALL,
+            live_except(&[]),
+        ) else {
             panic!("expected a bump");
         };
         assert_eq!(
@@ -815,9 +872,15 @@ mod tests {
             client: A,
             granted: ChunkVersion(6),
         };
-        let Start::Bump { targets, .. } =
-            decide(granted, Some(A), CHUNK, Some(&c), &ALL, live_except(&[]))
-        else {
+        let Start::Bump { targets, .. } = decide(
+            granted,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &ALL,
+            live_except(&[]),
+        ) else {
             panic!("expected a bump");
         };
         assert_eq!(ids(&targets), vec![1]);
@@ -833,7 +896,15 @@ mod tests {
             granted: ChunkVersion(5),
         };
         assert_eq!(
-            decide(open, Some(A), CHUNK, Some(&c), &ALL, live_except(&[1, 2])),
+            decide(
+                open,
+                Some(A),
+                CHUNK,
+                Some(&c),
+                false,
+                &ALL,
+                live_except(&[1, 2])
+            ),
             Start::Fence {
                 holder: A,
                 old_version: ChunkVersion(5),
@@ -850,6 +921,7 @@ mod tests {
                 None,
                 CHUNK,
                 Some(&c),
+                false,
                 &ALL,
                 live_except(&[1, 2])
             ),
@@ -860,7 +932,15 @@ mod tests {
         );
         // When they are back, they are recovered.
         assert!(matches!(
-            decide(recovering, None, CHUNK, Some(&c), &ALL, live_except(&[2])),
+            decide(
+                recovering,
+                None,
+                CHUNK,
+                Some(&c),
+                false,
+                &ALL,
+                live_except(&[2])
+            ),
             Start::Bump { .. }
         ));
     }
@@ -881,9 +961,15 @@ mod tests {
             client: A,
             granted: ChunkVersion(5),
         };
-        let Start::Bump { targets, .. } =
-            decide(write, Some(A), CHUNK, Some(&c), &holders, live_except(&[]))
-        else {
+        let Start::Bump { targets, .. } = decide(
+            write,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &holders,
+            live_except(&[]),
+        ) else {
             panic!("expected a bump");
         };
         assert_eq!(ids(&targets), vec![1, 2]);
@@ -895,6 +981,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&c),
+                false,
                 &holders,
                 live_except(&[1, 2])
             ),
@@ -981,6 +1068,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&empty),
+                false,
                 &never,
                 live_except(&[])
             ),
@@ -989,7 +1077,15 @@ mod tests {
         // A grant was logged: a writer may have had bytes acknowledged on replicas
         // that are gone now; the chunk is reported missing, never dropped.
         assert!(matches!(
-            decide(write, Some(A), CHUNK, Some(&empty), &ALL, live_except(&[])),
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&empty),
+                false,
+                &ALL,
+                live_except(&[])
+            ),
             Start::Lost { .. }
         ));
         // Committed bytes, or a replica ever reported (even a stale one): not dropped.
@@ -1000,6 +1096,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&committed),
+                false,
                 &never,
                 live_except(&[])
             ),
@@ -1016,6 +1113,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&reported),
+                false,
                 &never,
                 live_except(&[])
             ),
@@ -1032,6 +1130,7 @@ mod tests {
                 Some(A),
                 CHUNK,
                 Some(&empty),
+                false,
                 &waiting,
                 live_except(&[])
             ),

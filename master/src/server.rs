@@ -471,6 +471,7 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::ReportPart(_) => reply(id, Ok(())),
         MasterRequest::MakeFile(r) => reply(id, core.make_file(r).await),
         MasterRequest::CutLastChunk(r) => reply(id, core.cut_last_chunk(r).await),
+        MasterRequest::OpenChunk(r) => reply(id, core.open_chunk(r).await),
     }
 }
 

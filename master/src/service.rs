@@ -33,8 +33,8 @@ use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
-    LeaseTerms, List, MakeFile, Mkdir, Register, RegisterReply, RemoteError, Rename, RenewLease,
-    Signed, Stat, UpdatePipeline, WriteGrant,
+    LeaseTerms, List, MakeFile, Mkdir, OpenChunk, Register, RegisterReply, RemoteError, Rename,
+    RenewLease, Signed, Stat, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -555,7 +555,37 @@ impl Core {
         Ok(self.grant(&plan, req.client, pipeline))
     }
 
-    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
+    /// `OpenChunk`: like a new chunk's grant, for an existing chunk of the file. The
+    /// new version is durable before any bump goes out; the chunk left is finalized
+    /// meanwhile. A bump that reaches too few replicas leaves the version minted and
+    /// ungranted: the writer holds no token for it, and lease recovery starts from the
+    /// version the chunk's replicas held.
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, index = req.index))]
+    pub async fn open_chunk(&self, req: OpenChunk) -> Result<WriteGrant> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        let plan = self
+            .mutate_durable(|st, now, mt| st.open_chunk(&req, ino, now, mt))
+            .await?;
+        let finalize = async {
+            if let Some(f) = &plan.finalize {
+                self.finalize(f).await;
+            }
+        };
+        stampfs_proto::crash_point!("open-chunk-before-bump");
+        let ((), fenced) = tokio::join!(finalize, self.push_bump_fenced(&plan.bump, req.client));
+        let (bump, pipeline) = fenced?;
+        if pipeline.len() < bump.needed {
+            return Err(Error::NotEnoughReplicas {
+                live: pipeline.len() as u32,
+                needed: bump.needed as u32,
+            });
+        }
+        let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
+        self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))
+            .await?;
+        Ok(self.grant(&bump, req.client, pipeline))
+    }
+
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle, length = req.length))]
     pub async fn cut_last_chunk(&self, req: stampfs_proto::CutLastChunk) -> Result<()> {
         let (ino, _file) = self.lock_file(&req.path).await?;
@@ -563,6 +593,7 @@ impl Core {
             .await
     }
 
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn close(&self, req: Close) -> Result<FileStatus> {
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self

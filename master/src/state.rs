@@ -46,7 +46,7 @@ pub use report::{ReportApply, REPORT_BATCH};
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
 /// files) and format 2 (no granted pipelines) are still read and upgraded.
-const SNAPSHOT_FORMAT: u32 = 3;
+const SNAPSHOT_FORMAT: u32 = 4;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -171,6 +171,19 @@ pub enum Record {
         length: u64,
         mtime_ms: u64,
     },
+    /// The writer of the open file `inode` moves to its existing chunk `handle` (a
+    /// write into it): `previous`, the chunk it was writing, is committed, and
+    /// `handle` becomes the chunk it writes, at `version` (pushed to its replicas
+    /// next). Until its grant goes out, lease recovery starts from the version the
+    /// chunk's replicas held before. A chunk before the last stays full: its
+    /// committed length is the chunk size throughout.
+    ChunkOpened {
+        inode: InodeId,
+        previous: Option<ChunkCommit>,
+        handle: ChunkHandle,
+        version: ChunkVersion,
+        mtime_ms: u64,
+    },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -272,6 +285,12 @@ pub struct MasterState {
     /// The granted pipeline of each open file's last chunk (persisted; an entry goes
     /// when its file closes, gets a new last chunk or is deleted).
     pub pipelines: BTreeMap<InodeId, Pipeline>,
+    /// The chunk each open (or recovering) file is written in since a
+    /// `Record::ChunkOpened` moved its writer there, its last chunk included: a full
+    /// last chunk is written only when an entry says so (persisted; an entry goes when
+    /// its file closes, gets a new chunk, or is deleted). Without an entry a file is
+    /// written in its last chunk. See [`MasterState::open_chunk_of`].
+    pub open_chunks: BTreeMap<InodeId, ChunkHandle>,
     /// Soft: registered chunkservers.
     pub registry: Registry,
     /// Soft: lease timers of open files.
@@ -327,6 +346,7 @@ impl MasterState {
             servers: BTreeMap::new(),
             next_server: 1,
             pipelines: BTreeMap::new(),
+            open_chunks: BTreeMap::new(),
             registry: Registry::default(),
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),
@@ -348,6 +368,7 @@ impl MasterState {
             &self.servers,
             self.next_server,
             &self.pipelines,
+            &self.open_chunks,
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -358,6 +379,16 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+        );
+        type SnapV3 = (
             u32,
             u64,
             Namespace,
@@ -389,22 +420,52 @@ impl MasterState {
             bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
         // Checkpoints older than format 3 know no granted pipelines: lease recovery of
         // a file open at the time lets every replica at a recoverable version vote.
-        let (last_lsn, ns, chunks, servers, next_server, pipelines) = match format {
+        // Checkpoints older than format 4 know no chunk opened before the last: every
+        // open file was written in its last chunk.
+        let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
             SNAPSHOT_FORMAT => {
-                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines), _): (Snap, usize) =
-                    bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-                (last_lsn, ns, chunks, servers, next_server, pipelines)
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
+                    Snap,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            3 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines), _): (
+                    SnapV3,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                let open = BTreeMap::new();
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
             }
             2 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV2, usize) =
                     bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-                (last_lsn, ns, chunks, servers, next_server, BTreeMap::new())
+                let none = BTreeMap::new();
+                (
+                    last_lsn,
+                    ns,
+                    chunks,
+                    servers,
+                    next_server,
+                    none,
+                    BTreeMap::new(),
+                )
             }
             1 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV1, usize) =
                     bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 let ns = ns.upgrade(|h| chunks.get(h).map_or(ChunkVersion(0), |c| c.version));
-                (last_lsn, ns, chunks, servers, next_server, BTreeMap::new())
+                let none = BTreeMap::new();
+                (
+                    last_lsn,
+                    ns,
+                    chunks,
+                    servers,
+                    next_server,
+                    none,
+                    BTreeMap::new(),
+                )
             }
             other => {
                 return Err(Error::Codec {
@@ -419,6 +480,7 @@ impl MasterState {
         st.servers = servers;
         st.next_server = next_server;
         st.pipelines = pipelines;
+        st.open_chunks = open_chunks;
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()
@@ -579,16 +641,20 @@ impl MasterState {
             .ns
             .file(ino)
             .ok_or_else(|| Error::IsADirectory { path: join(&comps) })?;
-        let open = f.write != WriteState::Closed;
+        // The chunk being written (the last one unless the writer moved).
+        let open = match f.write {
+            WriteState::Closed => None,
+            _ => self.open_index_of(ino, f),
+        };
         let mut chunks = Vec::with_capacity(f.chunks.len());
         let mut offset = 0u64;
         for (i, h) in f.chunks.iter().enumerate() {
             let Some(info) = self.chunks.get(*h) else {
                 continue;
             };
-            let complete = !(open && i + 1 == f.chunks.len());
+            let complete = open != Some(i);
             let mut replicas = self.current_locations(info, now_ms);
-            // The open last chunk: only the granted pipeline holds what the writer
+            // The chunk being written: only the granted pipeline holds what the writer
             // hflushed. A replica that applied the grant's bump late is at the same
             // version without those bytes, and would hide them from the reader.
             // Listed in pipeline order (head first), whatever order the bumps were
@@ -673,6 +739,7 @@ impl MasterState {
             && self.servers == other.servers
             && self.next_server == other.next_server
             && self.pipelines == other.pipelines
+            && self.open_chunks == other.open_chunks
     }
 
     /// The servers of the granted pipeline of `inode`'s last chunk `handle` at
@@ -713,6 +780,9 @@ pub fn replay_records<'a>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod open_chunk_tests;
 
 #[cfg(test)]
 mod tests {

@@ -85,6 +85,8 @@ pub const CATALOGUE: &[Point] = &[
           "AddChunk: the new handle and version are durable; no bump sent yet"),
     point("new-chunk-after-bump", Process::Master,
           "AddChunk: the bump was answered; GrantedPipeline not logged, no grant"),
+    point("open-chunk-before-bump", Process::Master,
+          "OpenChunk: the version for the chunk moved to is durable; no bump sent yet"),
     point("pipeline-before-bump", Process::Master,
           "UpdatePipeline: the new version is durable; no bump sent to the survivors yet"),
     point("pipeline-after-bump", Process::Master,

@@ -213,6 +213,19 @@ pub struct CutLastChunk {
     pub length: u64,
 }
 
+/// Moves a writer to an existing chunk of its file (a write into it): commits the
+/// chunk it was writing (`previous`) and leases chunk `index` under a new version,
+/// bumped on its replicas before the grant goes out, like a new chunk's. Chunk
+/// `index` must be one of the file's chunks other than the one being written; every
+/// chunk before the last is full, so its grant's `chunk_offset` is the chunk size.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct OpenChunk {
+    pub path: String,
+    pub client: ClientId,
+    pub previous: Option<ChunkCommit>,
+    pub index: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Close {
     pub path: String,
@@ -499,6 +512,8 @@ pub enum MasterRequest {
     MakeFile(MakeFile),
     /// After every older variant, so that each keeps its wire index.
     CutLastChunk(CutLastChunk),
+    /// After every older variant, so that each keeps its wire index.
+    OpenChunk(OpenChunk),
 }
 
 // ---------------------------------------------------------------- → chunkserver

@@ -62,6 +62,7 @@ rpc! {
     MasterRequest::ReportPart(ReportPart) -> ();
     MasterRequest::MakeFile(MakeFile) -> FileStatus;
     MasterRequest::CutLastChunk(CutLastChunk) -> ();
+    MasterRequest::OpenChunk(OpenChunk) -> WriteGrant;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -177,7 +177,7 @@ impl Pass {
                 let index = chunk;
                 chunk += 1;
                 s.spend(1);
-                if !settled(f, index) {
+                if !settled(st, InodeId(inode), f, index) {
                     continue;
                 }
                 let Some(info) = st.chunks.get(handle) else {

@@ -357,10 +357,8 @@ fn the_last_chunk_of_an_open_or_recovering_file_is_never_touched() {
         !touched.contains(&hs[1]),
         "the open last chunk is not: {a:?}"
     );
-    assert!(settled(
-        st.ns.file(st.resolve_path("/open").expect("f")).expect("f"),
-        0
-    ));
+    let open = st.resolve_path("/open").expect("f");
+    assert!(settled(&st, open, st.ns.file(open).expect("f"), 0));
     let fsck = st.fsck(None, NOW).expect("fsck");
     assert_eq!(fsck.total.open_files, 1);
     assert_eq!(fsck.files[0].state, stampfs_proto::FileState::Open);

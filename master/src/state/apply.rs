@@ -108,6 +108,7 @@ impl MasterState {
                     }
                 });
                 self.pipelines.remove(inode);
+                self.open_chunks.remove(inode);
                 self.leases.acquire(*inode, *client, now_ms);
             }
             Record::AddChunk {
@@ -120,9 +121,7 @@ impl MasterState {
                 let f = self.open_file_of(*inode)?;
                 let replication = f.replication;
                 if let Some(c) = previous {
-                    if f.chunks.last() != Some(&c.handle) {
-                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
-                    }
+                    self.check_open_chunk(*inode, f, c.handle)?;
                 }
                 if version.0 == 0 {
                     return Err("chunk version 0".into());
@@ -141,6 +140,54 @@ impl MasterState {
                     }
                 });
                 self.pipelines.remove(inode);
+                self.open_chunks.remove(inode);
+            }
+            Record::ChunkOpened {
+                inode,
+                previous,
+                handle,
+                version,
+                mtime_ms,
+            } => {
+                let f = self.open_file_of(*inode)?;
+                if let Some(c) = previous {
+                    self.check_open_chunk(*inode, f, c.handle)?;
+                    if c.handle == *handle {
+                        return Err(format!("{inode} is written in {handle} already"));
+                    }
+                }
+                if !f.chunks.contains(handle) {
+                    return Err(format!("{handle} is not a chunk of {inode}"));
+                }
+                let last = f.chunks.last() == Some(handle);
+                let chunk_size = f.chunk_size;
+                let info = self
+                    .chunks
+                    .get(*handle)
+                    .ok_or(format!("unknown chunk {handle}"))?;
+                if !last && info.length != chunk_size {
+                    return Err(format!(
+                        "{handle} of {inode} is before the last chunk but holds {} of {chunk_size} bytes",
+                        info.length
+                    ));
+                }
+                // Until the grant goes out, the floor is the version its replicas hold.
+                let floor = info.version;
+                if let Some(c) = previous {
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                self.set_version(*handle, *version)?;
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    if let WriteState::Open { granted, .. } = &mut f.write {
+                        *granted = floor;
+                    }
+                });
+                self.pipelines.remove(inode);
+                // The last chunk too: full, it is written all the same (see
+                // `open_chunks`).
+                self.open_chunks.insert(*inode, *handle);
             }
             Record::CutChunk {
                 inode,
@@ -152,6 +199,7 @@ impl MasterState {
                 if f.chunks.last() != Some(handle) {
                     return Err(format!("{handle} is not the last chunk of {inode}"));
                 }
+                self.check_open_chunk(*inode, f, *handle)?;
                 let info = self
                     .chunks
                     .get_mut(*handle)
@@ -177,6 +225,7 @@ impl MasterState {
                     f.chunks.pop();
                 }
                 self.forget_chunk(*handle);
+                self.open_chunks.remove(inode);
                 // The previous chunk is the last again, at the version its writer held.
                 let granted = self
                     .ns
@@ -200,9 +249,7 @@ impl MasterState {
                     .file(*inode)
                     .ok_or(format!("{inode} is not a file"))?;
                 if let Some(c) = last {
-                    if f.chunks.last() != Some(&c.handle) {
-                        return Err(format!("{} is not the last chunk of {inode}", c.handle));
-                    }
+                    self.check_open_chunk(*inode, f, c.handle)?;
                     if let Some(info) = self.chunks.get_mut(c.handle) {
                         info.length = c.length;
                     }
@@ -211,6 +258,7 @@ impl MasterState {
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
                 self.pipelines.remove(inode);
+                self.open_chunks.remove(inode);
             }
             Record::Rename {
                 src_parent,
@@ -248,9 +296,7 @@ impl MasterState {
                     WriteState::Recovering { holder, .. } => holder,
                     WriteState::Closed => return Err(format!("{inode} is closed")),
                 };
-                if f.chunks.last() != Some(handle) {
-                    return Err(format!("{handle} is not the last chunk of {inode}"));
-                }
+                self.check_open_chunk(*inode, f, *handle)?;
                 self.set_version(*handle, *version)?;
                 self.touch_file(*inode, 0, |f| {
                     f.write = WriteState::Recovering {
@@ -275,11 +321,14 @@ impl MasterState {
                 if !f.is_recovering() {
                     return Err(format!("{inode} is not in lease recovery"));
                 }
-                if f.chunks.last() != Some(handle) {
-                    return Err(format!("{handle} is not the last chunk of {inode}"));
-                }
+                self.check_open_chunk(*inode, f, *handle)?;
                 if *length > f.chunk_size {
                     return Err(format!("length {length} exceeds the chunk size"));
+                }
+                if f.chunks.last() != Some(handle) && *length != f.chunk_size {
+                    return Err(format!(
+                        "{handle} of {inode} is before the last chunk: its length stays the chunk size, not {length}"
+                    ));
                 }
                 let info = self
                     .chunks
@@ -296,6 +345,7 @@ impl MasterState {
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
                 self.pipelines.remove(inode);
+                self.open_chunks.remove(inode);
             }
             Record::Granted {
                 inode,
@@ -355,7 +405,7 @@ impl MasterState {
         Ok(())
     }
 
-    /// The shared part of `Granted` and `GrantedPipeline`: `version` of the last chunk
+    /// The shared part of `Granted` and `GrantedPipeline`: `version` of the open chunk
     /// `handle` of the open file `inode` becomes the floor of lease recovery.
     pub(super) fn apply_grant(
         &mut self,
@@ -370,10 +420,11 @@ impl MasterState {
         let WriteState::Open { granted, .. } = f.write else {
             return Err(format!("{inode} is not open"));
         };
-        if f.chunks.last() != Some(&handle) {
-            return Err(format!("{handle} is not the last chunk of {inode}"));
-        }
-        let current = self.last_version(f);
+        self.check_open_chunk(inode, f, handle)?;
+        let current = self
+            .chunks
+            .get(handle)
+            .map_or(ChunkVersion(0), |c| c.version);
         if version < granted || version > current {
             return Err(format!(
                 "granted version {version} of chunk {handle} is outside [{granted}, {current}]"
@@ -408,6 +459,37 @@ impl MasterState {
                 f(meta);
             }
         }
+    }
+
+    /// The chunk the open (or recovering) file `ino` is written in: the one a
+    /// `Record::ChunkOpened` moved its writer to, else its last chunk (`None` without
+    /// chunks). Meaningless for a closed file.
+    pub fn open_chunk_of(&self, ino: InodeId, f: &FileMeta) -> Option<ChunkHandle> {
+        self.open_chunks
+            .get(&ino)
+            .copied()
+            .or_else(|| f.chunks.last().copied())
+    }
+
+    /// The index of [`MasterState::open_chunk_of`] in the file.
+    pub fn open_index_of(&self, ino: InodeId, f: &FileMeta) -> Option<usize> {
+        match self.open_chunks.get(&ino) {
+            Some(h) => f.chunks.iter().position(|c| c == h),
+            None => f.chunks.len().checked_sub(1),
+        }
+    }
+
+    /// `handle` is the chunk the file `ino` is written in.
+    pub(super) fn check_open_chunk(
+        &self,
+        ino: InodeId,
+        f: &FileMeta,
+        handle: ChunkHandle,
+    ) -> std::result::Result<(), String> {
+        if self.open_chunk_of(ino, f) != Some(handle) {
+            return Err(format!("{handle} is not the chunk {ino} is written in"));
+        }
+        Ok(())
     }
 
     /// The current version of `f`'s last chunk (zero without one).
@@ -445,6 +527,7 @@ impl MasterState {
                 self.leases.release(ino);
                 self.recovering.remove(&ino);
                 self.pipelines.remove(&ino);
+                self.open_chunks.remove(&ino);
                 for h in f.chunks {
                     self.forget_chunk(h);
                 }

@@ -12,7 +12,8 @@ use crate::placement;
 use crate::trash;
 use stampfs_proto::{
     Append, ChunkCommit, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
-    Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, Rename, ReplicaReport, UpdatePipeline,
+    Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, OpenChunk, Rename, ReplicaReport,
+    UpdatePipeline,
 };
 use std::collections::HashSet;
 
@@ -55,6 +56,14 @@ pub struct AppendPlan {
 /// What `AddChunk` decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AddChunkPlan {
+    pub bump: BumpPlan,
+    pub finalize: Option<FinalizePlan>,
+}
+
+/// What `OpenChunk` decided: the bump of the chunk moved to, and the finalize of the
+/// one left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenChunkPlan {
     pub bump: BumpPlan,
     pub finalize: Option<FinalizePlan>,
 }
@@ -367,9 +376,10 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (path, f) = self.locked_file(&req.path, expect)?;
-        if f.chunks.last() != Some(&req.handle) {
+        if f.chunks.last() != Some(&req.handle) || self.open_chunk_of(expect, f) != Some(req.handle)
+        {
             return Err(Error::bad_request(format!(
-                "chunk {} is not the last chunk of {path}",
+                "chunk {} is not the last chunk of {path} being written",
                 req.handle
             )));
         }
@@ -393,11 +403,19 @@ impl MasterState {
         Ok(())
     }
 
-    fn check_commit(&self, path: &str, f: &FileMeta, c: &ChunkCommit) -> Result<()> {
-        if f.chunks.last() != Some(&c.handle) {
+    /// A writer's commit of the chunk it was writing: that chunk, within the chunk
+    /// size, never below what is committed, and a chunk before the last stays full.
+    fn check_commit(&self, path: &str, ino: InodeId, f: &FileMeta, c: &ChunkCommit) -> Result<()> {
+        if self.open_chunk_of(ino, f) != Some(c.handle) {
             return Err(Error::bad_request(format!(
-                "chunk {} is not the last chunk of {path}",
+                "chunk {} is not the chunk being written in {path}",
                 c.handle
+            )));
+        }
+        if f.chunks.last() != Some(&c.handle) && c.length != f.chunk_size {
+            return Err(Error::bad_request(format!(
+                "committed length {} of chunk {}, before the last chunk of {path}: it stays {}",
+                c.length, c.handle, f.chunk_size
             )));
         }
         if c.length > f.chunk_size {
@@ -511,7 +529,7 @@ impl MasterState {
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
         if let Some(c) = &req.previous {
-            self.check_commit(&path, f, c)?;
+            self.check_commit(&path, expect, f, c)?;
         }
         let replication = f.replication;
         let chunk_size = f.chunk_size;
@@ -584,7 +602,99 @@ impl MasterState {
         })
     }
 
-    /// `update_pipeline`: a new version for the last chunk over the survivors.
+    /// `open_chunk`: moves the writer to chunk `req.index` of its file, committing the
+    /// chunk it was writing; a new version is minted for the chunk and its bump
+    /// targets are its live current replicas (the previous chunk's are finalized).
+    pub fn open_chunk(
+        &mut self,
+        req: &OpenChunk,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<OpenChunkPlan> {
+        let path = self.locked_file(&req.path, expect)?.0;
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (_, f) = self.locked_file(&req.path, expect)?;
+        if let Some(c) = &req.previous {
+            self.check_commit(&path, expect, f, c)?;
+        }
+        let index = usize::try_from(req.index)
+            .ok()
+            .filter(|i| *i < f.chunks.len())
+            .ok_or_else(|| {
+                Error::bad_request(format!(
+                    "chunk index {} of {path}, which has {} chunks",
+                    req.index,
+                    f.chunks.len()
+                ))
+            })?;
+        let handle = f.chunks[index];
+        if req.previous.is_some_and(|c| c.handle == handle) {
+            return Err(Error::bad_request(format!(
+                "chunk {handle} of {path} is being written already"
+            )));
+        }
+        let chunk_size = f.chunk_size;
+        let needed = self.settings.needed(f.replication);
+        let last = index + 1 == f.chunks.len();
+        let file_offset = self.offset_of(f, index);
+        let info = self
+            .chunks
+            .get(handle)
+            .ok_or_else(|| Error::bad_request(format!("chunk {handle} of {path} is unknown")))?;
+        if !last && info.length != chunk_size {
+            return Err(Error::bad_request(format!(
+                "chunk {handle} of {path} is before the last but holds {} of {chunk_size} bytes",
+                info.length
+            )));
+        }
+        let targets = self.current_targets(info, now_ms);
+        if targets.len() < needed {
+            return Err(Error::NotEnoughReplicas {
+                live: targets.len() as u32,
+                needed: needed as u32,
+            });
+        }
+        let version = info.version.next();
+        let length = info.length;
+        self.commit(
+            Record::ChunkOpened {
+                inode: expect,
+                previous: req.previous,
+                handle,
+                version,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        let finalize = req.previous.and_then(|c| {
+            let info = self.chunks.get(c.handle)?;
+            Some(FinalizePlan {
+                handle: c.handle,
+                version: info.version,
+                length: c.length,
+                targets: self.current_targets(info, now_ms),
+            })
+        });
+        Ok(OpenChunkPlan {
+            bump: BumpPlan {
+                inode: expect,
+                path,
+                handle,
+                version,
+                create: false,
+                targets,
+                needed,
+                chunk_index: index as u64,
+                file_offset,
+                chunk_offset: length,
+                chunk_size,
+            },
+            finalize,
+        })
+    }
+
+    /// `update_pipeline`: a new version for the chunk being written over the survivors.
     pub fn update_pipeline(
         &mut self,
         req: &UpdatePipeline,
@@ -594,15 +704,17 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
-        if f.chunks.last() != Some(&req.handle) {
+        let Some(index) = self
+            .open_index_of(expect, f)
+            .filter(|i| f.chunks.get(*i) == Some(&req.handle))
+        else {
             return Err(Error::bad_request(format!(
-                "chunk {} is not the last chunk of {path}",
+                "chunk {} is not the chunk being written in {path}",
                 req.handle
             )));
-        }
+        };
         let needed = self.settings.needed(f.replication);
         let chunk_size = f.chunk_size;
-        let index = f.chunks.len() - 1;
         let file_offset = self.offset_of(f, index);
         let info = self
             .chunks
@@ -690,7 +802,7 @@ impl MasterState {
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
         if let Some(c) = &req.last {
-            self.check_commit(&path, f, c)?;
+            self.check_commit(&path, expect, f, c)?;
         }
         self.commit(
             Record::Close {
@@ -721,7 +833,7 @@ impl MasterState {
     /// at the granted version or above). Must be durable before the grant leaves.
     /// A fresh version for the chunk of `plan`, whose bump some targets did not answer
     /// (see `Core::push_bump_fenced`): logged as `SetVersion` while `client` still
-    /// holds the file and the chunk is still its last one, at the plan's version.
+    /// holds the file and still writes that chunk, at the plan's version.
     pub fn fence_version(
         &mut self,
         plan: &BumpPlan,
@@ -731,7 +843,7 @@ impl MasterState {
         let f = self.ns.file(plan.inode).ok_or_else(|| Error::NotFound {
             path: plan.path.clone(),
         })?;
-        if f.writer() != Some(client) || f.chunks.last() != Some(&plan.handle) {
+        if f.writer() != Some(client) || self.open_chunk_of(plan.inode, f) != Some(plan.handle) {
             return Err(Error::LeaseExpired {
                 path: plan.path.clone(),
                 client,
@@ -768,7 +880,7 @@ impl MasterState {
         let f = self.ns.file(plan.inode).ok_or_else(|| Error::NotFound {
             path: plan.path.clone(),
         })?;
-        if f.writer() != Some(client) || f.chunks.last() != Some(&plan.handle) {
+        if f.writer() != Some(client) || self.open_chunk_of(plan.inode, f) != Some(plan.handle) {
             return Err(Error::LeaseExpired {
                 path: plan.path.clone(),
                 client,

@@ -178,8 +178,9 @@ impl MasterState {
                 }
             }
         }
-        let handle = f.chunks.last().copied();
+        let handle = self.open_chunk_of(inode, f);
         let last = handle.and_then(|h| self.chunks.get(h));
+        let reopened = self.open_chunks.contains_key(&inode);
         let dead_after = self.settings.dead_after_ms;
         let unreported = self.unreported_servers();
         let holders = recovery::Holders {
@@ -201,6 +202,7 @@ impl MasterState {
             trigger.expired_holder(),
             f.chunk_size,
             last,
+            reopened,
             &holders,
             |id| {
                 self.registry
@@ -369,9 +371,8 @@ impl MasterState {
             WriteState::Recovering { old_version, .. } => (
                 false,
                 Some(old_version),
-                f.chunks
-                    .last()
-                    .and_then(|h| self.chunks.get(*h))
+                self.open_chunk_of(inode, f)
+                    .and_then(|h| self.chunks.get(h))
                     .map(|i| i.version),
             ),
             WriteState::Open { .. } => (false, None, None),
@@ -398,8 +399,8 @@ impl MasterState {
             .filter(|ino| {
                 self.ns
                     .file(**ino)
-                    .and_then(|f| f.chunks.last())
-                    .and_then(|h| self.chunks.get(*h))
+                    .and_then(|f| self.open_chunk_of(**ino, f))
+                    .and_then(|h| self.chunks.get(h))
                     .is_some_and(|info| servers.iter().any(|s| info.replica(*s).is_some()))
             })
             .copied()
@@ -434,10 +435,9 @@ impl MasterState {
             let WriteState::Recovering { old_version, .. } = f.write else {
                 continue;
             };
-            let present = f
-                .chunks
-                .last()
-                .and_then(|h| Some((*h, self.chunks.get(*h)?)))
+            let present = self
+                .open_chunk_of(*ino, f)
+                .and_then(|h| Some((h, self.chunks.get(h)?)))
                 .map(|(h, info)| {
                     let pipeline = self.pipeline_of(*ino, h, old_version);
                     recovery::recoverable_targets(info, old_version, pipeline, |id| {
@@ -1215,7 +1215,7 @@ mod tests {
         ));
         // Replica health leaves the chunk alone meanwhile.
         let f = st.ns.file(ino).expect("file");
-        assert!(!crate::health::settled(f, 0));
+        assert!(!crate::health::settled(&st, ino, f, 0));
         // It survives a restart (log or checkpoint) in recovery.
         let log = st.take_outbox();
         let back = replay(&st, &log);

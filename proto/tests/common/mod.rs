@@ -425,6 +425,14 @@ prop_compose! {
 }
 
 prop_compose! {
+    pub fn arb_open_chunk()(path in arb_string(), client in arb_client(),
+                            previous in prop::option::of(arb_chunk_commit()),
+                            index in arb_u64()) -> OpenChunk {
+        OpenChunk { path, client, previous, index }
+    }
+}
+
+prop_compose! {
     pub fn arb_append()(path in arb_string(), client in arb_client()) -> Append {
         Append { path, client }
     }
@@ -693,6 +701,7 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_cut_last_chunk()
             .prop_map(MasterRequest::CutLastChunk)
             .boxed(),
+        arb_open_chunk().prop_map(MasterRequest::OpenChunk).boxed(),
     ]
     .boxed()
 }
@@ -723,6 +732,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::ReportPart(_) => "ReportPart",
         MasterRequest::MakeFile(_) => "MakeFile",
         MasterRequest::CutLastChunk(_) => "CutLastChunk",
+        MasterRequest::OpenChunk(_) => "OpenChunk",
     }
 }
 

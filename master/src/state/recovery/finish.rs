@@ -40,13 +40,14 @@ impl MasterState {
         })
     }
 
-    /// The file of `plan` is still in recovery with the plan's chunk last, at the
+    /// The file of `plan` is still in recovery with the plan's chunk open, at the
     /// plan's version (no other attempt minted past it, nothing deleted it); returns
     /// its path.
     fn plan_is_current(&self, plan: &RecoveryPlan) -> Result<String> {
         let (path, f) = self.recovery_file(plan.inode)?;
         let at = self.chunks.get(plan.handle).map(|i| i.version);
-        if !f.is_recovering() || f.chunks.last() != Some(&plan.handle) || at != Some(plan.version) {
+        let open = self.open_chunk_of(plan.inode, f);
+        if !f.is_recovering() || open != Some(plan.handle) || at != Some(plan.version) {
             return Err(RemoteError::Unavailable {
                 reason: format!(
                     "{path} changed during lease recovery (chunk {} is at {at:?}, not {})",

@@ -1,0 +1,457 @@
+//! A writer that moves to an existing chunk of its file (`OpenChunk`,
+//! `Record::ChunkOpened`): the chunk it leaves is committed and finalized, the chunk it
+//! moves to gets a new version and is the one being written (listed incomplete, left
+//! alone by replica health, recovered by lease recovery even though it is full), and
+//! all of it survives replay and checkpoints. Pure: no sockets.
+
+use super::recovery::RecoveryBegin;
+use super::*;
+use crate::recovery::Trigger;
+use stampfs_proto::{AddChunk, ChunkCommit, Close, Create, OpenChunk, ReplicaReport, ReplicaState};
+
+const A: ClientId = ClientId(0xa);
+const B: ClientId = ClientId(0xb);
+const CHUNK: u64 = 1 << 20;
+
+fn state_with_servers(n: u64) -> MasterState {
+    let mut st = MasterState::new(Settings::for_tests());
+    for i in 0..n {
+        st.register(
+            &Register {
+                id: None,
+                addr: format!("127.0.0.1:{}", 9000 + i),
+                capacity: 1 << 40,
+                used: 0,
+                replicas: vec![],
+            },
+            0,
+        )
+        .expect("register");
+    }
+    st
+}
+
+/// Every target of `plan` took its bump (at the plan's chunk offset).
+fn ack_all(st: &mut MasterState, plan: &BumpPlan) {
+    let acks: Vec<_> = plan
+        .targets
+        .iter()
+        .map(|t| {
+            (
+                t.id,
+                ReplicaReport {
+                    handle: plan.handle,
+                    version: plan.version,
+                    length: plan.chunk_offset,
+                    state: ReplicaState::Writing,
+                },
+            )
+        })
+        .collect();
+    st.record_replicas(plan.handle, &acks);
+    let ids: Vec<_> = plan.targets.iter().map(|t| t.id).collect();
+    st.grant_made(plan, A, &ids, 0).expect("granted");
+}
+
+/// `/f` open by A with `n` chunks, every one but the last written full, the last
+/// `last` bytes long (acknowledged, not committed).
+fn file_of(st: &mut MasterState, n: usize) -> (InodeId, Vec<ChunkHandle>) {
+    let ino = st
+        .create(
+            &Create {
+                path: "/f".into(),
+                client: A,
+                replication: None,
+                chunk_size: None,
+                overwrite: false,
+            },
+            0,
+            1,
+        )
+        .expect("create")
+        .inode;
+    let mut hs: Vec<ChunkHandle> = Vec::new();
+    for _ in 0..n {
+        let add = AddChunk {
+            path: "/f".into(),
+            client: A,
+            previous: hs.last().map(|h| ChunkCommit {
+                handle: *h,
+                length: CHUNK,
+            }),
+        };
+        let plan = st.add_chunk(&add, ino, 0, 2).expect("chunk").bump;
+        ack_all(st, &plan);
+        hs.push(plan.handle);
+    }
+    (ino, hs)
+}
+
+fn open_req(previous: Option<ChunkCommit>, index: u64) -> OpenChunk {
+    OpenChunk {
+        path: "/f".into(),
+        client: A,
+        previous,
+        index,
+    }
+}
+
+/// Replays the whole log so far (`log` gathers what each call takes from the outbox)
+/// and loads a checkpoint: both rebuild the same state.
+fn replayed(st: &mut MasterState, log: &mut Vec<(u64, Vec<u8>)>) -> MasterState {
+    log.extend(st.take_outbox());
+    let mut back = MasterState::new(Settings::for_tests());
+    replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
+    assert!(back.same_persisted(st), "replay rebuilds the same state");
+    let snap = st.encode_snapshot().expect("snapshot");
+    let loaded = MasterState::decode_snapshot(Settings::for_tests(), &snap, 0).expect("load");
+    assert!(loaded.same_persisted(st), "so does the checkpoint");
+    back
+}
+
+#[test]
+fn a_writer_moves_to_an_earlier_chunk_and_back_and_closes() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, hs) = file_of(&mut st, 3);
+    let last = ChunkCommit {
+        handle: hs[2],
+        length: 500,
+    };
+    let v0 = st.chunks.get(hs[0]).expect("chunk 0").version;
+    let plan = st
+        .open_chunk(&open_req(Some(last), 0), ino, 0, 3)
+        .expect("open chunk 0");
+    assert_eq!(plan.bump.handle, hs[0]);
+    assert_eq!(plan.bump.version, v0.next(), "a new version for the chunk");
+    assert!(!plan.bump.create);
+    assert_eq!(
+        (
+            plan.bump.chunk_index,
+            plan.bump.file_offset,
+            plan.bump.chunk_offset
+        ),
+        (0, 0, CHUNK),
+        "full: written in place"
+    );
+    assert_eq!(plan.bump.targets.len(), 3);
+    let fin = plan.finalize.as_ref().expect("the chunk left is finalized");
+    assert_eq!((fin.handle, fin.length), (hs[2], 500));
+    assert_eq!(st.chunks.get(hs[2]).map(|c| c.length), Some(500));
+    // Until the grant, lease recovery starts from the version the replicas held.
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(f.write.floor(), Some(v0));
+    assert_eq!(st.open_chunk_of(ino, f), Some(hs[0]));
+    ack_all(&mut st, &plan.bump);
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(f.write.floor(), Some(v0.next()));
+
+    // Readers see chunk 0 as the one being written; the last chunk is committed.
+    let key = ClusterKey::from_bytes([1; 32]);
+    let loc = st.locations("/f", B, &key, 0).expect("locations");
+    let complete: Vec<bool> = loc.chunks.iter().map(|c| c.complete).collect();
+    assert_eq!(complete, [false, true, true]);
+    assert_eq!(loc.status.length, 2 * CHUNK + 500);
+    // Replica health leaves chunk 0 alone, not the others.
+    let f = st.ns.file(ino).expect("file");
+    let settled: Vec<bool> = (0..3)
+        .map(|i| crate::health::settled(&st, ino, f, i))
+        .collect();
+    assert_eq!(settled, [false, true, true]);
+    let back = replayed(&mut st, &mut log);
+    assert_eq!(back.open_chunks.get(&ino), Some(&hs[0]));
+
+    // Back to the last chunk, then close there.
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[0],
+                    length: CHUNK,
+                }),
+                2,
+            ),
+            ino,
+            0,
+            4,
+        )
+        .expect("open the last chunk");
+    assert_eq!((plan.bump.handle, plan.bump.chunk_offset), (hs[2], 500));
+    ack_all(&mut st, &plan.bump);
+    let close = Close {
+        path: "/f".into(),
+        client: A,
+        last: Some(ChunkCommit {
+            handle: hs[2],
+            length: 700,
+        }),
+    };
+    st.close(&close, ino, 0, 5).expect("close");
+    assert!(st.open_chunks.is_empty());
+    let loc = st.locations("/f", B, &key, 0).expect("locations");
+    assert!(loc.chunks.iter().all(|c| c.complete));
+    assert_eq!(loc.status.length, 2 * CHUNK + 700);
+    replayed(&mut st, &mut log);
+}
+
+#[test]
+fn closing_in_an_earlier_chunk_commits_it_full_and_reads_the_rest_as_committed() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, hs) = file_of(&mut st, 2);
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[1],
+                    length: 10,
+                }),
+                0,
+            ),
+            ino,
+            0,
+            3,
+        )
+        .expect("open chunk 0");
+    ack_all(&mut st, &plan.bump);
+    // A commit of the earlier chunk below its size is refused, the file stays open.
+    let short = Close {
+        path: "/f".into(),
+        client: A,
+        last: Some(ChunkCommit {
+            handle: hs[0],
+            length: CHUNK - 1,
+        }),
+    };
+    assert!(matches!(
+        st.close(&short, ino, 0, 4),
+        Err(Error::BadRequest { .. })
+    ));
+    // So is a commit of another chunk than the one being written.
+    let other = Close {
+        path: "/f".into(),
+        client: A,
+        last: Some(ChunkCommit {
+            handle: hs[1],
+            length: 10,
+        }),
+    };
+    assert!(matches!(
+        st.close(&other, ino, 0, 4),
+        Err(Error::BadRequest { .. })
+    ));
+    let close = Close {
+        path: "/f".into(),
+        client: A,
+        last: Some(ChunkCommit {
+            handle: hs[0],
+            length: CHUNK,
+        }),
+    };
+    let plan = st.close(&close, ino, 0, 4).expect("close");
+    assert_eq!(plan.finalize.map(|f| f.handle), Some(hs[0]));
+    assert_eq!(plan.status.length, CHUNK + 10);
+    replayed(&mut st, &mut log);
+}
+
+#[test]
+fn bad_moves_are_refused_and_change_nothing() {
+    let mut st = state_with_servers(3);
+    let (ino, hs) = file_of(&mut st, 2);
+    let lsn = st.last_lsn;
+    let last = Some(ChunkCommit {
+        handle: hs[1],
+        length: 10,
+    });
+    let bad = |st: &mut MasterState, req: OpenChunk| {
+        let e = st.open_chunk(&req, ino, 0, 3).expect_err("refused");
+        assert!(matches!(e, Error::BadRequest { .. }), "{e:?}");
+    };
+    // Past the last chunk.
+    bad(&mut st, open_req(last, 2));
+    // The chunk being written already.
+    bad(&mut st, open_req(last, 1));
+    // A previous that is not the chunk being written.
+    bad(
+        &mut st,
+        open_req(
+            Some(ChunkCommit {
+                handle: hs[0],
+                length: CHUNK,
+            }),
+            0,
+        ),
+    );
+    // Another client.
+    let mut other = open_req(last, 0);
+    other.client = B;
+    assert!(st.open_chunk(&other, ino, 0, 3).is_err());
+    assert_eq!(st.last_lsn, lsn, "nothing was logged");
+    assert!(st.open_chunks.is_empty());
+}
+
+#[test]
+fn an_earlier_chunk_that_is_not_full_is_never_opened() {
+    let mut st = state_with_servers(3);
+    let ino = st
+        .create(
+            &Create {
+                path: "/f".into(),
+                client: A,
+                replication: None,
+                chunk_size: None,
+                overwrite: false,
+            },
+            0,
+            1,
+        )
+        .expect("create")
+        .inode;
+    // A chunk committed short, then another after it (no client writes this, the
+    // master does not refuse it).
+    let mut prev = None;
+    let mut hs = Vec::new();
+    for _ in 0..2 {
+        let add = AddChunk {
+            path: "/f".into(),
+            client: A,
+            previous: prev,
+        };
+        let plan = st.add_chunk(&add, ino, 0, 2).expect("chunk").bump;
+        ack_all(&mut st, &plan);
+        hs.push(plan.handle);
+        prev = Some(ChunkCommit {
+            handle: plan.handle,
+            length: 100,
+        });
+    }
+    let e = st
+        .open_chunk(&open_req(prev, 0), ino, 0, 3)
+        .expect_err("refused");
+    assert!(matches!(e, Error::BadRequest { .. }), "{e:?}");
+}
+
+#[test]
+fn lease_recovery_recovers_the_earlier_chunk_being_written_even_though_it_is_full() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, hs) = file_of(&mut st, 2);
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[1],
+                    length: 10,
+                }),
+                0,
+            ),
+            ino,
+            0,
+            3,
+        )
+        .expect("open chunk 0");
+    ack_all(&mut st, &plan.bump);
+    let granted = plan.bump.version;
+    let begin = st
+        .begin_recovery(
+            ino,
+            Trigger::Operator {
+                client: B,
+                accept_loss: false,
+            },
+            0,
+            9,
+        )
+        .expect("recovery");
+    let RecoveryBegin::Bump(rec) = begin else {
+        panic!("the full earlier chunk is recovered, not closed at once: {begin:?}");
+    };
+    assert_eq!(rec.handle, hs[0]);
+    assert_eq!(rec.old_version, granted);
+    assert_eq!(rec.version, granted.next());
+    assert_eq!(
+        rec.committed, CHUNK,
+        "no replica shorter than the chunk votes"
+    );
+    assert_eq!(rec.targets.len(), 3);
+    // The commit keeps the chunk full; a shorter length is refused.
+    let short = Record::RecoveryCommitted {
+        inode: ino,
+        handle: hs[0],
+        version: rec.version,
+        length: CHUNK - 1,
+        mtime_ms: 10,
+    };
+    assert!(st.commit(short, 0).is_err());
+    st.commit(
+        Record::RecoveryCommitted {
+            inode: ino,
+            handle: hs[0],
+            version: rec.version,
+            length: CHUNK,
+            mtime_ms: 10,
+        },
+        0,
+    )
+    .expect("committed");
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(f.write, WriteState::Closed);
+    assert!(st.open_chunks.is_empty());
+    assert_eq!(
+        st.status("/f".into(), ino).expect("status").length,
+        CHUNK + 10
+    );
+    replayed(&mut st, &mut log);
+}
+
+#[test]
+fn a_full_last_chunk_written_again_is_recovered_too() {
+    let mut st = state_with_servers(3);
+    let (ino, hs) = file_of(&mut st, 2);
+    // The writer fills the last chunk, goes to chunk 0, then back to the full last.
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[1],
+                    length: CHUNK,
+                }),
+                0,
+            ),
+            ino,
+            0,
+            3,
+        )
+        .expect("open chunk 0");
+    ack_all(&mut st, &plan.bump);
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[0],
+                    length: CHUNK,
+                }),
+                1,
+            ),
+            ino,
+            0,
+            4,
+        )
+        .expect("open the full last chunk");
+    ack_all(&mut st, &plan.bump);
+    let begin = st
+        .begin_recovery(
+            ino,
+            Trigger::Operator {
+                client: B,
+                accept_loss: false,
+            },
+            0,
+            9,
+        )
+        .expect("recovery");
+    assert!(
+        matches!(&begin, RecoveryBegin::Bump(rec) if rec.handle == hs[1]),
+        "{begin:?}"
+    );
+}
