@@ -22,29 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// What to do with a write at `offset` on a file whose data ends at `end`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WriteCheck {
-    /// Append it (`O_APPEND`: at the end, whatever offset the kernel computed from a
-    /// possibly stale size).
-    Append,
-    /// Write it at its offset: in the file's last chunk, or at or past its end.
-    At,
-    /// Refuse with EOPNOTSUPP: an earlier chunk than the last is not writable yet.
-    EarlierChunk,
-}
-
-/// Where a write at `offset` goes in a file of `end` bytes in chunks of `chunk_size`.
-pub(crate) fn check_write(offset: u64, end: u64, chunk_size: u64, append_mode: bool) -> WriteCheck {
-    if append_mode {
-        WriteCheck::Append
-    } else if offset >= last_chunk_start(end, chunk_size) {
-        WriteCheck::At
-    } else {
-        WriteCheck::EarlierChunk
-    }
-}
-
 /// Where the last chunk of a file of `end` bytes starts, as a writer sees it: a full
 /// last chunk is not reopened, so its start is the end.
 pub(crate) fn last_chunk_start(end: u64, chunk_size: u64) -> u64 {
@@ -312,23 +289,6 @@ mod tests {
         let h = WriteHandle::created(7, "/f".into(), false);
         h.wrote.store(true, Ordering::SeqCst);
         assert!(!settles_at_once(h.wrote.load(Ordering::SeqCst)));
-    }
-
-    #[test]
-    fn writes_go_anywhere_from_the_last_chunk_on_and_appends_at_the_end() {
-        // 100-byte chunks, a file of 250 bytes: its last chunk starts at 200.
-        assert_eq!(check_write(250, 250, 100, false), WriteCheck::At);
-        assert_eq!(check_write(200, 250, 100, false), WriteCheck::At);
-        assert_eq!(
-            check_write(900, 250, 100, false),
-            WriteCheck::At,
-            "past the end"
-        );
-        assert_eq!(check_write(199, 250, 100, false), WriteCheck::EarlierChunk);
-        assert_eq!(check_write(3, 250, 100, true), WriteCheck::Append);
-        // A full last chunk is not reopened: writing starts at the end.
-        assert_eq!(check_write(150, 200, 100, false), WriteCheck::EarlierChunk);
-        assert_eq!(check_write(0, 0, 100, false), WriteCheck::At);
     }
 
     #[test]

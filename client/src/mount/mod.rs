@@ -7,13 +7,11 @@
 //! every file still open for writing.
 //!
 //! What a program sees:
-//! - **Writes anywhere in the last chunk.** A write may go anywhere in the file's
-//!   last chunk (the whole file, while it is smaller than a chunk: 64 MiB by default)
-//!   and at or past its end (a gap reads as zeros); `truncate`, `ftruncate` and
-//!   `O_TRUNC` grow a file, or shrink it down to the start of its last chunk. A write
-//!   into an earlier chunk, or a shrink below the last one, fails with `EOPNOTSUPP`
-//!   (logged once per open file, saying why) and changes nothing. `O_APPEND` writes
-//!   always go to the end. A program reads what it wrote through the mount, in place
+//! - **Writes anywhere.** A write may go anywhere in the file and at or past its end
+//!   (a gap reads as zeros); `truncate`, `ftruncate` and `O_TRUNC` grow a file, or
+//!   shrink it down to the start of its last chunk. A shrink below that fails with
+//!   `EOPNOTSUPP` (logged, saying why) and changes nothing. `O_APPEND` writes always
+//!   go to the end. A program reads what it wrote through the mount, in place
 //!   too (the writer is hflushed before the read).
 //! - **Durability.** `close(2)` (FUSE `flush`) is [`FileWriter::hflush`]: the bytes
 //!   are on every replica and visible to every reader. `fsync` is

@@ -135,6 +135,13 @@ pub(crate) struct Engine {
     window: u64,
     /// Streams are overwrite streams (see the module docs).
     overwrite: bool,
+    /// The file as known when the writer left its last chunk (or opened): its length
+    /// and its number of chunks. With the current chunk's end (see
+    /// [`Engine::known_end`]) this says where a write outside the current chunk goes.
+    length: u64,
+    chunks: u64,
+    /// The file's chunk size (0: unknown until a grant tells).
+    chunk_size: u64,
     chunk: Option<Chunk>,
     next_seq: u64,
     failed: Option<Error>,
@@ -158,11 +165,17 @@ impl Engine {
         last: Option<WriteGrant>,
         overwrite: bool,
     ) -> Self {
+        let (length, chunks, chunk_size) = last.as_ref().map_or((0, 0, 0), |g| {
+            (g.file_offset + g.chunk_offset, g.chunk_index + 1, g.chunk_size)
+        });
         Self {
             path,
             client,
             window,
             overwrite,
+            length,
+            chunks,
+            chunk_size,
             chunk: last.map(|g| {
                 let offset = g.chunk_offset;
                 Chunk::new(g, offset)
@@ -176,6 +189,45 @@ impl Engine {
             finished: false,
             output: VecDeque::new(),
         }
+    }
+
+    /// The file the writer opened: its committed `length` and `chunk_size` (every
+    /// chunk before the last is full).
+    pub(crate) fn with_file(mut self, length: u64, chunk_size: u64) -> Self {
+        if chunk_size > 0 {
+            self.chunk_size = chunk_size;
+            self.length = self.length.max(length);
+            self.chunks = self.chunks.max(length.div_ceil(chunk_size));
+        }
+        self
+    }
+
+    /// The file's end as far as this writer knows: what it was when the writer last
+    /// left its last chunk, or the end of what was sent in it.
+    pub(super) fn known_end(&self) -> u64 {
+        let current = self
+            .chunk
+            .as_ref()
+            .map_or(0, |c| c.grant.file_offset + c.sent);
+        self.length.max(current)
+    }
+
+    /// How many chunks the file has as far as this writer knows.
+    pub(super) fn known_chunks(&self) -> u64 {
+        let current = self.chunk.as_ref().map_or(0, |c| c.grant.chunk_index + 1);
+        self.chunks.max(current)
+    }
+
+    /// Installs the grant of the chunk the writer moves to (a new one or an existing
+    /// one), remembering the file's end and chunk count first.
+    pub(super) fn install(&mut self, grant: WriteGrant) {
+        self.length = self.known_end();
+        self.chunks = self.known_chunks().max(grant.chunk_index + 1);
+        if grant.chunk_size > 0 {
+            self.chunk_size = grant.chunk_size;
+        }
+        let offset = grant.chunk_offset;
+        self.chunk = Some(Chunk::new(grant, offset));
     }
 
     /// The next action to perform.
@@ -283,8 +335,8 @@ impl Engine {
                 self.awaiting = None;
                 match res {
                     Ok(grant) => {
-                        tracing::debug!(chunk = %grant.token.handle, version = %grant.token.version, "new chunk");
-                        self.chunk = Some(Chunk::new(grant, 0));
+                        tracing::debug!(chunk = %grant.token.handle, version = %grant.token.version, index = grant.chunk_index, "writing in a new chunk or another one");
+                        self.install(grant);
                     }
                     Err(e) => {
                         let e = self.master_error(e);

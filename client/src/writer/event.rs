@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::{SetupError, StreamEnd};
 use bytes::Bytes;
 use stampfs_proto::{
-    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, FileStatus, UpdatePipeline,
+    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, FileStatus, OpenChunk,
+    UpdatePipeline,
     WriteGrant, WriteSetupReply,
 };
 
@@ -99,7 +100,7 @@ pub(crate) enum Event {
     Sent(std::result::Result<(), StreamFailure>),
     /// To [`Action::FlushStream`].
     Flushed(std::result::Result<(), StreamFailure>),
-    /// To [`Action::AddChunk`] and [`Action::UpdatePipeline`].
+    /// To [`Action::AddChunk`], [`Action::OpenChunk`] and [`Action::UpdatePipeline`].
     Granted(Result<WriteGrant>),
     /// To [`Action::AskReplicaLength`]: the member's replica length.
     ReplicaLength(Result<u64>),
@@ -155,6 +156,8 @@ pub(crate) enum Action {
     },
     /// Answer: [`Event::Granted`].
     AddChunk(AddChunk),
+    /// Move to an existing chunk of the file. Answer: [`Event::Granted`].
+    OpenChunk(OpenChunk),
     /// A version bump over the survivors. Answer: [`Event::Granted`].
     UpdatePipeline(UpdatePipeline),
     /// Answer: [`Event::FileClosed`].

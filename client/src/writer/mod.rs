@@ -19,10 +19,13 @@
 //! **Where bytes go.** An *append* writer ([`WriteMode::Append`]: `create`, `append`)
 //! writes at the end only and cannot seek. A writer for writes anywhere
 //! ([`WriteMode::Anywhere`], from [`crate::OpenOptions`]) has a position
-//! ([`AsyncSeek`], [`FileWriter::write_at`]): it may write anywhere in the chunk it is
-//! writing (the file's last chunk) and at or past the end, where a gap is written as
-//! zeros first; a write before that chunk fails with [`Error::NotSupported`] (a grant
-//! of an earlier chunk is a later step), as does [`FileWriter::set_len`] (truncate).
+//! ([`AsyncSeek`], [`FileWriter::write_at`]): it may write anywhere in the file and
+//! past the end, where a gap is written as zeros first. A write outside the chunk it
+//! is writing moves it to the chunk that holds the offset: it drains, commits the
+//! chunk it leaves and asks the master for that chunk's grant (`OpenChunk`, a new
+//! version bumped on its replicas: fenced like a new chunk). [`FileWriter::set_len`]
+//! grows a file anywhere and shrinks it within its last chunk; shrinking below that
+//! fails with [`Error::NotSupported`].
 //!
 //! Packets queued while more data is already waiting are pushed onto the socket
 //! together; acknowledged packet buffers go back to the front for reuse; `hflush` and
@@ -233,7 +236,8 @@ impl FileWriter {
             client.config().window as u64,
             last,
             mode == WriteMode::Anywhere,
-        );
+        )
+        .with_file(status.length, status.chunk_size);
         let runtime = runtime::Runtime {
             client: client.clone(),
             path: status.path.clone(),
@@ -317,13 +321,19 @@ impl FileWriter {
         self.mode
     }
 
-    /// The lowest offset a write may start at now: the start of the chunk being
-    /// written (the file's last chunk), or the end when that chunk is full.
+    /// The lowest offset a write may start at: the end for an append writer, 0 for
+    /// a writer for writes anywhere.
     pub fn writable_from(&self) -> u64 {
         match self.mode {
             WriteMode::Append => self.end,
-            WriteMode::Anywhere => self.end - self.end % self.chunk_size,
+            WriteMode::Anywhere => 0,
         }
+    }
+
+    /// The start of the file's last chunk (the end when it is full): the lowest length
+    /// [`FileWriter::set_len`] may cut the file to.
+    fn last_chunk_start(&self) -> u64 {
+        self.end - self.end % self.chunk_size
     }
 
     /// Writes all of `data` at file offset `offset` (a writer for writes anywhere):
@@ -339,10 +349,10 @@ impl FileWriter {
 
     /// Sets the file's length to `len` (a writer for writes anywhere): a longer file
     /// gets zeros up to `len` (written like any bytes, so they cost disk); the same
-    /// length changes nothing; a shorter one is cut, when `len` is within the chunk
-    /// being written (from [`FileWriter::writable_from`]): every write so far is
-    /// acknowledged first, the master lowers the chunk's committed length, and an
-    /// append set-up at the new end cuts every replica. Shorter than that is
+    /// length changes nothing; a shorter one is cut, when `len` is within the file's
+    /// last chunk: every write so far is acknowledged first, the writer moves to that
+    /// chunk, the master lowers its committed length, and an append set-up at the new
+    /// end cuts every replica. Shorter than that (dropping chunks) is
     /// [`Error::NotSupported`] (nothing changes). The position does not move; a later
     /// write past the new end fills the gap with zeros.
     pub async fn set_len(&mut self, len: u64) -> Result<()> {
@@ -356,13 +366,13 @@ impl FileWriter {
             });
         }
         if len < self.end {
-            let from = self.writable_from();
+            let from = self.last_chunk_start();
             if len < from {
                 return Err(Error::NotSupported {
                     path: self.path.clone(),
                     reason: format!(
-                        "setting the length from {} to {len}: shrinking a file below the \
-                         chunk being written (from {from}) is not supported yet",
+                        "setting the length from {} to {len}: shrinking a file below its \
+                         last chunk (from {from}) is not supported yet",
                         self.end
                     ),
                 });
@@ -418,8 +428,7 @@ impl FileWriter {
             return Err(Error::NotSupported {
                 path: self.path.clone(),
                 reason: format!(
-                    "a write at offset {}: this writer writes from offset {from} (the start of \
-                     the chunk it is writing, or the end), not into an earlier chunk yet",
+                    "a write at offset {}: this writer writes from offset {from} (the end)",
                     self.pos
                 ),
             });

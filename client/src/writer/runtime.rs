@@ -184,6 +184,7 @@ impl Runtime {
                 Some(Event::ReplicaLength(res.map(|(report, _)| report.length)))
             }
             Action::AddChunk(req) => Some(Event::Granted(self.client.call(req).await)),
+            Action::OpenChunk(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::UpdatePipeline(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::CloseFile(req) => Some(Event::FileClosed(self.client.call(req).await)),
             Action::CutLastChunk(req) => {

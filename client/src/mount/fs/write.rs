@@ -1,13 +1,13 @@
 //! The mount's write path: opening for write, writes (at the end with `O_APPEND`,
-//! anywhere in the file's last chunk and past its end otherwise), `truncate` /
+//! anywhere in the file and past its end otherwise), `truncate` /
 //! `ftruncate` and `O_TRUNC`, flush and fsync, the reads of `O_RDWR` handles, and the
 //! close that commits the length.
 //!
 //! Each write handle takes the file's lease at its first write, with a writer for
-//! writes anywhere (or an append writer under `O_APPEND`). A write or truncate the
-//! library does not support yet (into an earlier chunk than the last, a shrink below
-//! it) fails with `EOPNOTSUPP`, logged once per handle with the reason, and changes
-//! nothing: the writer goes on. A write in place marks the handle `overwrote`; a read
+//! writes anywhere (or an append writer under `O_APPEND`). A truncate the library
+//! does not support yet (a shrink below the file's last chunk) fails with
+//! `EOPNOTSUPP`, logged with the reason, and changes nothing: the writer goes on; so
+//! would a write the library refuses (`NotSupported`), logged once per handle. A write in place marks the handle `overwrote`; a read
 //! of the file through this mount hflushes such writers first and drops its read-ahead
 //! (the mount's `generation` moved), so a program reads what it wrote.
 
@@ -161,21 +161,14 @@ impl Shared {
             tracing::warn!(
                 offset,
                 end,
-                "write refused with EOPNOTSUPP: {why} (writes go anywhere in the file's \
-                 last chunk and past its end; an earlier chunk is not supported yet)"
+                "write refused with EOPNOTSUPP: {why}"
             );
         }
         Errno::EOPNOTSUPP
     }
 
-    /// Opens the writer of a handle at its first write, taking the lease; a write that
-    /// cannot be served is refused before the lease is taken where that can be known.
-    async fn open_writer(
-        &self,
-        h: &WriteHandle,
-        st: &mut WriteState,
-        offset: u64,
-    ) -> Result<(), Errno> {
+    /// Opens the writer of a handle at its first write, taking the lease.
+    async fn open_writer(&self, h: &WriteHandle, st: &mut WriteState) -> Result<(), Errno> {
         if !h.fresh {
             let status = self
                 .client
@@ -184,11 +177,6 @@ impl Shared {
                 .map_err(|e| errno_for(&e, "write", &h.path))?;
             if status.kind == FileKind::Directory {
                 return Err(Errno::EISDIR);
-            }
-            let closed = status.state == FileState::Closed;
-            let check = check_write(offset, status.length, status.chunk_size, h.append_mode);
-            if closed && check == WriteCheck::EarlierChunk {
-                return Err(self.refuse_write(h, offset, status.length, "an earlier chunk"));
             }
         }
         let mode = if h.append_mode {
@@ -219,7 +207,7 @@ impl Shared {
             return Err(e);
         }
         if st.writer.is_none() {
-            self.open_writer(h, &mut st, offset).await?;
+            self.open_writer(h, &mut st).await?;
         }
         let Some(writer) = st.writer.as_mut() else {
             return Err(Errno::EIO);

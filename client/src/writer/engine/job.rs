@@ -1,14 +1,15 @@
 //! The front's commands carried out step by step: a write cut into packets (crossing
-//! chunk boundaries: drain, commit, `AddChunk`), a flush (its data, an empty sync
-//! packet for a bare `hsync`, then a drain until every member acknowledged every
-//! packet), a close (a drain, then `Close` at the master).
+//! chunk boundaries: drain, commit, `AddChunk` for a new chunk or `OpenChunk` for an
+//! existing one), a flush (its data, an empty sync packet for a bare `hsync`, then a
+//! drain until every member acknowledged every packet), a close (a drain, then `Close`
+//! at the master), a shrink (in the last chunk, moved to first).
 
 use super::reopen::Then;
 use super::{Awaiting, Chunk, Engine};
 use crate::error::{Error, Result};
 use crate::writer::event::{Action, Packet};
 use bytes::Bytes;
-use stampfs_proto::{AddChunk, Close, CutLastChunk};
+use stampfs_proto::{AddChunk, Close, CutLastChunk, OpenChunk};
 
 /// A packet cut for the current chunk, not yet queued on a stream.
 #[derive(Debug)]
@@ -32,15 +33,35 @@ pub(super) struct Pieces {
     sync_last: bool,
     /// The piece being pushed.
     push: Option<Push>,
-    /// Crossing a chunk boundary: draining the full chunk, then its `AddChunk`.
+    /// Moving to another chunk: draining the one being left, then the grant.
     switch: Option<Switch>,
 }
 
-/// Where a chunk switch is.
+/// Where a move to another chunk is.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Switch {
-    Draining,
-    Adding,
+    /// Draining the chunk being left, then asking for `Target`'s grant.
+    Draining(Target),
+    /// Waiting for the grant.
+    Moving,
+}
+
+/// The chunk a writer moves to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Target {
+    /// A new chunk at the end of the file (`AddChunk`).
+    New,
+    /// The file's existing chunk of this index (`OpenChunk`).
+    Existing(u64),
+}
+
+/// Where bytes at a file offset go.
+#[derive(Debug, PartialEq, Eq)]
+enum Placed {
+    /// In the current chunk, at this chunk offset, with this much room after it.
+    Here { offset: u64, room: u64 },
+    /// In another chunk.
+    Move(Target),
 }
 
 /// Where an `hflush` / `hsync` is.
@@ -64,19 +85,21 @@ pub(super) enum Job {
     Close {
         committing: bool,
     },
-    /// A shrink of the current chunk to chunk offset `at`.
+    /// A shrink of the file to file offset `at`, in its last chunk.
     Cut {
         at: u64,
         stage: CutStage,
     },
 }
 
-/// Where a shrink is: drain every packet, lower the committed length at the master
-/// (`CutLastChunk`), set an append stream up at the new end (its set-up cuts every
-/// member), finish it.
+/// Where a shrink is: drain every packet, move to the last chunk when the writer is
+/// elsewhere, lower the committed length at the master (`CutLastChunk`), set an
+/// append stream up at the new end (its set-up cuts every member), finish it.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum CutStage {
     Drain,
+    /// Waiting for the last chunk's grant.
+    Moving,
     /// Waiting for `CutLastChunk`'s answer.
     Asking,
     /// The master lowered the committed length: cut the members.
@@ -176,31 +199,29 @@ impl Engine {
         }
     }
 
-    /// The chunk offset a shrink to file offset `offset` cuts the current chunk at;
-    /// `None` when it changes nothing (the end). Anything outside the current chunk's
-    /// bytes is refused.
+    /// The file offset a shrink to `offset` cuts the file's last chunk at; `None` when
+    /// it changes nothing (the end). Anything outside the last chunk's bytes is
+    /// refused (shrinking below it drops chunks, which is not supported yet).
     pub(super) fn cut_point(&self, offset: u64) -> Result<Option<u64>> {
         let refused = |reason: String| Error::NotSupported {
             path: self.path.clone(),
             reason,
         };
-        let Some(chunk) = self.chunk.as_ref() else {
-            return Err(refused(format!(
-                "shrinking to {offset}: no chunk is being written"
-            )));
-        };
-        let g = &chunk.grant;
-        let end = g.file_offset + chunk.sent;
+        let end = self.known_end();
         if offset == end {
             return Ok(None);
         }
-        if !self.overwrite || offset < g.file_offset || offset > end {
+        let last_start = match (self.chunk.as_ref(), self.chunk_size) {
+            (_, cs) if cs > 0 => self.known_chunks().saturating_sub(1) * cs,
+            (Some(c), _) => c.grant.file_offset,
+            (None, _) => 0,
+        };
+        if !self.overwrite || offset < last_start || offset > end {
             return Err(refused(format!(
-                "shrinking to {offset}: only within the chunk being written ({}..{end})",
-                g.file_offset
+                "shrinking to {offset}: only within the file's last chunk ({last_start}..{end})"
             )));
         }
-        Ok(Some(offset - g.file_offset))
+        Ok(Some(offset))
     }
 
     fn step_cut(&mut self, at: u64, stage: &mut CutStage) -> Progress {
@@ -211,6 +232,13 @@ impl Engine {
         match stage {
             CutStage::Drain => match self.step_drain() {
                 Ok(Progress::Done) => {
+                    let last = self.known_chunks().saturating_sub(1);
+                    let here = self.chunk.as_ref().map(|c| c.grant.chunk_index);
+                    if here != Some(last) {
+                        *stage = CutStage::Moving;
+                        self.move_to(Target::Existing(last));
+                        return Progress::Continue;
+                    }
                     let Some(chunk) = self.chunk.as_ref() else {
                         return Progress::Done;
                     };
@@ -219,7 +247,7 @@ impl Engine {
                         path: self.path.clone(),
                         client: self.client,
                         handle: chunk.grant.token.handle,
-                        length: at,
+                        length: at.saturating_sub(chunk.grant.file_offset),
                     };
                     self.ask(Awaiting::Cut, Action::CutLastChunk(req));
                     Progress::Continue
@@ -230,16 +258,23 @@ impl Engine {
                     Progress::Done
                 }
             },
+            // The grant installed the last chunk (a failure was caught above).
+            CutStage::Moving => {
+                *stage = CutStage::Drain;
+                Progress::Continue
+            }
             // `ChunkCut` moves it on (or completes the job with its error).
             CutStage::Asking => Progress::Done,
             CutStage::Cutting => {
                 let Some(chunk) = self.chunk.as_mut() else {
                     return Progress::Done;
                 };
-                tracing::info!(chunk = %chunk.grant.token.handle, from = chunk.sent, to = at, "cutting the chunk's replicas");
-                chunk.sent = at;
-                chunk.acked = at;
-                chunk.cut = Some(at);
+                let to = at.saturating_sub(chunk.grant.file_offset);
+                tracing::info!(chunk = %chunk.grant.token.handle, from = chunk.sent, to, "cutting the chunk's replicas");
+                chunk.sent = to;
+                chunk.acked = to;
+                chunk.cut = Some(to);
+                self.length = at;
                 *stage = CutStage::Reopening;
                 self.finish_stream();
                 self.start_reopen(Vec::new(), Then::Return);
@@ -255,6 +290,30 @@ impl Engine {
                 Progress::Done
             }
         }
+    }
+
+    /// Leaves the current chunk (drained: its commit is every byte sent) for `to`.
+    fn move_to(&mut self, to: Target) {
+        let previous = self.chunk.as_ref().map(Chunk::commit);
+        self.finish_stream();
+        let (path, client) = (self.path.clone(), self.client);
+        let action = match to {
+            Target::New => Action::AddChunk(AddChunk {
+                path,
+                client,
+                previous,
+            }),
+            Target::Existing(index) => {
+                tracing::debug!(index, "moving to an existing chunk");
+                Action::OpenChunk(OpenChunk {
+                    path,
+                    client,
+                    previous,
+                    index,
+                })
+            }
+        };
+        self.ask(Awaiting::NewChunk, action);
     }
 
     /// The master's answer to `CutLastChunk`: on to the cut, or the shrink fails (the
@@ -291,23 +350,16 @@ impl Engine {
             return Progress::Done;
         }
         match p.switch {
-            Some(Switch::Adding) => {
-                // `Granted` installed the new chunk (or failed the writer).
+            Some(Switch::Moving) => {
+                // `Granted` installed the chunk moved to (or failed the writer).
                 p.switch = None;
                 return Progress::Continue;
             }
-            Some(Switch::Draining) => {
+            Some(Switch::Draining(to)) => {
                 return match self.step_drain() {
                     Ok(Progress::Done) => {
-                        p.switch = Some(Switch::Adding);
-                        let previous = self.chunk.as_ref().map(Chunk::commit);
-                        self.finish_stream();
-                        let req = AddChunk {
-                            path: self.path.clone(),
-                            client: self.client,
-                            previous,
-                        };
-                        self.ask(Awaiting::NewChunk, Action::AddChunk(req));
+                        p.switch = Some(Switch::Moving);
+                        self.move_to(to);
                         Progress::Continue
                     }
                     Ok(other) => other,
@@ -317,16 +369,16 @@ impl Engine {
             None => {}
         }
         let (offset, room) = match self.place(p.at) {
-            Ok(placed) => placed,
+            Ok(Placed::Here { offset, room }) => (offset, room),
+            Ok(Placed::Move(to)) => {
+                p.switch = Some(Switch::Draining(to));
+                return Progress::Continue;
+            }
             Err(e) => {
                 self.raise(e, Then::Fail);
                 return Progress::Done;
             }
         };
-        if room == 0 {
-            p.switch = Some(Switch::Draining);
-            return Progress::Continue;
-        }
         let n = (p.data.len() as u64).min(room) as usize;
         let piece = p.data.split_to(n);
         p.at += n as u64;
@@ -335,14 +387,17 @@ impl Engine {
         Progress::Continue
     }
 
-    /// Where bytes at file offset `at` go in the current chunk: their chunk offset
-    /// and the room left after it; no room when they start at or past its end (or
-    /// there is no chunk yet), where the next chunk begins. An append writer's bytes
-    /// always start at the end of what was sent; an overwrite writer's anywhere up to
-    /// it, never before the current chunk.
-    fn place(&self, at: u64) -> Result<(u64, u64)> {
+    /// Where bytes at file offset `at` go: the current chunk (their chunk offset and
+    /// the room left after it), or another chunk. An append writer's bytes always
+    /// start at the end of what was sent, and its next chunk is a new one; an
+    /// overwrite writer's go anywhere up to the file's end (the front fills a gap
+    /// first), into whichever chunk holds them ([`Engine::target`]).
+    fn place(&self, at: u64) -> Result<Placed> {
         let Some(chunk) = self.chunk.as_ref() else {
-            return Ok((0, 0));
+            if !self.overwrite || self.chunk_size == 0 {
+                return Ok(Placed::Move(Target::New));
+            }
+            return self.target(at).map(Placed::Move);
         };
         let g = &chunk.grant;
         let end = g.file_offset + chunk.sent;
@@ -351,24 +406,58 @@ impl Engine {
         } else {
             at == end
         };
-        if !fits {
+        if fits {
+            let offset = at - g.file_offset;
+            let room = g.chunk_size.saturating_sub(offset);
+            if room > 0 {
+                return Ok(Placed::Here { offset, room });
+            }
+            if !self.overwrite {
+                return Ok(Placed::Move(Target::New));
+            }
+        } else if !self.overwrite {
             return Err(Error::NotSupported {
                 path: self.path.clone(),
                 reason: format!(
-                    "a write at offset {at}: this writer writes {} (the file's chunk {} starts at {}, {} bytes written in it)",
-                    if self.overwrite {
-                        "from the start of the chunk it is writing up to its end"
-                    } else {
-                        "at the end only"
-                    },
-                    g.chunk_index,
-                    g.file_offset,
-                    chunk.sent
+                    "a write at offset {at}: this writer writes at the end only ({end})"
                 ),
             });
         }
-        let offset = at - g.file_offset;
-        Ok((offset, g.chunk_size.saturating_sub(offset)))
+        self.target(at).map(Placed::Move)
+    }
+
+    /// The chunk that holds file offset `at`, outside the current chunk (an overwrite
+    /// writer): the existing chunk `at / chunk size` (every chunk before the last is
+    /// full), or a new one for the end of a file whose last chunk is full.
+    fn target(&self, at: u64) -> Result<Target> {
+        let refused = |reason: String| Error::NotSupported {
+            path: self.path.clone(),
+            reason: format!("a write at offset {at}: {reason}"),
+        };
+        let cs = self.chunk_size.max(1);
+        let (chunks, end) = (self.known_chunks(), self.known_end());
+        let index = at / cs;
+        if at > end {
+            // The front writes zeros into a gap first: the engine never sees one.
+            return Err(refused(format!("past the file's end ({end})")));
+        }
+        let here = self.chunk.as_ref().map(|c| &c.grant);
+        if let Some(g) = here.filter(|g| g.chunk_index == index) {
+            // The chunk that should hold `at` is the current one, and yet it does not:
+            // its chunks before the last are not all full.
+            return Err(refused(format!(
+                "the file's chunk {index} starts at {}, not at {} (a chunk before it is not full)",
+                g.file_offset,
+                index * cs
+            )));
+        }
+        if index < chunks {
+            return Ok(Target::Existing(index));
+        }
+        if index == chunks && at == end && at == chunks * cs {
+            return Ok(Target::New);
+        }
+        Err(refused(format!("past the file's end ({end})")))
     }
 
     /// Numbers a new packet at chunk offset `offset` (its ack latency is measured

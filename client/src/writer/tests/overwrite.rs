@@ -175,15 +175,120 @@ fn a_stale_token_in_an_ack_of_an_overwrite_fences_the_writer() {
     assert!(e.failure().is_some_and(is_fenced));
 }
 
+/// The grant of chunk `index` (chunk size 1000) with `chunk_offset` bytes in it.
+fn grant_of(index: u64, version: u64, chunk_offset: u64) -> WriteGrant {
+    let mut g = grant(version, &[1, 2], chunk_offset);
+    g.chunk_index = index;
+    g.file_offset = index * 1000;
+    g
+}
+
+/// The `OpenChunk` among `a`.
+fn open_chunk(a: &[Action]) -> Option<&stampfs_proto::OpenChunk> {
+    a.iter().find_map(|a| match a {
+        Action::OpenChunk(r) => Some(r),
+        _ => None,
+    })
+}
+
 #[test]
-fn an_overwriter_refuses_a_write_before_its_chunk_or_past_what_it_sent() {
-    let mut g = grant(4, &[1], 100);
-    g.chunk_index = 1;
-    g.file_offset = 1000;
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(g), true);
+fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
+    // Writing chunk 1 (of 1100 bytes in all), 100 bytes in it so far.
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(1, 4, 100)), true)
+        .with_file(1100, 1000);
+    // A write into chunk 0: nothing is in flight, so it moves at once, committing
+    // chunk 1 at what was acknowledged.
     let a = write(&mut e, 999, 1);
-    assert!(!asks_anything(&a), "{a:?}");
-    assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(req.index, 0);
+    assert_eq!(
+        req.previous.map(|c| (c.handle, c.length)),
+        Some((HANDLE, 100))
+    );
+    assert!(!a.iter().any(|a| matches!(a, Action::Send { .. })), "{a:?}");
+    // The grant of chunk 0 (full): the byte goes in place, on an overwrite stream.
+    let a = step(&mut e, Event::Granted(Ok(grant_of(0, 7, 1000))));
+    let opened = a.iter().find_map(|a| match a {
+        Action::OpenStream {
+            grant,
+            start,
+            overwrite,
+        } => Some((grant.chunk_index, *start, *overwrite)),
+        _ => None,
+    });
+    assert_eq!(opened, Some((0, 999, true)), "{a:?}");
+    step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
+    step(&mut e, Event::Resent(Ok(())));
+    step(&mut e, Event::Ack(ack(0, &[1, 2])));
+    assert_eq!(e.offsets(), Some((1000, 1000)), "chunk 0 stays full");
+    assert_eq!(e.known_end(), 1100, "the file's end is remembered");
+    // Back to the end of the file: chunk 1 again, after chunk 0 is drained and
+    // committed full.
+    let a = write(&mut e, 1100, 5);
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(req.index, 1);
+    assert_eq!(req.previous.map(|c| c.length), Some(1000));
+    let a = step(&mut e, Event::Granted(Ok(grant_of(1, 5, 100))));
+    assert!(
+        a.iter().any(|a| matches!(a, Action::OpenStream { start: 100, .. })),
+        "{a:?}"
+    );
+    step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
+    step(&mut e, Event::Resent(Ok(())));
+    step(&mut e, Event::Ack(ack(1, &[1, 2])));
+    assert_eq!(e.offsets(), Some((105, 105)));
+    let a = step(&mut e, Event::Close);
+    let close = a.iter().find_map(|a| match a {
+        Action::CloseFile(c) => Some(c),
+        _ => None,
+    });
+    assert_eq!(close.and_then(|c| c.last).map(|c| c.length), Some(105));
+}
+
+#[test]
+fn a_move_waits_for_every_packet_of_the_chunk_it_leaves() {
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(1, 4, 100)), true)
+        .with_file(1100, 1000);
+    write(&mut e, 1100, 10);
+    step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
+    step(&mut e, Event::Resent(Ok(())));
+    // Unacknowledged: a write into chunk 0 drains first.
+    let a = write(&mut e, 10, 1);
+    assert!(open_chunk(&a).is_none(), "{a:?}");
+    let mut a = step(&mut e, Event::Flushed(Ok(())));
+    a.extend(step(&mut e, Event::Ack(ack(0, &[1, 2]))));
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(req.previous.map(|c| c.length), Some(110));
+}
+
+#[test]
+fn the_end_of_a_file_whose_last_chunk_is_full_is_a_new_chunk() {
+    // Writing chunk 0 of a file of two full chunks.
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
+        .with_file(2000, 1000);
+    let a = write(&mut e, 2000, 1);
+    let add = a.iter().find_map(|a| match a {
+        Action::AddChunk(r) => Some(r),
+        _ => None,
+    });
+    assert_eq!(
+        add.and_then(|r| r.previous).map(|c| c.length),
+        Some(1000),
+        "chunk 0 is committed full: {a:?}"
+    );
+}
+
+#[test]
+fn a_writer_without_a_chunk_moves_to_the_one_a_write_goes_into() {
+    // A file of two full chunks, opened without a grant.
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, None, true).with_file(2000, 1000);
+    let a = write(&mut e, 1500, 1);
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!((req.index, req.previous), (1, None));
+}
+
+#[test]
+fn an_overwriter_refuses_a_write_past_the_end() {
     let mut e = Engine::new(
         "/f".into(),
         ClientId(5),
@@ -192,7 +297,8 @@ fn an_overwriter_refuses_a_write_before_its_chunk_or_past_what_it_sent() {
         true,
     );
     // A gap: the front writes zeros into it first, so the engine never sees one.
-    write(&mut e, 101, 1);
+    let a = write(&mut e, 101, 1);
+    assert!(!asks_anything(&a), "{a:?}");
     assert!(matches!(e.failure(), Some(Error::NotSupported { .. })));
 }
 
@@ -345,4 +451,31 @@ fn a_shrink_the_master_refuses_as_expired_fences_the_writer() {
         "{a:?}"
     );
     assert!(e.failure().is_some_and(Error::is_fenced));
+}
+
+#[test]
+fn a_shrink_from_an_earlier_chunk_moves_to_the_last_chunk_first() {
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
+        .with_file(1500, 1000);
+    let a = step(&mut e, Event::Cut { offset: 1200 });
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(req.index, 1);
+    let a = step(&mut e, Event::Granted(Ok(grant_of(1, 5, 500))));
+    let [Action::CutLastChunk(cut)] = &a[..] else {
+        panic!("{a:?}")
+    };
+    assert_eq!(cut.length, 200, "a chunk offset");
+    let a = step(&mut e, Event::ChunkCut(Ok(())));
+    assert!(
+        a.iter().any(|a| matches!(a, Action::OpenStream { start: 200, overwrite: false, .. })),
+        "{a:?}"
+    );
+    // Below the last chunk: refused, nothing asked.
+    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
+        .with_file(1500, 1000);
+    let a = step(&mut e, Event::Cut { offset: 999 });
+    assert!(
+        matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
+        "{a:?}"
+    );
 }
