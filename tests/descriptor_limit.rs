@@ -67,8 +67,68 @@ fn server_in(report: &Value) -> (u64, String, u64) {
     )
 }
 
+/// `stampfs cat /many`, which must give back `data`. A failure says how long the cat
+/// ran and what it printed, and what the master made of the chunkserver just after (a
+/// reader is handed out no replica of a chunkserver the master counts dead); a wrong
+/// answer, where the bytes first differ.
+fn read_back(c: &TestCluster, what: &str, data: &[u8]) {
+    let started = Instant::now();
+    let out = c.run(&["cat", "/many"]);
+    let took = started.elapsed();
+    if !out.status.success() {
+        panic!(
+            "{what}: stampfs cat failed ({}) after {took:.1?}; the master's view of the \
+             chunkserver just after: {}\n{}",
+            out.status,
+            master_view(c),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if out.stdout != data {
+        let at = common::common_prefix(&out.stdout, data);
+        panic!(
+            "{what}: cat gave {} bytes of {} after {took:.1?}, the first difference at byte \
+             {at} (chunk {}, byte {} of it); the master's view of the chunkserver: {}\n{}",
+            out.stdout.len(),
+            data.len(),
+            at / CHUNK,
+            at % CHUNK,
+            master_view(c),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The chunkserver as the master's report has it (state, heartbeat age, replicas), or
+/// why the report could not be had; for failure messages.
+fn master_view(c: &TestCluster) -> String {
+    let out = c.run(&["admin", "report", "--json"]);
+    if !out.status.success() {
+        return format!(
+            "no report ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    match serde_json::from_slice::<Value>(&out.stdout) {
+        Ok(r) => r["chunkservers"].to_string(),
+        Err(e) => format!("the report is not JSON: {e}"),
+    }
+}
+
+/// Prints each step with the time since the test started (shown with a failure: a
+/// step that ran into a 30 s request timeout shows as such).
+struct Steps(Instant);
+
+impl Steps {
+    fn at(&self, what: &str) {
+        println!("[{:>6.1?}] {what}", self.0.elapsed());
+    }
+}
+
 #[test]
 fn a_chunkserver_limited_to_256_descriptors_holds_and_serves_5000_replicas() {
+    let steps = Steps(Instant::now());
     let mut c = cluster(&[]);
     let i = c.add_chunkserver_under(&under_limit());
     c.wait_live(1);
@@ -86,23 +146,38 @@ fn a_chunkserver_limited_to_256_descriptors_holds_and_serves_5000_replicas() {
 
     // 5000 chunks of 4 KiB (the last one shorter), one replica each.
     let data = pattern(CHUNKS * CHUNK - 1000, 15);
+    steps.at("put");
     c.put_bytes(
         "/many",
         &data,
         &["--chunk-size", "4KiB", "--replication", "1"],
     );
+    steps.at("stat");
     let st = c.stat_json("/many");
     let chunks = st["chunks"].as_array().expect("chunks");
-    assert_eq!(chunks.len(), CHUNKS);
-    assert!(c.cat("/many") == data, "read back whole");
+    assert_eq!(chunks.len(), CHUNKS, "chunks of the file put");
+    let unlisted = chunks
+        .iter()
+        .filter(|c| c["replicas"].as_array().is_none_or(|r| r.len() != 1))
+        .count();
+    assert!(
+        unlisted == 0,
+        "{unlisted} chunks are not listed with their replica; the master's view of the \
+         chunkserver: {}",
+        master_view(&c)
+    );
+    steps.at("cat");
+    read_back(&c, "read back whole", &data);
+    steps.at("descriptors");
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("fds")
         .count();
     println!("{open} descriptors open holding {CHUNKS} replicas");
-    assert!(open <= 256);
+    assert!(open <= 256, "{open} descriptors open");
 
     // Restarted (under the same limit), it finds every replica, and its registration
     // gives the master all of them.
+    steps.at("restart");
     c.chunkservers[i].restart();
     let pid = c.chunkservers[i].pid();
     assert_eq!(nofile_of(pid).1, "256");
@@ -115,6 +190,7 @@ fn a_chunkserver_limited_to_256_descriptors_holds_and_serves_5000_replicas() {
             state == "live" && replicas == CHUNKS as u64
         },
     );
+    steps.at("stat after the restart");
     let (id, _, _) = server_in(&report(&c));
     let st = c.stat_json("/many");
     let chunks = st["chunks"].as_array().expect("chunks");
@@ -125,7 +201,9 @@ fn a_chunkserver_limited_to_256_descriptors_holds_and_serves_5000_replicas() {
             "chunk {n} is listed on the chunkserver: {chunk}"
         );
     }
-    assert!(c.cat("/many") == data, "read back after the restart");
+    steps.at("cat after the restart");
+    read_back(&c, "read back after the restart", &data);
+    steps.at("fsck");
     let (code, fsck) = common::fsck_json(&c, &["/many"]);
     assert_eq!(code, Some(0), "{fsck}");
 }

@@ -358,12 +358,15 @@ impl TestCluster {
     }
 
     /// Runs a command and asserts success, returning stdout.
+    /// The failure names how long the command ran (a request timeout shows as such).
     pub fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let started = Instant::now();
         let out = self.run(args);
         assert!(
             out.status.success(),
-            "stampfs {args:?} failed ({}):\n{}",
+            "stampfs {args:?} failed ({}) after {:.1?}:\n{}",
             out.status,
+            started.elapsed(),
             String::from_utf8_lossy(&out.stderr)
         );
         out.stdout
@@ -420,12 +423,40 @@ impl TestCluster {
         }
         s
     }
+
+    /// The last [`WARNINGS_SHOWN`] WARN and ERROR lines of each process's log: printed
+    /// after the logs of a failing test, since a CI report shows only their end (the
+    /// last chunkserver's log), and a master's warning would be lost above it.
+    pub fn warnings(&self) -> String {
+        let mut s = String::new();
+        for p in std::iter::once(&self.master).chain(&self.chunkservers) {
+            let text = p.log_text();
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .collect();
+            s += &format!("==== {}: {} WARN/ERROR lines", p.name, lines.len());
+            if lines.len() > WARNINGS_SHOWN {
+                s += &format!(", the last {WARNINGS_SHOWN}");
+            }
+            s += "\n";
+            for l in &lines[lines.len().saturating_sub(WARNINGS_SHOWN)..] {
+                s += l;
+                s += "\n";
+            }
+        }
+        s
+    }
 }
+
+/// WARN and ERROR lines of each log repeated after a failing test's logs.
+const WARNINGS_SHOWN: usize = 20;
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
+            eprint!("{}", self.warnings());
             // The logs can be long and a CI report shows only their end: the failure
             // again, after them.
             if let Some(why) = last_panic() {
