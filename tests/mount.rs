@@ -159,7 +159,10 @@ fn ordinary_tools_work_through_the_mount() {
             "conv=notrunc",
         ],
     );
-    assert!(out.status.success(), "a write into an earlier chunk: {out:?}");
+    assert!(
+        out.status.success(),
+        "a write into an earlier chunk: {out:?}"
+    );
     let mut expect = std::fs::read(&local_s).expect("local copy");
     expect[10 * 4096..11 * 4096].fill(0);
     std::fs::write(&local_s, &expect).expect("local copy");

@@ -90,10 +90,7 @@ fn round_trips(engine: &str) {
         // Chunk 0 full, chunk 1 holding 37 856 bytes.
         let mut model = pattern(300_000, 1);
         let mut w = written_then_reopened(&client, path, CHUNK, &model).await;
-        assert_eq!(
-            (w.position(), w.len(), w.writable_from()),
-            (0, 300_000, 0)
-        );
+        assert_eq!((w.position(), w.len(), w.writable_from()), (0, 300_000, 0));
         let writes: Vec<(u64, Vec<u8>)> = vec![
             // The first bytes of the last chunk.
             (CHUNK, pattern(10, 2)),
@@ -119,7 +116,9 @@ fn round_trips(engine: &str) {
         assert_eq!(read_all(&client, path).await, model, "while open");
 
         // Before the chunk being written: the writer moves there and back.
-        w.write_at(100, b"x").await.expect("a write into an earlier chunk");
+        w.write_at(100, b"x")
+            .await
+            .expect("a write into an earlier chunk");
         apply(&mut model, 100, b"x");
         // A shrink below the last chunk: refused, nothing changes.
         let e = w

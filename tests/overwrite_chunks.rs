@@ -224,7 +224,10 @@ fn a_writer_killed_in_an_earlier_chunk_leaves_old_or_new_bytes_and_identical_rep
         if got.get(at..at + 1000) == Some(&new[at..at + 1000]) {
             break;
         }
-        assert!(Instant::now() < deadline, "the overwrite of chunk 1 never showed");
+        assert!(
+            Instant::now() < deadline,
+            "the overwrite of chunk 1 never showed"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     nix::sys::signal::kill(

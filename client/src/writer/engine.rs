@@ -166,7 +166,11 @@ impl Engine {
         overwrite: bool,
     ) -> Self {
         let (length, chunks, chunk_size) = last.as_ref().map_or((0, 0, 0), |g| {
-            (g.file_offset + g.chunk_offset, g.chunk_index + 1, g.chunk_size)
+            (
+                g.file_offset + g.chunk_offset,
+                g.chunk_index + 1,
+                g.chunk_size,
+            )
         });
         Self {
             path,

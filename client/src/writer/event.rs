@@ -12,8 +12,7 @@ use crate::pipeline::{SetupError, StreamEnd};
 use bytes::Bytes;
 use stampfs_proto::{
     Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, FileStatus, OpenChunk,
-    UpdatePipeline,
-    WriteGrant, WriteSetupReply,
+    UpdatePipeline, WriteGrant, WriteSetupReply,
 };
 
 /// A packet of the current chunk, sent or about to be, kept until every replica of the

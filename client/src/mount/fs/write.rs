@@ -158,11 +158,7 @@ impl Shared {
 
     fn refuse_write(&self, h: &WriteHandle, offset: u64, end: u64, why: &str) -> Errno {
         if !h.warned.swap(true, Ordering::SeqCst) {
-            tracing::warn!(
-                offset,
-                end,
-                "write refused with EOPNOTSUPP: {why}"
-            );
+            tracing::warn!(offset, end, "write refused with EOPNOTSUPP: {why}");
         }
         Errno::EOPNOTSUPP
     }

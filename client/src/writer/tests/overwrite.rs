@@ -194,8 +194,14 @@ fn open_chunk(a: &[Action]) -> Option<&stampfs_proto::OpenChunk> {
 #[test]
 fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
     // Writing chunk 1 (of 1100 bytes in all), 100 bytes in it so far.
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(1, 4, 100)), true)
-        .with_file(1100, 1000);
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(1, 4, 100)),
+        true,
+    )
+    .with_file(1100, 1000);
     // A write into chunk 0: nothing is in flight, so it moves at once, committing
     // chunk 1 at what was acknowledged.
     let a = write(&mut e, 999, 1);
@@ -230,7 +236,8 @@ fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
     assert_eq!(req.previous.map(|c| c.length), Some(1000));
     let a = step(&mut e, Event::Granted(Ok(grant_of(1, 5, 100))));
     assert!(
-        a.iter().any(|a| matches!(a, Action::OpenStream { start: 100, .. })),
+        a.iter()
+            .any(|a| matches!(a, Action::OpenStream { start: 100, .. })),
         "{a:?}"
     );
     step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
@@ -247,8 +254,14 @@ fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
 
 #[test]
 fn a_move_waits_for_every_packet_of_the_chunk_it_leaves() {
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(1, 4, 100)), true)
-        .with_file(1100, 1000);
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(1, 4, 100)),
+        true,
+    )
+    .with_file(1100, 1000);
     write(&mut e, 1100, 10);
     step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
     step(&mut e, Event::Resent(Ok(())));
@@ -264,8 +277,14 @@ fn a_move_waits_for_every_packet_of_the_chunk_it_leaves() {
 #[test]
 fn the_end_of_a_file_whose_last_chunk_is_full_is_a_new_chunk() {
     // Writing chunk 0 of a file of two full chunks.
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
-        .with_file(2000, 1000);
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(0, 4, 1000)),
+        true,
+    )
+    .with_file(2000, 1000);
     let a = write(&mut e, 2000, 1);
     let add = a.iter().find_map(|a| match a {
         Action::AddChunk(r) => Some(r),
@@ -455,8 +474,14 @@ fn a_shrink_the_master_refuses_as_expired_fences_the_writer() {
 
 #[test]
 fn a_shrink_from_an_earlier_chunk_moves_to_the_last_chunk_first() {
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
-        .with_file(1500, 1000);
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(0, 4, 1000)),
+        true,
+    )
+    .with_file(1500, 1000);
     let a = step(&mut e, Event::Cut { offset: 1200 });
     let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
     assert_eq!(req.index, 1);
@@ -467,12 +492,25 @@ fn a_shrink_from_an_earlier_chunk_moves_to_the_last_chunk_first() {
     assert_eq!(cut.length, 200, "a chunk offset");
     let a = step(&mut e, Event::ChunkCut(Ok(())));
     assert!(
-        a.iter().any(|a| matches!(a, Action::OpenStream { start: 200, overwrite: false, .. })),
+        a.iter().any(|a| matches!(
+            a,
+            Action::OpenStream {
+                start: 200,
+                overwrite: false,
+                ..
+            }
+        )),
         "{a:?}"
     );
     // Below the last chunk: refused, nothing asked.
-    let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(grant_of(0, 4, 1000)), true)
-        .with_file(1500, 1000);
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(0, 4, 1000)),
+        true,
+    )
+    .with_file(1500, 1000);
     let a = step(&mut e, Event::Cut { offset: 999 });
     assert!(
         matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
