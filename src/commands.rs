@@ -286,19 +286,6 @@ pub async fn truncate(args: TruncateArgs) -> Result<()> {
     if status.length == args.size {
         return Ok(());
     }
-    // Below the last chunk is refused before any lease is taken: nothing changes.
-    let last_chunk = status.length - status.length % status.chunk_size.max(1);
-    if args.size < last_chunk {
-        return Err(stampfs_client::Error::NotSupported {
-            path: status.path,
-            reason: format!(
-                "setting the length from {} to {}: shrinking a file below its last chunk \
-                 (from {last_chunk}) is not supported yet",
-                status.length, args.size
-            ),
-        }
-        .into());
-    }
     let mut writer = client
         .open_options()
         .write(true)

@@ -214,7 +214,8 @@ fn ordinary_tools_work_through_the_mount() {
     assert!(c.cat("/log") == want);
 
     // `truncate -s` grows with zeros and shrinks; `O_TRUNC` empties a file of one
-    // chunk; a bigger one is refused below its last chunk, unchanged.
+    // chunk, and one of two (its chunks dropped); `truncate -s` below the last chunk
+    // of a bigger one drops the chunks past it and cuts the new last one.
     tool_ok("truncate", &["-s", "10000", &m.p("log")]);
     want.resize(10_000, 0);
     assert!(c.cat("/log") == want);
@@ -223,17 +224,25 @@ fn ordinary_tools_work_through_the_mount() {
     assert_eq!(std::fs::metadata(m.path("log")).expect("stat").len(), 100);
     File::create(m.path("log")).expect("O_TRUNC of a one-chunk file");
     assert_eq!(c.stat_json("/log")["length"], 0);
-    let err = File::options()
+    let cut = 3 * MIB + 17;
+    tool_ok("truncate", &["-s", &cut.to_string(), &m.p("big.bin")]);
+    assert_eq!(c.stat_json("/big.bin")["length"], cut as u64);
+    let whole = std::fs::read(&local_s).expect("local copy");
+    assert!(
+        c.cat("/big.bin") == whole[..cut],
+        "cut below its last chunk"
+    );
+    assert_eq!(
+        c.stat_json("/big.bin")["chunks"].as_array().map(Vec::len),
+        Some(1)
+    );
+    File::options()
         .write(true)
         .truncate(true)
         .open(m.path("big.bin"))
-        .expect_err("O_TRUNC of a two-chunk file");
-    assert_eq!(
-        err.raw_os_error(),
-        Some(nix::errno::Errno::EOPNOTSUPP as i32),
-        "{err}"
-    );
-    tool_ok("cmp", &[&local_s, &m.p("big.bin")]);
+        .expect("O_TRUNC of a bigger file");
+    assert_eq!(c.stat_json("/big.bin")["length"], 0);
+    assert!(c.cat("/big.bin").is_empty());
     File::create(m.path("empty")).expect("create");
     File::create(m.path("empty")).expect("O_TRUNC of an empty file");
     assert_eq!(c.stat_json("/empty")["length"], 0);

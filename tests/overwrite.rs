@@ -1,15 +1,14 @@
 //! Writes at any offset against real processes on loopback, with both I/O engines:
 //! overwrites at block, packet and chunk boundaries, across the end and past it (a
 //! gap of zeros), read back while the file is open and after it is closed, with
-//! byte-identical replicas; what stampfs refuses (a shrink below the last chunk)
-//! fails clearly and changes nothing; a chunkserver SIGKILLed in the middle of an
+//! byte-identical replicas; shrinks and growth through the CLI; a chunkserver SIGKILLed in the middle of an
 //! overwrite stream costs nothing acknowledged; a writer SIGKILLed in the middle of
 //! one leaves, after `recover`, every byte old or new and every replica identical.
 
 mod common;
 
 use common::{pattern, runtime, Opts, TestCluster};
-use stampfs_client::{Client, CreateOptions, Error};
+use stampfs_client::{Client, CreateOptions};
 use stampfs_nemesis::replicas::check_replicas;
 use std::io::Write;
 use std::process::Stdio;
@@ -120,12 +119,6 @@ fn round_trips(engine: &str) {
             .await
             .expect("a write into an earlier chunk");
         apply(&mut model, 100, b"x");
-        // A shrink below the last chunk: refused, nothing changes.
-        let e = w
-            .set_len(10)
-            .await
-            .expect_err("shrink into an earlier chunk");
-        assert!(matches!(e, Error::NotSupported { .. }), "{e}");
         // Shrink within the last chunk (its start is 2 × CHUNK now), then write past
         // the new end: the gap reads as zeros, not as the cut bytes.
         let cut = 2 * CHUNK + 50;
@@ -178,14 +171,17 @@ fn the_cli_writes_at_an_offset_and_refuses_what_it_does_not_support() {
     c.ok(&["truncate", "/cli", "5"]);
     assert_eq!(c.cat("/cli"), b"hello");
     assert_eq!(c.stat_json("/cli")["length"], 5);
-    // Below the last chunk is refused before anything is taken.
+    // Below the last chunk: the chunks past the new end go.
     c.put_bytes("/two", &pattern(300_000, 9), &["--chunk-size", "256KiB"]);
-    let out = c.run(&["truncate", "/two", "3"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not supported"), "{err}");
-    assert_eq!(c.cat("/two"), pattern(300_000, 9));
-    assert_eq!(c.stat_json("/two")["state"], "closed");
+    c.ok(&["truncate", "/two", "3"]);
+    assert_eq!(c.cat("/two"), pattern(300_000, 9)[..3]);
+    let st = c.stat_json("/two");
+    assert_eq!(
+        (st["state"].as_str(), st["length"].as_u64()),
+        (Some("closed"), Some(3))
+    );
+    assert_eq!(st["chunks"].as_array().map(Vec::len), Some(1));
+
     // `--create` makes a new file; without it a missing file is an error.
     let out = c.run_stdin(&["write", "/new", "--offset", "0", "-"], b"x");
     assert!(!out.status.success());

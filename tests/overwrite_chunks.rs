@@ -260,3 +260,70 @@ fn a_writer_killed_in_an_earlier_chunk_leaves_old_or_new_bytes_and_identical_rep
         assert_eq!(read_all(&client, "/killed").await, got);
     });
 }
+
+/// `set_len` below the last chunk: the chunks past the new end are dropped (their
+/// replicas deleted by the chunkservers), the new last chunk is cut, the writer goes on
+/// writing; at a chunk boundary and to zero too.
+#[test]
+fn a_shrink_below_the_last_chunk_drops_chunks_and_their_replicas() {
+    let c = cluster("auto");
+    runtime().block_on(async {
+        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let path = "/shrink";
+        let mut model = pattern(6 * CHUNK as usize + 123, 61);
+        put(&client, path, CHUNK, &model).await;
+        let replicas = |c: &TestCluster| -> u64 {
+            let r: serde_json::Value =
+                serde_json::from_slice(&c.ok(&["admin", "report", "--json"])).expect("report");
+            r["chunkservers"]
+                .as_array()
+                .expect("chunkservers")
+                .iter()
+                .map(|cs| cs["replicas"].as_u64().expect("replicas"))
+                .sum()
+        };
+        assert_eq!(replicas(&c), 7 * 3);
+        let mut w = open_anywhere(&client, path).await;
+        // Into chunk 2, from the last chunk; then a write in chunk 0, still allowed.
+        let cut = 2 * CHUNK + 1000;
+        w.set_len(cut).await.expect("shrink below the last chunk");
+        model.truncate(cut as usize);
+        assert_eq!(w.len(), cut);
+        w.write_at(5, b"after")
+            .await
+            .expect("write after the shrink");
+        apply(&mut model, 5, b"after");
+        // Past the new end: zeros, not the dropped bytes.
+        w.write_at(cut + 10, b"tail")
+            .await
+            .expect("write past the new end");
+        apply(&mut model, cut + 10, b"tail");
+        let status = w.close().await.expect("close");
+        assert_eq!(status.length, model.len() as u64);
+        assert_eq!(read_all(&client, path).await, model);
+        assert_eq!(versions(&client, path).await.len(), 3);
+        assert_replicas_identical(&client, path).await;
+        // The dropped chunks' replicas are deleted.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while replicas(&c) != 3 * 3 {
+            assert!(Instant::now() < deadline, "replicas left: {}", replicas(&c));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // To a chunk boundary, then to nothing.
+        let mut w = open_anywhere(&client, path).await;
+        w.set_len(CHUNK).await.expect("to a boundary");
+        w.close().await.expect("close");
+        model.truncate(CHUNK as usize);
+        assert_eq!(read_all(&client, path).await, model);
+        let mut w = open_anywhere(&client, path).await;
+        w.set_len(0).await.expect("to nothing");
+        w.write_at(3, b"new")
+            .await
+            .expect("write into the empty file");
+        w.close().await.expect("close");
+        assert_eq!(read_all(&client, path).await, b"\0\0\0new");
+        assert_replicas_identical(&client, path).await;
+        let (code, fsck) = common::fsck_json(&c, &[path]);
+        assert_eq!(code, Some(0), "{fsck}");
+    });
+}

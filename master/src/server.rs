@@ -472,6 +472,7 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::MakeFile(r) => reply(id, core.make_file(r).await),
         MasterRequest::CutLastChunk(r) => reply(id, core.cut_last_chunk(r).await),
         MasterRequest::OpenChunk(r) => reply(id, core.open_chunk(r).await),
+        MasterRequest::DropChunks(r) => reply(id, core.drop_chunks(r).await),
     }
 }
 

@@ -32,9 +32,9 @@ use crate::oplog::{self, lock, DirLock, Oplog};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
-    Create, Delete, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply, InodeId,
-    LeaseTerms, List, MakeFile, Mkdir, OpenChunk, Register, RegisterReply, RemoteError, Rename,
-    RenewLease, Signed, Stat, UpdatePipeline, WriteGrant,
+    Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply,
+    InodeId, LeaseTerms, List, MakeFile, Mkdir, OpenChunk, Register, RegisterReply, RemoteError,
+    Rename, RenewLease, Signed, Stat, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -584,6 +584,21 @@ impl Core {
         self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))
             .await?;
         Ok(self.grant(&bump, req.client, pipeline))
+    }
+
+    /// `DropChunks`: durable before the answer; the deletions of the dropped chunks'
+    /// replicas go out with the record, the finalize of a kept chunk the writer left
+    /// before the answer.
+    #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, keep = req.keep))]
+    pub async fn drop_chunks(&self, req: DropChunks) -> Result<()> {
+        let (ino, _file) = self.lock_file(&req.path).await?;
+        let finalize = self
+            .mutate_durable(|st, now, mt| st.drop_chunks(&req, ino, now, mt))
+            .await?;
+        if let Some(f) = &finalize {
+            self.finalize(f).await;
+        }
+        Ok(())
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle, length = req.length))]

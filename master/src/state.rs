@@ -184,6 +184,16 @@ pub enum Record {
         version: ChunkVersion,
         mtime_ms: u64,
     },
+    /// The writer of the open file `inode` shrinks it below its last chunk:
+    /// `previous`, the chunk it was writing, is committed, and every chunk from index
+    /// `keep` on is dropped (its replicas deleted once this is durable). The chunk left
+    /// last is full; the writer writes in it from now on, at its current version.
+    ChunksDropped {
+        inode: InodeId,
+        previous: Option<ChunkCommit>,
+        keep: u64,
+        mtime_ms: u64,
+    },
 }
 
 /// The pipeline an open file's last chunk was granted with (see

@@ -30,8 +30,8 @@
 //! Overwrites: besides the append files, library clients write whole records over
 //! random slots of a slot file with `hsync`, judged slot by slot by [`slots::check`]
 //! (no acknowledged overwrite lost, none of a session that held the lease before it
-//! in its place, torn bytes only after an unacknowledged write). Writes in earlier
-//! chunks wait for their grant: the slot file is one chunk.
+//! in its place, torn bytes only after an unacknowledged write). The slot file is four
+//! small chunks, so writers move between chunks under the faults too.
 
 pub mod checker;
 pub mod clients;

@@ -227,12 +227,13 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
                 .await?;
             w.close().await?;
         }
-        // The slot file (overwrites), one chunk.
+        // The slot file (overwrites), in small chunks.
         let mut w = admin
             .create(
                 &crate::slots::path(DIR),
                 CreateOptions {
                     replication: Some(replication),
+                    chunk_size: Some(crate::slots::SLOT_CHUNK),
                     ..CreateOptions::default()
                 },
             )

@@ -1,7 +1,9 @@
 //! Overwrites: the slot file and its checker.
 //!
 //! Besides the shared append files, every run has one **slot file** (`DIR/s0`, file id
-//! [`SLOT_FILE`]): [`SLOTS`] slots of [`SLOT_LEN`] bytes, all in the file's one chunk.
+//! [`SLOT_FILE`]): [`SLOTS`] slots of [`SLOT_LEN`] bytes, over four chunks of
+//! [`SLOT_CHUNK`] bytes, so that a session's writer moves between chunks (each move
+//! commits the chunk it leaves and bumps the one it goes to).
 //! A slot session opens it for writes anywhere and writes a few records, each over a
 //! random slot (a whole [`crate::record`] of exactly `SLOT_LEN` bytes at `slot ×
 //! SLOT_LEN`), each followed by `hsync`. Before each write it logs a
@@ -42,6 +44,8 @@ pub const SLOT_FILE: u32 = 100;
 pub const SLOTS: u32 = 64;
 /// Bytes of a slot, and of every record written over one.
 pub const SLOT_LEN: usize = 512;
+/// The slot file's chunk size: 16 slots per chunk.
+pub const SLOT_CHUNK: u64 = 8 << 10;
 
 /// The slot file's path under `dir`.
 pub fn path(dir: &str) -> String {

@@ -226,6 +226,18 @@ pub struct OpenChunk {
     pub index: u64,
 }
 
+/// Shrinks a file being written below its last chunk: commits the chunk the writer
+/// was writing (`previous`) and drops every chunk from index `keep` on (their
+/// replicas are deleted). Answered once that is durable. The chunk left last is full;
+/// a shrink to within it is a `CutLastChunk` next.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct DropChunks {
+    pub path: String,
+    pub client: ClientId,
+    pub previous: Option<ChunkCommit>,
+    pub keep: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Close {
     pub path: String,
@@ -514,6 +526,8 @@ pub enum MasterRequest {
     CutLastChunk(CutLastChunk),
     /// After every older variant, so that each keeps its wire index.
     OpenChunk(OpenChunk),
+    /// After every older variant, so that each keeps its wire index.
+    DropChunks(DropChunks),
 }
 
 // ---------------------------------------------------------------- → chunkserver

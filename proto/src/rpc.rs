@@ -63,6 +63,7 @@ rpc! {
     MasterRequest::MakeFile(MakeFile) -> FileStatus;
     MasterRequest::CutLastChunk(CutLastChunk) -> ();
     MasterRequest::OpenChunk(OpenChunk) -> WriteGrant;
+    MasterRequest::DropChunks(DropChunks) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -9,8 +9,7 @@
 use super::capacity::{Capacity, CapacityCache, Lookup};
 use super::errno::errno_for;
 use super::handles::{
-    check_truncate, settles_at_once, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteHandle,
-    WriteState,
+    settles_at_once, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteHandle, WriteState,
 };
 use super::inodes::{base_name, AttrCache, Cached, Inodes, ROOT};
 use crate::client::{Client, CreateOptions};

@@ -22,18 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Where the last chunk of a file of `end` bytes starts, as a writer sees it: a full
-/// last chunk is not reopened, so its start is the end.
-pub(crate) fn last_chunk_start(end: u64, chunk_size: u64) -> u64 {
-    end - end % chunk_size.max(1)
-}
-
-/// A truncate from `current` to `requested` bytes: growing always, shrinking down to
-/// the start of the last chunk (dropping whole chunks is not supported yet).
-pub(crate) fn check_truncate(requested: u64, current: u64, chunk_size: u64) -> bool {
-    requested >= current || requested >= last_chunk_start(current, chunk_size)
-}
-
 /// Whether a flush or release of a write handle is answered at once, on the session
 /// thread, without waiting for a turn or asking the cluster: when no write was ever
 /// sent on the handle. Such a handle has no writer (only a write opens one), so there
@@ -289,19 +277,6 @@ mod tests {
         let h = WriteHandle::created(7, "/f".into(), false);
         h.wrote.store(true, Ordering::SeqCst);
         assert!(!settles_at_once(h.wrote.load(Ordering::SeqCst)));
-    }
-
-    #[test]
-    fn a_truncate_grows_anything_and_shrinks_within_the_last_chunk() {
-        assert!(check_truncate(0, 0, 100));
-        assert!(check_truncate(42, 42, 100));
-        assert!(
-            check_truncate(0, 42, 100),
-            "a one-chunk file cut to nothing"
-        );
-        assert!(check_truncate(5000, 42, 100), "grown with zeros");
-        assert!(check_truncate(210, 250, 100));
-        assert!(!check_truncate(150, 250, 100), "an earlier chunk");
     }
 
     #[tokio::test]

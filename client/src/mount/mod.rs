@@ -8,10 +8,8 @@
 //!
 //! What a program sees:
 //! - **Writes anywhere.** A write may go anywhere in the file and at or past its end
-//!   (a gap reads as zeros); `truncate`, `ftruncate` and `O_TRUNC` grow a file, or
-//!   shrink it down to the start of its last chunk. A shrink below that fails with
-//!   `EOPNOTSUPP` (logged, saying why) and changes nothing. `O_APPEND` writes always
-//!   go to the end. A program reads what it wrote through the mount, in place
+//!   (a gap reads as zeros); `truncate`, `ftruncate` and `O_TRUNC` set any size.
+//!   `O_APPEND` writes always go to the end. A program reads what it wrote through the mount, in place
 //!   too (the writer is hflushed before the read).
 //! - **Durability.** `close(2)` (FUSE `flush`) is [`FileWriter::hflush`]: the bytes
 //!   are on every replica and visible to every reader. `fsync` is

@@ -124,6 +124,8 @@ enum Awaiting {
     FileClose,
     /// `CutLastChunk` at the master.
     Cut,
+    /// `DropChunks` at the master.
+    Drop,
 }
 
 /// The writer's state machine (see the module docs).
@@ -306,6 +308,10 @@ impl Engine {
             Event::ChunkCut(res) => {
                 self.answered(Awaiting::Cut);
                 self.on_chunk_cut(res);
+            }
+            Event::ChunksDropped(res) => {
+                self.answered(Awaiting::Drop);
+                self.on_chunks_dropped(res);
             }
             Event::Close => match self.check() {
                 Err(e) => self.close_done(Err(e)),

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::{SetupError, StreamEnd};
 use bytes::Bytes;
 use stampfs_proto::{
-    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, FileStatus, OpenChunk,
-    UpdatePipeline, WriteGrant, WriteSetupReply,
+    Ack, AddChunk, ChunkToken, ChunkserverAddr, Close, CutLastChunk, DropChunks, FileStatus,
+    OpenChunk, UpdatePipeline, WriteGrant, WriteSetupReply,
 };
 
 /// A packet of the current chunk, sent or about to be, kept until every replica of the
@@ -112,6 +112,8 @@ pub(crate) enum Event {
     FileClosed(Result<FileStatus>),
     /// To [`Action::CutLastChunk`].
     ChunkCut(Result<()>),
+    /// To [`Action::DropChunks`].
+    ChunksDropped(Result<()>),
 }
 
 #[derive(Debug)]
@@ -164,6 +166,9 @@ pub(crate) enum Action {
     /// Lower the last chunk's committed length before cutting its replicas. Answer:
     /// [`Event::ChunkCut`].
     CutLastChunk(CutLastChunk),
+    /// Drop the chunks past the new end of a shrink below the last chunk. Answer:
+    /// [`Event::ChunksDropped`].
+    DropChunks(DropChunks),
 
     // ------------------------------------------------------------ bookkeeping, the front
     /// A packet was cut (the ack-latency clock starts).

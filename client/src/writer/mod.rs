@@ -24,8 +24,8 @@
 //! is writing moves it to the chunk that holds the offset: it drains, commits the
 //! chunk it leaves and asks the master for that chunk's grant (`OpenChunk`, a new
 //! version bumped on its replicas: fenced like a new chunk). [`FileWriter::set_len`]
-//! grows a file anywhere and shrinks it within its last chunk; shrinking below that
-//! fails with [`Error::NotSupported`].
+//! grows a file (with zeros) and shrinks it to any length (dropping the chunks past
+//! the new end).
 //!
 //! Packets queued while more data is already waiting are pushed onto the socket
 //! together; acknowledged packet buffers go back to the front for reuse; `hflush` and
@@ -180,7 +180,6 @@ pub struct FileWriter {
     path: String,
     packet_size: usize,
     mode: WriteMode,
-    chunk_size: u64,
     /// File offset of the next byte written.
     pos: u64,
     /// File offset of `buf`'s first byte.
@@ -260,7 +259,6 @@ impl FileWriter {
             path: status.path.clone(),
             packet_size,
             mode,
-            chunk_size: status.chunk_size.max(1),
             pos,
             buf_at: pos,
             end,
@@ -330,12 +328,6 @@ impl FileWriter {
         }
     }
 
-    /// The start of the file's last chunk (the end when it is full): the lowest length
-    /// [`FileWriter::set_len`] may cut the file to.
-    fn last_chunk_start(&self) -> u64 {
-        self.end - self.end % self.chunk_size
-    }
-
     /// Writes all of `data` at file offset `offset` (a writer for writes anywhere):
     /// `seek` there, then `write_all`. Visible to readers after `hflush`, durable
     /// after `hsync`, like any write.
@@ -349,12 +341,11 @@ impl FileWriter {
 
     /// Sets the file's length to `len` (a writer for writes anywhere): a longer file
     /// gets zeros up to `len` (written like any bytes, so they cost disk); the same
-    /// length changes nothing; a shorter one is cut, when `len` is within the file's
-    /// last chunk: every write so far is acknowledged first, the writer moves to that
-    /// chunk, the master lowers its committed length, and an append set-up at the new
-    /// end cuts every replica. Shorter than that (dropping chunks) is
-    /// [`Error::NotSupported`] (nothing changes). The position does not move; a later
-    /// write past the new end fills the gap with zeros.
+    /// length changes nothing; a shorter one is cut: every write so far is
+    /// acknowledged first, the chunks past the new end are dropped (their replicas
+    /// deleted), and within the new last chunk the master lowers its committed length
+    /// and an append set-up at the new end cuts every replica. The position does not
+    /// move; a later write past the new end fills the gap with zeros.
     pub async fn set_len(&mut self, len: u64) -> Result<()> {
         use tokio::io::AsyncWriteExt;
         if self.mode == WriteMode::Append {
@@ -366,17 +357,6 @@ impl FileWriter {
             });
         }
         if len < self.end {
-            let from = self.last_chunk_start();
-            if len < from {
-                return Err(Error::NotSupported {
-                    path: self.path.clone(),
-                    reason: format!(
-                        "setting the length from {} to {len}: shrinking a file below its \
-                         last chunk (from {from}) is not supported yet",
-                        self.end
-                    ),
-                });
-            }
             return self.cut(len).await;
         }
         let (pos, written) = (self.pos, self.written);

@@ -185,6 +185,7 @@ impl Runtime {
             }
             Action::AddChunk(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::OpenChunk(req) => Some(Event::Granted(self.client.call(req).await)),
+            Action::DropChunks(req) => Some(Event::ChunksDropped(self.client.call(req).await)),
             Action::UpdatePipeline(req) => Some(Event::Granted(self.client.call(req).await)),
             Action::CloseFile(req) => Some(Event::FileClosed(self.client.call(req).await)),
             Action::CutLastChunk(req) => {

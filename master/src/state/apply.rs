@@ -189,6 +189,57 @@ impl MasterState {
                 // `open_chunks`).
                 self.open_chunks.insert(*inode, *handle);
             }
+            Record::ChunksDropped {
+                inode,
+                previous,
+                keep,
+                mtime_ms,
+            } => {
+                let f = self.open_file_of(*inode)?;
+                if let Some(c) = previous {
+                    self.check_open_chunk(*inode, f, c.handle)?;
+                }
+                let keep = usize::try_from(*keep)
+                    .ok()
+                    .filter(|k| *k < f.chunks.len())
+                    .ok_or(format!(
+                        "keeping {keep} of the {} chunks of {inode}",
+                        f.chunks.len()
+                    ))?;
+                let chunk_size = f.chunk_size;
+                let dropped = f.chunks[keep..].to_vec();
+                let last = keep.checked_sub(1).map(|i| f.chunks[i]);
+                if let Some(h) = last {
+                    let length = match previous {
+                        Some(c) if c.handle == h => c.length,
+                        _ => self.chunks.get(h).map_or(0, |i| i.length),
+                    };
+                    if length != chunk_size {
+                        return Err(format!(
+                            "the chunk {h} left last in {inode} holds {length} of {chunk_size} bytes"
+                        ));
+                    }
+                }
+                if let Some(c) = previous {
+                    if let Some(info) = self.chunks.get_mut(c.handle) {
+                        info.length = c.length;
+                    }
+                }
+                for h in dropped {
+                    self.forget_chunk(h);
+                }
+                let granted = last
+                    .and_then(|h| self.chunks.get(h))
+                    .map_or(ChunkVersion(0), |i| i.version);
+                self.touch_file(*inode, *mtime_ms, |f| {
+                    f.chunks.truncate(keep);
+                    if let WriteState::Open { granted: g, .. } = &mut f.write {
+                        *g = granted;
+                    }
+                });
+                self.open_chunks.remove(inode);
+                self.pipelines.remove(inode);
+            }
             Record::CutChunk {
                 inode,
                 handle,

@@ -7,7 +7,9 @@
 use super::recovery::RecoveryBegin;
 use super::*;
 use crate::recovery::Trigger;
-use stampfs_proto::{AddChunk, ChunkCommit, Close, Create, OpenChunk, ReplicaReport, ReplicaState};
+use stampfs_proto::{
+    AddChunk, ChunkCommit, Close, Create, DropChunks, OpenChunk, ReplicaReport, ReplicaState,
+};
 
 const A: ClientId = ClientId(0xa);
 const B: ClientId = ClientId(0xb);
@@ -454,4 +456,74 @@ fn a_full_last_chunk_written_again_is_recovered_too() {
         matches!(&begin, RecoveryBegin::Bump(rec) if rec.handle == hs[1]),
         "{begin:?}"
     );
+}
+
+#[test]
+fn dropping_chunks_leaves_a_full_last_chunk_and_forgets_the_rest() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, hs) = file_of(&mut st, 4);
+    // The writer is in chunk 1 (moved there from the last).
+    let plan = st
+        .open_chunk(
+            &open_req(
+                Some(ChunkCommit {
+                    handle: hs[3],
+                    length: 10,
+                }),
+                1,
+            ),
+            ino,
+            0,
+            3,
+        )
+        .expect("open chunk 1");
+    ack_all(&mut st, &plan.bump);
+    let drop = |previous, keep| DropChunks {
+        path: "/f".into(),
+        client: A,
+        previous,
+        keep,
+    };
+    let at_one = Some(ChunkCommit {
+        handle: hs[1],
+        length: CHUNK,
+    });
+    // Nothing to drop, or a short chunk left last: refused, nothing logged.
+    let lsn = st.last_lsn;
+    assert!(st.drop_chunks(&drop(at_one, 4), ino, 0, 4).is_err());
+    let short = Some(ChunkCommit {
+        handle: hs[1],
+        length: CHUNK - 1,
+    });
+    assert!(st.drop_chunks(&drop(short, 2), ino, 0, 4).is_err());
+    assert_eq!(st.last_lsn, lsn);
+    // Keep chunks 0 and 1: chunk 1, the one being written, is finalized.
+    let fin = st
+        .drop_chunks(&drop(at_one, 2), ino, 0, 4)
+        .expect("drop")
+        .expect("the kept chunk being written is finalized");
+    assert_eq!((fin.handle, fin.length), (hs[1], CHUNK));
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(f.chunks, hs[..2]);
+    assert!(st.chunks.get(hs[2]).is_none() && st.chunks.get(hs[3]).is_none());
+    assert_eq!(st.open_chunk_of(ino, f), Some(hs[1]), "the new last chunk");
+    assert_eq!(
+        f.write.floor(),
+        st.chunks.get(hs[1]).map(|i| i.version),
+        "recovery starts from the chunk's version"
+    );
+    assert_eq!(
+        st.status("/f".into(), ino).expect("status").length,
+        2 * CHUNK
+    );
+    // Everything, from the last chunk: the file is empty and still open.
+    assert_eq!(
+        st.drop_chunks(&drop(None, 0), ino, 0, 5).expect("drop all"),
+        None
+    );
+    let f = st.ns.file(ino).expect("file");
+    assert!(f.chunks.is_empty());
+    assert_eq!(f.writer(), Some(A));
+    replayed(&mut st, &mut log);
 }

@@ -12,8 +12,8 @@ use crate::placement;
 use crate::trash;
 use stampfs_proto::{
     Append, ChunkCommit, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
-    Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, OpenChunk, Rename, ReplicaReport,
-    UpdatePipeline,
+    Create, Delete, DropChunks, FileStatus, InodeId, MakeFile, Mkdir, OpenChunk, Rename,
+    ReplicaReport, UpdatePipeline,
 };
 use std::collections::HashSet;
 
@@ -692,6 +692,68 @@ impl MasterState {
             },
             finalize,
         })
+    }
+
+    /// `drop_chunks`: shrinks the file below its last chunk, keeping `req.keep`
+    /// chunks and committing the chunk being written; that chunk's replicas are
+    /// finalized when it is kept. Dropped chunks' replicas are deleted once the record
+    /// is durable.
+    pub fn drop_chunks(
+        &mut self,
+        req: &DropChunks,
+        expect: InodeId,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<Option<FinalizePlan>> {
+        let path = self.locked_file(&req.path, expect)?.0;
+        self.check_writer(&path, expect, req.client, now_ms)?;
+        let (_, f) = self.locked_file(&req.path, expect)?;
+        if let Some(c) = &req.previous {
+            self.check_commit(&path, expect, f, c)?;
+        }
+        let keep = usize::try_from(req.keep)
+            .ok()
+            .filter(|k| *k < f.chunks.len())
+            .ok_or_else(|| {
+                Error::bad_request(format!(
+                    "keeping {} chunks of {path}, which has {}: nothing to drop",
+                    req.keep,
+                    f.chunks.len()
+                ))
+            })?;
+        if let Some(h) = keep.checked_sub(1).map(|i| f.chunks[i]) {
+            let length = match &req.previous {
+                Some(c) if c.handle == h => c.length,
+                _ => self.chunks.get(h).map_or(0, |i| i.length),
+            };
+            if length != f.chunk_size {
+                return Err(Error::bad_request(format!(
+                    "the chunk {h} that would be left last in {path} holds {length} of {} bytes",
+                    f.chunk_size
+                )));
+            }
+        }
+        let kept = req
+            .previous
+            .filter(|c| f.chunks[..keep].contains(&c.handle));
+        self.commit(
+            Record::ChunksDropped {
+                inode: expect,
+                previous: req.previous,
+                keep: req.keep,
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        Ok(kept.and_then(|c| {
+            let info = self.chunks.get(c.handle)?;
+            Some(FinalizePlan {
+                handle: c.handle,
+                version: info.version,
+                length: c.length,
+                targets: self.current_targets(info, now_ms),
+            })
+        }))
     }
 
     /// `update_pipeline`: a new version for the chunk being written over the survivors.

@@ -425,6 +425,14 @@ prop_compose! {
 }
 
 prop_compose! {
+    pub fn arb_drop_chunks()(path in arb_string(), client in arb_client(),
+                             previous in prop::option::of(arb_chunk_commit()),
+                             keep in arb_u64()) -> DropChunks {
+        DropChunks { path, client, previous, keep }
+    }
+}
+
+prop_compose! {
     pub fn arb_open_chunk()(path in arb_string(), client in arb_client(),
                             previous in prop::option::of(arb_chunk_commit()),
                             index in arb_u64()) -> OpenChunk {
@@ -702,6 +710,9 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             .prop_map(MasterRequest::CutLastChunk)
             .boxed(),
         arb_open_chunk().prop_map(MasterRequest::OpenChunk).boxed(),
+        arb_drop_chunks()
+            .prop_map(MasterRequest::DropChunks)
+            .boxed(),
     ]
     .boxed()
 }
@@ -733,6 +744,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::MakeFile(_) => "MakeFile",
         MasterRequest::CutLastChunk(_) => "CutLastChunk",
         MasterRequest::OpenChunk(_) => "OpenChunk",
+        MasterRequest::DropChunks(_) => "DropChunks",
     }
 }
 

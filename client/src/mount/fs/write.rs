@@ -4,10 +4,9 @@
 //! close that commits the length.
 //!
 //! Each write handle takes the file's lease at its first write, with a writer for
-//! writes anywhere (or an append writer under `O_APPEND`). A truncate the library
-//! does not support yet (a shrink below the file's last chunk) fails with
-//! `EOPNOTSUPP`, logged with the reason, and changes nothing: the writer goes on; so
-//! would a write the library refuses (`NotSupported`), logged once per handle. A write in place marks the handle `overwrote`; a read
+//! writes anywhere (or an append writer under `O_APPEND`). A write the library
+//! refuses (`NotSupported`) fails with `EOPNOTSUPP`, logged once per handle with the
+//! reason, and changes nothing: the writer goes on. A write in place marks the handle `overwrote`; a read
 //! of the file through this mount hflushes such writers first and drops its read-ahead
 //! (the mount's `generation` moved), so a program reads what it wrote.
 
@@ -24,34 +23,16 @@ impl Shared {
         let current = self.shown_size(&st, fetched);
         match size {
             Some(requested) if requested != current => {
-                self.set_size(ino.0, &path, &st, current, requested).await?;
+                self.set_size(ino.0, &path, requested).await?;
                 Ok(self.attr(&st, requested))
             }
             _ => Ok(self.attr(&st, current)),
         }
     }
 
-    /// Sets the size of `ino` from `current` to `requested`: through the writer of a
-    /// handle of this mount that writes the file, or a writer of its own, closed at
-    /// once.
-    async fn set_size(
-        &self,
-        ino: u64,
-        path: &str,
-        st: &FileStatus,
-        current: u64,
-        requested: u64,
-    ) -> Result<(), Errno> {
-        if !check_truncate(requested, current, st.chunk_size) {
-            tracing::warn!(
-                %path,
-                requested,
-                current,
-                "truncate refused with EOPNOTSUPP: shrinking a file below the start of its \
-                 last chunk is not supported yet"
-            );
-            return Err(Errno::EOPNOTSUPP);
-        }
+    /// Sets the size of `ino` to `requested`: through the writer of a handle of this
+    /// mount that writes the file, or a writer of its own, closed at once.
+    async fn set_size(&self, ino: u64, path: &str, requested: u64) -> Result<(), Errno> {
         let handle = lock(&self.handles)
             .writers()
             .into_iter()
@@ -79,8 +60,7 @@ impl Shared {
             .map_err(|e| errno_for(&e, "truncate", path))
     }
 
-    /// Opens for writing; `truncate` (`O_TRUNC`) empties a file whose bytes are all in
-    /// its last chunk (a bigger one: `EOPNOTSUPP`, unchanged).
+    /// Opens for writing; `truncate` (`O_TRUNC`) empties the file.
     #[tracing::instrument(skip_all, fields(%path))]
     pub(super) async fn open_write(
         &self,
@@ -93,7 +73,7 @@ impl Shared {
             let (st, size) = self.status_and_size(&path).await?;
             let current = self.shown_size(&st, size);
             if current > 0 {
-                self.set_size(ino.0, &path, &st, current, 0).await?;
+                self.set_size(ino.0, &path, 0).await?;
             }
         }
         let h = WriteHandle::new(ino.0, path, append_mode, None);

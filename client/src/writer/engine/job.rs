@@ -9,7 +9,7 @@ use super::{Awaiting, Chunk, Engine};
 use crate::error::{Error, Result};
 use crate::writer::event::{Action, Packet};
 use bytes::Bytes;
-use stampfs_proto::{AddChunk, Close, CutLastChunk, OpenChunk};
+use stampfs_proto::{AddChunk, Close, CutLastChunk, DropChunks, OpenChunk};
 
 /// A packet cut for the current chunk, not yet queued on a stream.
 #[derive(Debug)]
@@ -92,12 +92,16 @@ pub(super) enum Job {
     },
 }
 
-/// Where a shrink is: drain every packet, move to the last chunk when the writer is
-/// elsewhere, lower the committed length at the master (`CutLastChunk`), set an
-/// append stream up at the new end (its set-up cuts every member), finish it.
+/// Where a shrink is: drain every packet; below the last chunk, drop the chunks past
+/// the new end (`DropChunks`, committing the chunk being written); move to the last
+/// chunk when the writer is elsewhere; lower the committed length at the master
+/// (`CutLastChunk`); set an append stream up at the new end (its set-up cuts every
+/// member), finish it. A shrink to a chunk boundary ends with the drop.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum CutStage {
     Drain,
+    /// Waiting for `DropChunks`' answer.
+    Dropping,
     /// Waiting for the last chunk's grant.
     Moving,
     /// Waiting for `CutLastChunk`'s answer.
@@ -199,29 +203,32 @@ impl Engine {
         }
     }
 
-    /// The file offset a shrink to `offset` cuts the file's last chunk at; `None` when
-    /// it changes nothing (the end). Anything outside the last chunk's bytes is
-    /// refused (shrinking below it drops chunks, which is not supported yet).
+    /// The file offset a shrink to `offset` cuts the file at; `None` when it changes
+    /// nothing (the end). An append writer does not shrink.
     pub(super) fn cut_point(&self, offset: u64) -> Result<Option<u64>> {
-        let refused = |reason: String| Error::NotSupported {
-            path: self.path.clone(),
-            reason,
-        };
         let end = self.known_end();
         if offset == end {
             return Ok(None);
         }
-        let last_start = match (self.chunk.as_ref(), self.chunk_size) {
-            (_, cs) if cs > 0 => self.known_chunks().saturating_sub(1) * cs,
-            (Some(c), _) => c.grant.file_offset,
-            (None, _) => 0,
-        };
-        if !self.overwrite || offset < last_start || offset > end {
-            return Err(refused(format!(
-                "shrinking to {offset}: only within the file's last chunk ({last_start}..{end})"
-            )));
+        if !self.overwrite || offset > end {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: format!(
+                    "shrinking to {offset}: {}",
+                    if self.overwrite {
+                        format!("past the end ({end})")
+                    } else {
+                        "an append writer does not shrink".to_string()
+                    }
+                ),
+            });
         }
         Ok(Some(offset))
+    }
+
+    /// Chunks a file cut to `at` keeps: those holding its bytes.
+    fn kept_chunks(&self, at: u64) -> u64 {
+        at.div_ceil(self.chunk_size.max(1))
     }
 
     fn step_cut(&mut self, at: u64, stage: &mut CutStage) -> Progress {
@@ -232,6 +239,25 @@ impl Engine {
         match stage {
             CutStage::Drain => match self.step_drain() {
                 Ok(Progress::Done) => {
+                    let keep = self.kept_chunks(at);
+                    if keep < self.known_chunks() {
+                        *stage = CutStage::Dropping;
+                        let previous = self.chunk.as_ref().map(Chunk::commit);
+                        self.finish_stream();
+                        let req = DropChunks {
+                            path: self.path.clone(),
+                            client: self.client,
+                            previous,
+                            keep,
+                        };
+                        self.ask(Awaiting::Drop, Action::DropChunks(req));
+                        return Progress::Continue;
+                    }
+                    if at == keep * self.chunk_size.max(1) {
+                        // A chunk boundary: the last chunk kept is full, nothing to cut.
+                        self.output.push_back(Action::FlushDone(Ok(())));
+                        return Progress::Done;
+                    }
                     let last = self.known_chunks().saturating_sub(1);
                     let here = self.chunk.as_ref().map(|c| c.grant.chunk_index);
                     if here != Some(last) {
@@ -265,6 +291,8 @@ impl Engine {
             }
             // `ChunkCut` moves it on (or completes the job with its error).
             CutStage::Asking => Progress::Done,
+            // `ChunksDropped` moves it on (or completes the job with its error).
+            CutStage::Dropping => Progress::Done,
             CutStage::Cutting => {
                 let Some(chunk) = self.chunk.as_mut() else {
                     return Progress::Done;
@@ -314,6 +342,37 @@ impl Engine {
             }
         };
         self.ask(Awaiting::NewChunk, action);
+    }
+
+    /// The master's answer to `DropChunks`: the chunks past the new end are gone and
+    /// the writer holds no chunk; on to the cut of the new last chunk (none at a chunk
+    /// boundary). An error fails the shrink (the writer too when it was fenced;
+    /// otherwise nothing was dropped and it goes on).
+    pub(super) fn on_chunks_dropped(&mut self, res: Result<()>) {
+        let Some(Job::Cut { at, stage }) = self.job.as_mut() else {
+            return;
+        };
+        let at = *at;
+        match res {
+            Ok(()) => {
+                let keep = at.div_ceil(self.chunk_size.max(1));
+                tracing::info!(keep, at, "dropped the chunks past the new end");
+                self.chunk = None;
+                self.length = keep * self.chunk_size.max(1);
+                self.chunks = keep;
+                *stage = CutStage::Drain;
+            }
+            Err(e) => {
+                let e = self.master_error(e);
+                if e.is_fenced() {
+                    self.fail(e.duplicate());
+                }
+                // The stream of the chunk being written was finished; its grant
+                // stands, and the next write reopens a stream with it.
+                self.job = None;
+                self.output.push_back(Action::FlushDone(Err(e)));
+            }
+        }
     }
 
     /// The master's answer to `CutLastChunk`: on to the cut, or the shrink fails (the

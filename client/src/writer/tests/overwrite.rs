@@ -426,12 +426,12 @@ fn a_shrink_a_member_misses_excludes_it_at_the_new_length() {
 }
 
 #[test]
-fn a_shrink_outside_the_chunk_is_refused_and_the_writer_goes_on() {
+fn a_shrink_past_the_end_is_refused_and_the_writer_goes_on() {
     let mut g = grant(4, &[1], 100);
     g.chunk_index = 1;
     g.file_offset = 1000;
     let mut e = Engine::new("/f".into(), ClientId(5), WINDOW, Some(g), true);
-    let a = step(&mut e, Event::Cut { offset: 900 });
+    let a = step(&mut e, Event::Cut { offset: 1101 });
     assert!(
         matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
         "{a:?}"
@@ -502,7 +502,17 @@ fn a_shrink_from_an_earlier_chunk_moves_to_the_last_chunk_first() {
         )),
         "{a:?}"
     );
-    // Below the last chunk: refused, nothing asked.
+}
+
+#[test]
+fn a_shrink_below_the_last_chunk_drops_chunks_then_cuts_the_new_last() {
+    let drop_of = |a: &[Action]| {
+        a.iter().find_map(|a| match a {
+            Action::DropChunks(r) => Some((r.keep, r.previous.map(|c| c.length))),
+            _ => None,
+        })
+    };
+    // Writing chunk 0 of a file of 1500 bytes; cut to 999: chunk 1 goes, chunk 0 is cut.
     let mut e = Engine::new(
         "/f".into(),
         ClientId(5),
@@ -512,8 +522,44 @@ fn a_shrink_from_an_earlier_chunk_moves_to_the_last_chunk_first() {
     )
     .with_file(1500, 1000);
     let a = step(&mut e, Event::Cut { offset: 999 });
-    assert!(
-        matches!(&a[..], [Action::FlushDone(Err(Error::NotSupported { .. }))]),
-        "{a:?}"
-    );
+    assert_eq!(drop_of(&a), Some((1, Some(1000))), "{a:?}");
+    let a = step(&mut e, Event::ChunksDropped(Ok(())));
+    let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!((req.index, req.previous), (0, None));
+    let a = step(&mut e, Event::Granted(Ok(grant_of(0, 5, 1000))));
+    let [Action::CutLastChunk(cut)] = &a[..] else {
+        panic!("{a:?}")
+    };
+    assert_eq!(cut.length, 999);
+    // To a chunk boundary: the drop is all.
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(1, 4, 500)),
+        true,
+    )
+    .with_file(1500, 1000);
+    let a = step(&mut e, Event::Cut { offset: 1000 });
+    assert_eq!(drop_of(&a), Some((1, Some(500))), "{a:?}");
+    let a = step(&mut e, Event::ChunksDropped(Ok(())));
+    assert!(matches!(&a[..], [Action::FlushDone(Ok(()))]), "{a:?}");
+    assert_eq!(e.known_end(), 1000);
+    // A refused drop leaves the writer going, in the chunk it was writing.
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant_of(1, 4, 500)),
+        true,
+    )
+    .with_file(1500, 1000);
+    step(&mut e, Event::Cut { offset: 0 });
+    let refused = Err(Error::Remote(stampfs_proto::RemoteError::BadRequest {
+        reason: "no".into(),
+    }));
+    let a = step(&mut e, Event::ChunksDropped(refused));
+    assert!(matches!(&a[..], [Action::FlushDone(Err(_))]), "{a:?}");
+    assert!(e.failure().is_none());
+    assert_eq!(e.known_end(), 1500);
 }
