@@ -558,8 +558,8 @@ impl Core {
     /// `OpenChunk`: like a new chunk's grant, for an existing chunk of the file. The
     /// new version is durable before any bump goes out; the chunk left is finalized
     /// meanwhile. A bump that reaches too few replicas leaves the version minted and
-    /// ungranted: the writer holds no token for it, and lease recovery starts from the
-    /// version the chunk's replicas held.
+    /// ungranted, and the file goes to lease recovery, which starts from the version
+    /// the chunk's replicas held.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, index = req.index))]
     pub async fn open_chunk(&self, req: OpenChunk) -> Result<WriteGrant> {
         let (ino, _file) = self.lock_file(&req.path).await?;
@@ -575,6 +575,23 @@ impl Core {
         let ((), fenced) = tokio::join!(finalize, self.push_bump_fenced(&plan.bump, req.client));
         let (bump, pipeline) = fenced?;
         if pipeline.len() < bump.needed {
+            // As for a reopen: the chunk's version moved past what its replicas may
+            // hold, so readers would find none current and replica health leaves the
+            // open chunk alone. Lease recovery re-bumps whichever replicas are
+            // reachable (from the version they held) and seals them.
+            let queued = self
+                .mutate_durable(|st, now, _| st.abandon_reopen(ino, req.client, now))
+                .await?;
+            if queued {
+                tracing::warn!(
+                    path = %bump.path,
+                    chunk = %bump.handle,
+                    version = %bump.version,
+                    acked = pipeline.len(),
+                    needed = bump.needed,
+                    "open chunk: the version bump reached too few replicas; the file goes to lease recovery"
+                );
+            }
             return Err(Error::NotEnoughReplicas {
                 live: pipeline.len() as u32,
                 needed: bump.needed as u32,

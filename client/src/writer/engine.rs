@@ -73,6 +73,10 @@ struct Chunk {
     /// (nothing in flight), and no ack has come back since: if the stream turns out
     /// closed, the head may have closed it for idleness before they were sent.
     quiet_burst: bool,
+    /// A packet without the sync flag was queued after the last one with it: the
+    /// replicas may hold bytes of this chunk they have not fsynced. A move to another
+    /// chunk syncs first, so that an `hsync` there covers this one too.
+    unsynced: bool,
 }
 
 impl Chunk {
@@ -86,6 +90,7 @@ impl Chunk {
             unacked_bytes: 0,
             cut: None,
             quiet_burst: false,
+            unsynced: false,
         }
     }
 
@@ -95,6 +100,7 @@ impl Chunk {
 
     /// Keeps `packet` until every replica acknowledged it.
     fn keep(&mut self, packet: Packet) {
+        self.unsynced = !packet.sync;
         self.sent = self.sent.max(packet.end());
         self.unacked_bytes += packet.data.len() as u64;
         self.unacked.push_back(packet);

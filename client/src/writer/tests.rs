@@ -500,6 +500,11 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
         "waits for the ack"
     );
     let a = step(&mut e, Event::Ack(ack(0, &[1])));
+    // The full chunk is synced before the move: an hsync in the next chunk covers it.
+    let [Action::Acked(_), Action::Queued { seq: 1 }, Action::CheckEnd] = &a[..] else {
+        panic!("{a:?}")
+    };
+    let a = sync_before_move(&mut e, 1, &[1]);
     let [Action::Acked(_), Action::FinishStream, Action::AddChunk(req)] = &a[..] else {
         panic!("{a:?}")
     };
@@ -519,9 +524,32 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
     let a = step(&mut e, Event::Granted(Ok(next)));
     assert!(matches!(
         &a[..],
-        [Action::Queued { seq: 1 }, Action::AskReplicaLength { .. }]
+        [Action::Queued { seq: 2 }, Action::AskReplicaLength { .. }]
     ));
     assert_eq!(e.offsets(), Some((0, 10)));
+}
+
+/// Answers the sync packet `seq` a move to another chunk sends on the chunk it
+/// leaves (the at-rest check, the send, the flush, every member's ack); returns what
+/// followed the ack (the move itself).
+pub(super) fn sync_before_move(e: &mut Engine, seq: u64, members: &[u64]) -> Vec<Action> {
+    let a = step(e, Event::EndChecked(None));
+    sync_sent(e, &a, seq, members)
+}
+
+/// [`sync_before_move`] from the actions `a` that sent the sync packet.
+pub(super) fn sync_sent(e: &mut Engine, a: &[Action], seq: u64, members: &[u64]) -> Vec<Action> {
+    let Some(Action::Send { packet, .. }) = a.last() else {
+        panic!("{a:?}")
+    };
+    assert!(
+        packet.sync && packet.data.is_empty() && packet.seq == seq,
+        "{packet:?}"
+    );
+    let a = step(e, Event::Sent(Ok(())));
+    assert!(matches!(&a[..], [Action::FlushStream]), "{a:?}");
+    step(e, Event::Flushed(Ok(())));
+    step(e, Event::Ack(ack(seq, members)))
 }
 
 #[test]

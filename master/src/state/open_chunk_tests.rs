@@ -527,3 +527,44 @@ fn dropping_chunks_leaves_a_full_last_chunk_and_forgets_the_rest() {
     assert_eq!(f.writer(), Some(A));
     replayed(&mut st, &mut log);
 }
+
+#[test]
+fn a_move_without_committing_the_granted_chunk_is_refused() {
+    let mut st = state_with_servers(3);
+    let (ino, hs) = file_of(&mut st, 2);
+    let lsn = st.last_lsn;
+    // Granted the last chunk: moving (or dropping) without its commit would lose it.
+    for req in [open_req(None, 0), open_req(None, 1)] {
+        let e = st.open_chunk(&req, ino, 0, 3).expect_err("refused");
+        assert!(matches!(e, Error::BadRequest { .. }), "{e:?}");
+    }
+    let drop = DropChunks {
+        path: "/f".into(),
+        client: A,
+        previous: None,
+        keep: 1,
+    };
+    assert!(st.drop_chunks(&drop, ino, 0, 3).is_err());
+    assert_eq!(st.last_lsn, lsn);
+    // A close retried after it closed the file in an earlier chunk answers again.
+    let at_one = Some(ChunkCommit {
+        handle: hs[1],
+        length: 10,
+    });
+    let plan = st
+        .open_chunk(&open_req(at_one, 0), ino, 0, 3)
+        .expect("open chunk 0");
+    ack_all(&mut st, &plan.bump);
+    let close = Close {
+        path: "/f".into(),
+        client: A,
+        last: Some(ChunkCommit {
+            handle: hs[0],
+            length: CHUNK,
+        }),
+    };
+    st.close(&close, ino, 0, 4).expect("close");
+    let again = st.close(&close, ino, 0, 5).expect("the retry");
+    assert!(again.finalize.is_none());
+    assert_eq!(again.status.length, CHUNK + 10);
+}

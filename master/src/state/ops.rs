@@ -434,6 +434,33 @@ impl MasterState {
         Ok(())
     }
 
+    /// The open chunk of `ino`, when its writer was granted it (a `GrantedPipeline`
+    /// names it): the writer may hold acknowledged bytes there.
+    fn granted_chunk(&self, ino: InodeId, f: &FileMeta) -> Option<ChunkHandle> {
+        let open = self.open_chunk_of(ino, f)?;
+        self.pipelines
+            .get(&ino)
+            .is_some_and(|p| p.handle == open)
+            .then_some(open)
+    }
+
+    /// A writer that leaves the chunk it was granted commits it: a request that moves
+    /// it elsewhere without `previous` would drop the commit of its acknowledged bytes.
+    fn check_leaving(
+        &self,
+        path: &str,
+        ino: InodeId,
+        f: &FileMeta,
+        previous: Option<&ChunkCommit>,
+    ) -> Result<()> {
+        match (self.granted_chunk(ino, f), previous) {
+            (Some(h), None) => Err(Error::bad_request(format!(
+                "leaving chunk {h} of {path}, which it was granted, without committing it"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     fn offset_of(&self, f: &FileMeta, index: usize) -> u64 {
         f.chunks[..index.min(f.chunks.len())]
             .iter()
@@ -629,7 +656,10 @@ impl MasterState {
                 ))
             })?;
         let handle = f.chunks[index];
-        if req.previous.is_some_and(|c| c.handle == handle) {
+        self.check_leaving(&path, expect, f, req.previous.as_ref())?;
+        if req.previous.is_some_and(|c| c.handle == handle)
+            || self.granted_chunk(expect, f) == Some(handle)
+        {
             return Err(Error::bad_request(format!(
                 "chunk {handle} of {path} is being written already"
             )));
@@ -711,6 +741,7 @@ impl MasterState {
         if let Some(c) = &req.previous {
             self.check_commit(&path, expect, f, c)?;
         }
+        self.check_leaving(&path, expect, f, req.previous.as_ref())?;
         let keep = usize::try_from(req.keep)
             .ok()
             .filter(|k| *k < f.chunks.len())
@@ -850,7 +881,7 @@ impl MasterState {
             let same = match &req.last {
                 None => true,
                 Some(c) => {
-                    f.chunks.last() == Some(&c.handle)
+                    f.chunks.contains(&c.handle)
                         && self.chunks.get(c.handle).map(|i| i.length) == Some(c.length)
                 }
             };

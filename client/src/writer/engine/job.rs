@@ -38,10 +38,12 @@ pub(super) struct Pieces {
 }
 
 /// Where a move to another chunk is.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Switch {
-    /// Draining the chunk being left, then asking for `Target`'s grant.
-    Draining(Target),
+    /// Draining the chunk being left, syncing it (an empty sync packet, acknowledged
+    /// by every member) when it holds unsynced bytes, then asking for `Target`'s grant:
+    /// an `hsync` in the next chunk covers the bytes of this one.
+    Draining(Target, Option<Push>),
     /// Waiting for the grant.
     Moving,
 }
@@ -97,9 +99,12 @@ pub(super) enum Job {
 /// chunk when the writer is elsewhere; lower the committed length at the master
 /// (`CutLastChunk`); set an append stream up at the new end (its set-up cuts every
 /// member), finish it. A shrink to a chunk boundary ends with the drop.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum CutStage {
     Drain,
+    /// Syncing the chunk being left (kept, with unsynced bytes) before a drop or a
+    /// move, as a move of a write does.
+    Syncing(Push),
     /// Waiting for `DropChunks`' answer.
     Dropping,
     /// Waiting for the last chunk's grant.
@@ -240,7 +245,17 @@ impl Engine {
             CutStage::Drain => match self.step_drain() {
                 Ok(Progress::Done) => {
                     let keep = self.kept_chunks(at);
-                    if keep < self.known_chunks() {
+                    let last = self.known_chunks().saturating_sub(1);
+                    let drop = keep < self.known_chunks();
+                    if let Some(c) = self.chunk.as_ref() {
+                        let i = c.grant.chunk_index;
+                        if c.unsynced && i < keep && (drop || i != last) {
+                            let sent = c.sent;
+                            *stage = CutStage::Syncing(self.cut(sent, Bytes::new(), true));
+                            return Progress::Continue;
+                        }
+                    }
+                    if drop {
                         *stage = CutStage::Dropping;
                         let previous = self.chunk.as_ref().map(Chunk::commit);
                         self.finish_stream();
@@ -284,6 +299,12 @@ impl Engine {
                     Progress::Done
                 }
             },
+            CutStage::Syncing(push) => {
+                if let Progress::Done = self.step_push(push) {
+                    *stage = CutStage::Drain;
+                }
+                Progress::Continue
+            }
             // The grant installed the last chunk (a failure was caught above).
             CutStage::Moving => {
                 *stage = CutStage::Drain;
@@ -414,8 +435,19 @@ impl Engine {
                 p.switch = None;
                 return Progress::Continue;
             }
-            Some(Switch::Draining(to)) => {
+            Some(Switch::Draining(to, ref mut sync)) => {
+                if let Some(push) = sync.as_mut() {
+                    if let Progress::Done = self.step_push(push) {
+                        *sync = None;
+                    }
+                    return Progress::Continue;
+                }
                 return match self.step_drain() {
+                    Ok(Progress::Done) if self.chunk.as_ref().is_some_and(|c| c.unsynced) => {
+                        let at = self.chunk.as_ref().map_or(0, |c| c.sent);
+                        *sync = Some(self.cut(at, Bytes::new(), true));
+                        Progress::Continue
+                    }
                     Ok(Progress::Done) => {
                         p.switch = Some(Switch::Moving);
                         self.move_to(to);
@@ -430,7 +462,7 @@ impl Engine {
         let (offset, room) = match self.place(p.at) {
             Ok(Placed::Here { offset, room }) => (offset, room),
             Ok(Placed::Move(to)) => {
-                p.switch = Some(Switch::Draining(to));
+                p.switch = Some(Switch::Draining(to, None));
                 return Progress::Continue;
             }
             Err(e) => {

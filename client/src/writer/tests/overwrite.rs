@@ -228,9 +228,11 @@ fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
     step(&mut e, Event::Ack(ack(0, &[1, 2])));
     assert_eq!(e.offsets(), Some((1000, 1000)), "chunk 0 stays full");
     assert_eq!(e.known_end(), 1100, "the file's end is remembered");
-    // Back to the end of the file: chunk 1 again, after chunk 0 is drained and
-    // committed full.
+    // Back to the end of the file: chunk 1 again, after chunk 0 is drained, synced
+    // and committed full.
     let a = write(&mut e, 1100, 5);
+    assert!(open_chunk(&a).is_none(), "synced first: {a:?}");
+    let a = super::sync_sent(&mut e, &a, 1, &[1, 2]);
     let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
     assert_eq!(req.index, 1);
     assert_eq!(req.previous.map(|c| c.length), Some(1000));
@@ -242,7 +244,8 @@ fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
     );
     step(&mut e, Event::SetupReplied(Ok(accepted(&[1, 2]))));
     step(&mut e, Event::Resent(Ok(())));
-    step(&mut e, Event::Ack(ack(1, &[1, 2])));
+    // Packet 1 was the sync of chunk 0.
+    step(&mut e, Event::Ack(ack(2, &[1, 2])));
     assert_eq!(e.offsets(), Some((105, 105)));
     let a = step(&mut e, Event::Close);
     let close = a.iter().find_map(|a| match a {
@@ -268,8 +271,10 @@ fn a_move_waits_for_every_packet_of_the_chunk_it_leaves() {
     // Unacknowledged: a write into chunk 0 drains first.
     let a = write(&mut e, 10, 1);
     assert!(open_chunk(&a).is_none(), "{a:?}");
-    let mut a = step(&mut e, Event::Flushed(Ok(())));
-    a.extend(step(&mut e, Event::Ack(ack(0, &[1, 2]))));
+    step(&mut e, Event::Flushed(Ok(())));
+    let a = step(&mut e, Event::Ack(ack(0, &[1, 2])));
+    assert!(open_chunk(&a).is_none(), "synced first: {a:?}");
+    let a = super::sync_before_move(&mut e, 1, &[1, 2]);
     let req = open_chunk(&a).unwrap_or_else(|| panic!("{a:?}"));
     assert_eq!(req.previous.map(|c| c.length), Some(110));
 }
