@@ -41,8 +41,12 @@ pub(super) struct Pieces {
 #[derive(Debug)]
 pub(super) enum Switch {
     /// Draining the chunk being left, syncing it (an empty sync packet, acknowledged
-    /// by every member) when it holds unsynced bytes, then asking for `Target`'s grant:
-    /// an `hsync` in the next chunk covers the bytes of this one.
+    /// by every member) when an overwrite writer left unsynced bytes there, then
+    /// asking for `Target`'s grant: an `hsync` in the next chunk covers the bytes of
+    /// this one. (An append writer keeps its fast path: a replica that loses an
+    /// unsynced tail is short, which the master sees, and the finalize of the full
+    /// chunk, awaited before the next grant, syncs it; an overwritten replica that
+    /// loses unsynced bytes looks whole.)
     Draining(Target, Option<Push>),
     /// Waiting for the grant.
     Moving,
@@ -249,7 +253,7 @@ impl Engine {
                     let drop = keep < self.known_chunks();
                     if let Some(c) = self.chunk.as_ref() {
                         let i = c.grant.chunk_index;
-                        if c.unsynced && i < keep && (drop || i != last) {
+                        if self.overwrite && c.unsynced && i < keep && (drop || i != last) {
                             let sent = c.sent;
                             *stage = CutStage::Syncing(self.cut(sent, Bytes::new(), true));
                             return Progress::Continue;
@@ -443,7 +447,9 @@ impl Engine {
                     return Progress::Continue;
                 }
                 return match self.step_drain() {
-                    Ok(Progress::Done) if self.chunk.as_ref().is_some_and(|c| c.unsynced) => {
+                    Ok(Progress::Done)
+                        if self.overwrite && self.chunk.as_ref().is_some_and(|c| c.unsynced) =>
+                    {
                         let at = self.chunk.as_ref().map_or(0, |c| c.sent);
                         *sync = Some(self.cut(at, Bytes::new(), true));
                         Progress::Continue
