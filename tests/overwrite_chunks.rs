@@ -1,7 +1,8 @@
 //! Writes into any chunk of a file, against real processes on loopback: a writer for
 //! writes anywhere moves from chunk to chunk (`OpenChunk`: the chunk it leaves is
 //! committed, the one it moves to gets a new version bumped on its replicas), with
-//! both I/O engines; only the chunks written get new versions; a paused writer whose
+//! both I/O engines, and reads its own writes; only the chunks written get new
+//! versions; a paused writer whose
 //! lease was recovered is fenced by the chunkservers when it writes into an earlier
 //! chunk (the seed's timeline in chunk 0 of a bigger file); a writer SIGKILLed while
 //! it overwrites earlier chunks leaves, after `recover`, every byte old or new and
@@ -117,6 +118,26 @@ fn moves_between_chunks(engine: &str) {
             w.write_at(*offset, data).await.expect("write_at");
             apply(&mut model, *offset, data);
         }
+        // The writer reads its own writes (it hflushes first), across a boundary and
+        // at the end.
+        let at = 3 * CHUNK as usize - 60;
+        let got = w.read_at(at as u64, 200).await.expect("read_at");
+        assert_eq!(
+            &got[..],
+            &model[at..at + 200],
+            "a writer reads its own writes"
+        );
+        let end = model.len();
+        let got = w
+            .read_at(end as u64 - 10, 100)
+            .await
+            .expect("read_at the end");
+        assert_eq!(&got[..], &model[end - 10..]);
+        assert!(w
+            .read_at(end as u64 + 5, 10)
+            .await
+            .expect("past the end")
+            .is_empty());
         w.hflush().await.expect("hflush");
         assert_eq!(w.len(), model.len() as u64);
         assert_eq!(read_all(&client, path).await, model, "while open");

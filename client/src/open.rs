@@ -9,11 +9,12 @@
 //! | `write` + `truncate`         | replaced by an empty file           | `NotFound`   |
 //! | `write` + `create_new`       | `AlreadyExists`                     | created      |
 //!
-//! A writer for writes anywhere ([`WriteMode::Anywhere`]) seeks and writes in the
-//! file's last chunk and past its end (see [`FileWriter`]). `read` together with
-//! `write` is refused with `NotSupported` (read with [`Client::open`]: a reader sees
-//! what the writer hflushed); `truncate` with `append`, or neither `write` nor
-//! `append`, with `InvalidArgument`, as `std` does.
+//! A writer for writes anywhere ([`WriteMode::Anywhere`]) seeks and writes anywhere in
+//! the file and past its end (see [`FileWriter`]), and reads what it wrote with
+//! [`FileWriter::read_at`] (`read` with `write` asks for nothing more; other readers
+//! use [`Client::open`] and see what the writer hflushed). An append writer does not
+//! read: `read` with `append` is refused with `NotSupported`; `truncate` with
+//! `append`, or neither `write` nor `append`, with `InvalidArgument`, as `std` does.
 
 use crate::client::{Client, CreateOptions};
 use crate::error::{Error, Result};
@@ -104,11 +105,11 @@ impl OpenOptions {
                 reason: format!("opening {path}: a writer needs write or append"),
             });
         }
-        if self.read {
+        if self.read && self.append {
             return Err(Error::NotSupported {
                 path: path.into(),
-                reason: "a writer that also reads: read with Client::open (readers see what \
-                         the writer hflushed)"
+                reason: "an append writer that also reads: open it with write (a writer for \
+                         writes anywhere reads with read_at), or read with Client::open"
                     .into(),
             });
         }
@@ -229,8 +230,15 @@ mod tests {
             Err(Error::InvalidArgument { .. })
         ));
         assert!(matches!(
-            opts().read(true).write(true).plan("/f"),
+            opts().read(true).append(true).plan("/f"),
             Err(Error::NotSupported { .. })
+        ));
+        assert!(matches!(
+            opts().read(true).write(true).plan("/f"),
+            Ok(Plan::Reopen {
+                create: false,
+                mode: WriteMode::Anywhere
+            })
         ));
     }
 }

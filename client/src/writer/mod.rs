@@ -177,6 +177,8 @@ pub enum WriteMode {
 /// [`AsyncSeek`]. Dropping it without `close` leaves the file open until the master
 /// recovers its lease.
 pub struct FileWriter {
+    /// For [`FileWriter::read_at`].
+    client: Client,
     path: String,
     packet_size: usize,
     mode: WriteMode,
@@ -256,6 +258,7 @@ impl FileWriter {
             WriteMode::Anywhere => 0,
         };
         Self {
+            client: client.clone(),
             path: status.path.clone(),
             packet_size,
             mode,
@@ -337,6 +340,22 @@ impl FileWriter {
             .await
             .map_err(Error::from_io)?;
         self.write_all(data).await.map_err(Error::from_io)
+    }
+
+    /// Reads up to `len` bytes at `offset` as this writer left them (a writer for writes
+    /// anywhere): every write so far is hflushed first, then read back from the
+    /// replicas, so the bytes are what any reader now sees. Shorter at the end of the
+    /// file; empty past it.
+    pub async fn read_at(&mut self, offset: u64, len: usize) -> Result<Bytes> {
+        if self.mode == WriteMode::Append {
+            return Err(Error::NotSupported {
+                path: self.path.clone(),
+                reason: "an append writer does not read (open it with OpenOptions::write)".into(),
+            });
+        }
+        self.hflush().await?;
+        let reader = self.client.open(&self.path).await?;
+        reader.read_at(offset, len).await
     }
 
     /// Sets the file's length to `len` (a writer for writes anywhere): a longer file
