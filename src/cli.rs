@@ -255,26 +255,43 @@ pub enum AdminCommand {
 }
 
 /// Mount stampfs at MOUNTPOINT with FUSE (as root: through /dev/fuse, nothing else
-/// needed). Files are append-only, as in HDFS: a write anywhere but at the end of a
-/// file fails with EOPNOTSUPP. close(2) is hflush, fsync(2) is hsync. Unmount with
-/// `umount MOUNTPOINT`, or SIGINT/SIGTERM to the server; both close open files first.
+/// needed). Writes may go anywhere in a file; close(2) is hflush, fsync(2) is hsync.
+/// Unmount with `umount MOUNTPOINT`, or SIGINT/SIGTERM to the server; both close open
+/// files first.
 #[derive(Args, Debug)]
 pub struct MountArgs {
     #[command(flatten)]
     pub master: MasterAddr,
-    /// An existing, empty directory.
+    /// An existing, empty directory (any directory with --nonempty), not already a
+    /// stampfs mount.
     ///
-    /// Files under it are append-only, as in HDFS: a write anywhere but at the end of
-    /// a file fails with EOPNOTSUPP, and only an empty file can be truncated (to 0).
-    /// close(2) is hflush (visible to every reader), fsync(2) is hsync.
+    /// close(2) is hflush (visible to every reader), fsync(2) is hsync. A live stampfs
+    /// mount there, or a stale one whose server died (`umount -l` it), is refused.
     pub mountpoint: PathBuf,
-    /// Serve in this process (logs on stderr) until SIGINT/SIGTERM or `umount`.
+    /// Mount over a directory that is not empty, hiding what it holds until the
+    /// unmount (libfuse's `-o nonempty`).
+    #[arg(long)]
+    pub nonempty: bool,
+    /// Serve in this process until SIGINT/SIGTERM or `umount`, logging on stderr (or
+    /// to --log-file).
     ///
-    /// Without it, stampfs starts a server in the background (new process group,
-    /// logging to this stderr), waits until the mount is ready, prints the server's
-    /// pid and returns.
+    /// Without it, stampfs starts a server in the background (its own session, cwd
+    /// `/`), waits until the mount is ready, prints the server's pid and where it logs
+    /// and exits 0 (or prints the error and exits 1). The server then holds none of
+    /// this command's stdin, stdout or stderr.
     #[arg(long)]
     pub foreground: bool,
+    /// Where the server logs (appended). Default in the background:
+    /// `$XDG_RUNTIME_DIR/stampfs/`, else `/run/stampfs/` as root, else
+    /// `/tmp/stampfs-$UID/`, named after the mount point (`/mnt/x` logs to
+    /// `mount-mnt-x.log`). Default with --foreground: stderr.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+    /// Internal: set on the server a background `stampfs mount` starts. It starts a
+    /// session of its own and, once the mount is ready, points stdin and stdout at
+    /// /dev/null and stderr at --log-file.
+    #[arg(long, hide = true, requires = "log_file")]
+    pub detach_when_ready: bool,
 }
 
 #[derive(Args, Debug)]

@@ -55,15 +55,38 @@ pub fn run(cli: Cli) -> ExitCode {
         cli.command,
         Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_) | Command::NemesisClient(_)
     );
+    // A mount server with --log-file logs there (appended), not on stderr.
+    let log_file = match &cli.command {
+        Command::Mount(args) if args.foreground => args.log_file.as_deref(),
+        _ => None,
+    };
+    let log_file = match log_file.map(|p| {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)
+            .map_err(|e| (p, e))
+    }) {
+        Some(Ok(f)) => Some(f),
+        Some(Err((p, e))) => {
+            eprintln!("stampfs: cannot open the log file {}: {e}", p.display());
+            return ExitCode::from(EXIT_ERROR);
+        }
+        None => None,
+    };
     // The demo tells the servers' log lines in its own story.
     if !matches!(cli.command, Command::Demo(_)) {
         // File commands say what they wait for (lease recovery) and when they recover
         // a pipeline; everything else only when it goes wrong.
-        init_tracing(if server {
+        let default = if server {
             "info"
+        } else if log_file.is_some() {
+            // A mount server's own log: what it did, as the servers log.
+            "info,fuser=error"
         } else {
             "warn,stampfs_client=info,fuser=error"
-        });
+        };
+        init_tracing(default, log_file);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -81,14 +104,21 @@ pub fn run(cli: Cli) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn init_tracing(default: &str) {
+/// Logs to stderr, or to `file` when given; `RUST_LOG` overrides `default`.
+fn init_tracing(default: &str, file: Option<std::fs::File>) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match file {
+        Some(f) => fmt
+            .with_writer(std::sync::Mutex::new(f))
+            .with_ansi(false)
+            .try_init(),
+        None => fmt
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 async fn dispatch(command: Command) -> u8 {

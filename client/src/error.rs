@@ -1,6 +1,8 @@
 //! The client library's error type.
 
+use crate::mount::MountpointProblem;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ErrorCode, RemoteError};
+use std::path::PathBuf;
 
 /// Errors returned by [`crate::Client`], writers and readers.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,12 @@ pub enum Error {
     /// An operation stampfs does not support (yet), saying which and why.
     #[error("{path}: not supported: {reason}")]
     NotSupported { path: String, reason: String },
+    /// [`crate::Mount::start`] refused the mount point, saying why.
+    #[error("mount point {}: {problem}", path.display())]
+    Mountpoint {
+        path: PathBuf,
+        problem: MountpointProblem,
+    },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -84,6 +92,7 @@ impl Error {
             Error::WriterClosed { .. } => ErrorCode::BadRequest,
             Error::InvalidArgument { .. } => ErrorCode::BadRequest,
             Error::NotSupported { .. } => ErrorCode::NotSupported,
+            Error::Mountpoint { .. } => ErrorCode::BadRequest,
             Error::Io(_) => ErrorCode::Io,
         }
     }

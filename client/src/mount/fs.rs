@@ -64,8 +64,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn name_str(name: &OsStr) -> Result<&str, Errno> {
+/// A name the kernel handed us, as the master takes it: `ENAMETOOLONG` past
+/// [`NAME_MAX`] bytes (every operation that takes a name: lookup, create, mknod,
+/// mkdir, rename, unlink, rmdir, symlink, link), `EINVAL` when it is not UTF-8.
+fn checked_name(name: &OsStr) -> Result<&str, Errno> {
+    if name.len() > NAME_MAX as usize {
+        return Err(Errno::ENAMETOOLONG);
+    }
     name.to_str().ok_or(Errno::EINVAL)
+}
+
+/// `path` unless it is longer than the master takes (`ENAMETOOLONG`).
+fn checked_path(path: String) -> Result<String, Errno> {
+    if path.len() > stampfs_proto::path::MAX_PATH_LEN {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(path)
 }
 
 /// Everything the callbacks and their tasks share.
@@ -123,11 +137,14 @@ impl Shared {
             .ok_or(Errno::ENOENT)
     }
 
+    /// The namespace path of `name` in directory `parent`, its length checked
+    /// ([`checked_name`], [`checked_path`]).
     fn child_path(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
-        let name = name_str(name)?;
-        lock(&self.inodes)
+        let name = checked_name(name)?;
+        let path = lock(&self.inodes)
             .child(parent.0, name)
-            .ok_or(Errno::ENOENT)
+            .ok_or(Errno::ENOENT)?;
+        checked_path(path)
     }
 
     fn attr(&self, st: &FileStatus, size: u64) -> FileAttr {
@@ -539,13 +556,13 @@ impl fuser::Filesystem for StampFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(Errno::EPERM);
-        }
         let path = match self.shared.child_path(parent, name) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
         let sh = self.shared.clone();
         self.spawn(async move {
             match sh.mknod(path).await {
@@ -605,6 +622,37 @@ impl fuser::Filesystem for StampFs {
         });
     }
 
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        // No symbolic links in stampfs: EPERM, as for a file system without them;
+        // a name too long is told first, as for every other operation.
+        match self.shared.child_path(parent, link_name) {
+            Ok(_) => reply.error(Errno::EPERM),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // No hard links either (EPERM, as link(2) says for such a file system).
+        match self.shared.child_path(newparent, newname) {
+            Ok(_) => reply.error(Errno::EPERM),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn rename(
         &self,
         _req: &Request,
@@ -615,11 +663,6 @@ impl fuser::Filesystem for StampFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE)
-            || flags.contains(RenameFlags::RENAME_WHITEOUT)
-        {
-            return reply.error(Errno::EINVAL);
-        }
         let (from, to) = match (
             self.shared.child_path(parent, name),
             self.shared.child_path(newparent, newname),
@@ -627,6 +670,11 @@ impl fuser::Filesystem for StampFs {
             (Ok(f), Ok(t)) => (f, t),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return reply.error(Errno::EINVAL);
+        }
         let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
         let sh = self.shared.clone();
         self.spawn(async move {
@@ -942,5 +990,50 @@ impl fuser::Filesystem for StampFs {
                 Err(e) => reply.error(e),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn a_name_of_255_bytes_is_taken() {
+        let name = "x".repeat(255);
+        assert_eq!(checked_name(OsStr::new(&name)), Ok(name.as_str()));
+    }
+
+    #[test]
+    fn a_name_over_255_bytes_is_enametoolong() {
+        assert_eq!(
+            checked_name(OsStr::new(&"x".repeat(256))),
+            Err(Errno::ENAMETOOLONG)
+        );
+        // Bytes, not characters: 128 two-byte characters are 256 bytes.
+        assert_eq!(
+            checked_name(OsStr::new(&"é".repeat(128))),
+            Err(Errno::ENAMETOOLONG)
+        );
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_einval() {
+        assert_eq!(
+            checked_name(OsStr::from_bytes(b"a\xffb")),
+            Err(Errno::EINVAL)
+        );
+        // Too long wins over not UTF-8.
+        assert_eq!(
+            checked_name(OsStr::from_bytes(&[0xff; 300])),
+            Err(Errno::ENAMETOOLONG)
+        );
+    }
+
+    #[test]
+    fn a_path_over_4096_bytes_is_enametoolong() {
+        let max = format!("/{}", "a".repeat(stampfs_proto::path::MAX_PATH_LEN - 1));
+        assert_eq!(checked_path(max.clone()), Ok(max.clone()));
+        assert_eq!(checked_path(max + "b"), Err(Errno::ENAMETOOLONG));
     }
 }

@@ -33,6 +33,11 @@
 //!   (every replica counts). It comes from the master's cluster report, cached for
 //!   2 s; when the master does not answer within 1 s, the last known values (or
 //!   zeros) are reported instead of an error. Inode counts are not reported (zero).
+//! - **Mount points.** [`Mount::start`] refuses a non-empty directory (unless
+//!   [`MountConfig::nonempty`]), a live stampfs mount and a stale FUSE mount whose
+//!   server died, each as [`Error::Mountpoint`] with its [`MountpointProblem`].
+//! - **Names.** A name over 255 bytes is `ENAMETOOLONG` in every operation that takes
+//!   one.
 //!
 //! [`FileWriter::hflush`]: crate::FileWriter::hflush
 //! [`FileWriter::hsync`]: crate::FileWriter::hsync
@@ -43,6 +48,7 @@ mod errno;
 mod fs;
 mod handles;
 mod inodes;
+mod mountpoint;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -51,6 +57,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+
+pub use mountpoint::{resolve as resolve_mountpoint, MountpointProblem};
+
+/// Checks that `mountpoint` may be mounted on, as [`Mount::start`] does first (an
+/// empty directory, any directory with `nonempty`, not a stampfs mount already, live
+/// or stale), and returns it resolved. Needs no cluster: a command can refuse a bad
+/// mount point before it connects.
+pub async fn check_mountpoint(mountpoint: &Path, nonempty: bool) -> Result<PathBuf> {
+    let resolved = mountpoint::resolve(mountpoint)?;
+    mountpoint::check(&resolved, nonempty)
+        .await
+        .map_err(|problem| Error::Mountpoint {
+            path: resolved.clone(),
+            problem,
+        })?;
+    Ok(resolved)
+}
 
 /// Settings of a [`Mount`].
 #[derive(Clone, Debug)]
@@ -62,6 +85,9 @@ pub struct MountConfig {
     pub drain_timeout: Duration,
     /// The mount's source name in `/proc/mounts`.
     pub fsname: String,
+    /// Mount over a directory that is not empty (hiding what it holds until the
+    /// unmount), as libfuse's `-o nonempty`; refused otherwise.
+    pub nonempty: bool,
 }
 
 impl Default for MountConfig {
@@ -70,6 +96,7 @@ impl Default for MountConfig {
             attr_ttl: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(30),
             fsname: "stampfs".to_string(),
+            nonempty: false,
         }
     }
 }
@@ -98,20 +125,13 @@ impl std::fmt::Debug for Mount {
 }
 
 impl Mount {
-    /// Mounts the cluster `client` talks to at `mountpoint` (an existing directory)
-    /// and starts serving it on the current tokio runtime.
+    /// Mounts the cluster `client` talks to at `mountpoint` and starts serving it on
+    /// the current tokio runtime. The mount point must be an empty directory (any
+    /// directory with [`MountConfig::nonempty`]), not a stampfs mount already, live or
+    /// stale: [`Error::Mountpoint`] says which it is otherwise (see `mountpoint.rs`).
     #[tracing::instrument(skip_all, fields(mountpoint = %mountpoint.display()))]
     pub async fn start(client: Client, mountpoint: &Path, config: MountConfig) -> Result<Mount> {
-        let meta = tokio::fs::metadata(mountpoint)
-            .await
-            .map_err(|e| Error::InvalidArgument {
-                reason: format!("mount point {}: {e}", mountpoint.display()),
-            })?;
-        if !meta.is_dir() {
-            return Err(Error::InvalidArgument {
-                reason: format!("mount point {} is not a directory", mountpoint.display()),
-            });
-        }
+        let mountpoint = &check_mountpoint(mountpoint, config.nonempty).await?;
         let shared = Arc::new(Shared::new(
             client,
             tokio::runtime::Handle::current(),
