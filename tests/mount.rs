@@ -391,10 +391,17 @@ fn sigterm_and_umount_unmount_cleanly_and_close_open_files() {
     let root = dir.path().join("mnt");
     std::fs::create_dir(&root).expect("mount point");
     let root = root.canonicalize().expect("canonical");
-    // The server keeps this stderr: a file, not a pipe `output()` would wait on.
+    // The command's own stderr (a file: a pipe would do too, now that the server
+    // detaches from it once ready); the server logs to --log-file in the temp dir.
     let bg_log = dir.path().join("background.log");
+    let server_log = dir.path().join("server.log");
     let out = c
-        .cmd(&["mount", root.to_str().expect("utf8")])
+        .cmd(&[
+            "mount",
+            root.to_str().expect("utf8"),
+            "--log-file",
+            server_log.to_str().expect("utf8"),
+        ])
         .stdin(Stdio::null())
         .stderr(File::create(&bg_log).expect("log file"))
         .output()
