@@ -10,6 +10,14 @@
 //! the library writer does: back off, and now and then take the file over with
 //! `recover_lease` through the client library.
 //!
+//! A third of the sessions are **slot sessions** ([`crate::slots`]): the slot file
+//! opened `O_RDWR` (no `O_APPEND`), whole records written over random slots with
+//! `pwrite(2)`, each followed by `fsync(2)`, each intent logged before its write and
+//! each acknowledgement after its `fsync`, as the library's slot sessions do. The mount
+//! takes the lease at the first write, so such a session logs its start only once that
+//! write returned: a start logged late only weakens the checker's rule against stale
+//! writes, a start logged before the lease was taken would make it wrong.
+//!
 //! The **reader** reads every file through the mount with `read(2)` from offset 0 and
 //! logs what it saw, except a file this process's writer has open or opened while the
 //! read went on: the kernel's page cache of this mount holds what that writer wrote
@@ -18,7 +26,10 @@
 //! mount (it keeps no cache across opens).
 
 use crate::history::{digest, Event, HistoryWriter};
-use crate::workload::{begin_session, client_config, file_path, record, WorkloadConfig};
+use crate::workload::{
+    begin_session, client_config, file_path, log_start, new_session, record, records_of_a_session,
+    WorkloadConfig,
+};
 use crate::{Error, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -102,6 +113,10 @@ fn write_loop(
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut counter = 0u32;
     while !cfg.stop_file.exists() {
+        if rng.gen_ratio(1, 3) {
+            slot_session(cfg, mount, history, &mut counter, &mut rng)?;
+            continue;
+        }
         let file = rng.gen_range(0..cfg.files.max(1));
         let path = mounted(cfg, mount, file);
         let i = file as usize;
@@ -162,6 +177,78 @@ fn write_loop(
             // The master or the pipeline is down: do not spin through sessions.
             std::thread::sleep(Duration::from_millis(rng.gen_range(50..300)));
         }
+    }
+    Ok(())
+}
+
+/// One slot session through the mount (see the module docs).
+fn slot_session(
+    cfg: &WorkloadConfig,
+    mount: &Path,
+    history: &HistoryWriter,
+    counter: &mut u32,
+    rng: &mut StdRng,
+) -> Result<()> {
+    use crate::slots;
+    use std::os::unix::fs::FileExt;
+    let path = mount.join(slots::path(&cfg.dir).trim_start_matches('/'));
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::info!(path = %path.display(), error = %e, "open of the slot file refused");
+            std::thread::sleep(Duration::from_millis(rng.gen_range(20..200)));
+            return Ok(());
+        }
+    };
+    let session = new_session(cfg, counter);
+    let n = records_of_a_session(rng);
+    let mut failure = None;
+    for seq in 0..n {
+        let slot = rng.gen_range(0..slots::SLOTS);
+        history.log(&Event::SlotWrite {
+            session,
+            seq,
+            slot,
+            at_us: crate::history::now_us(),
+        })?;
+        let bytes = slots::record(session, seq).encode();
+        let res = f
+            .write_all_at(&bytes, slots::offset(slot))
+            .and_then(|()| f.sync_all());
+        if seq == 0 {
+            // The first write took the lease (or failed to).
+            log_start(history, slots::SLOT_FILE, session)?;
+        }
+        match res {
+            Ok(()) => history.log(&Event::SlotAck { session, seq, slot })?,
+            Err(e) => {
+                failure = Some(format!("error: {e}"));
+                break;
+            }
+        }
+        if rng.gen_ratio(1, 3) {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(1..40)));
+        }
+    }
+    let closed = nix::unistd::close(f.into_raw_fd());
+    let outcome = match (failure, closed) {
+        (Some(f), _) => f,
+        (None, Ok(())) => "closed".to_string(),
+        (None, Err(e)) => format!("error: close: {e}"),
+    };
+    tracing::info!(%session, file = slots::SLOT_FILE, %outcome, "slot session ended");
+    let failed = outcome != "closed";
+    history.log(&Event::SessionEnd {
+        file: slots::SLOT_FILE,
+        session,
+        outcome,
+    })?;
+    if failed {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(50..300)));
     }
     Ok(())
 }

@@ -99,18 +99,35 @@ pub(crate) fn begin_session(
     history: &HistoryWriter,
     rng: &mut StdRng,
 ) -> Result<(SessionId, u32)> {
+    let session = new_session(cfg, counter);
+    log_start(history, file, session)?;
+    Ok((session, records_of_a_session(rng)))
+}
+
+/// The next session id of this client (nothing logged).
+pub(crate) fn new_session(cfg: &WorkloadConfig, counter: &mut u32) -> SessionId {
     let session = SessionId {
         client: cfg.client,
         nonce: cfg.nonce,
         counter: *counter,
     };
     *counter += 1;
+    session
+}
+
+/// Logs that `session` holds the lease of `file` from now on (a start logged late
+/// only makes the slot checker's rule 3 weaker, never wrong).
+pub(crate) fn log_start(history: &HistoryWriter, file: u32, session: SessionId) -> Result<()> {
     history.log(&Event::SessionStart {
         file,
         session,
         at_us: crate::history::now_us(),
-    })?;
-    Ok((session, rng.gen_range(1..=MAX_RECORDS)))
+    })
+}
+
+/// How many records a session writes.
+pub(crate) fn records_of_a_session(rng: &mut StdRng) -> u32 {
+    rng.gen_range(1..=MAX_RECORDS)
 }
 
 /// Record `seq` of `session`, with a random payload length.
