@@ -8,13 +8,13 @@
 
 mod common;
 
+use common::files::{apply, read_all};
 use common::mount::{fuse_or_skip, MountGuard};
 use common::{runtime, Opts, TestCluster};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampfs_client::{Client, CreateOptions};
 use stampfs_nemesis::replicas::check_replicas;
-use tokio::io::AsyncReadExt;
 
 const CHUNK: u64 = 64 << 10;
 /// The file never grows past this (so a run stays quick).
@@ -118,15 +118,6 @@ fn bytes_of(len: usize, seed: u64) -> Vec<u8> {
     common::pattern(len, seed)
 }
 
-/// The model after a write of `data` at `offset` (a gap past the end is zeros).
-fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let end = offset as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[offset as usize..end].copy_from_slice(data);
-}
-
 /// The first offset where `got` and `want` differ, for the failure message.
 fn first_difference(got: &[u8], want: &[u8]) -> String {
     match got.iter().zip(want).position(|(a, b)| a != b) {
@@ -139,13 +130,6 @@ fn first_difference(got: &[u8], want: &[u8]) -> String {
         ),
         None => format!("lengths {} and {}", got.len(), want.len()),
     }
-}
-
-async fn read_all(client: &Client, path: &str) -> Vec<u8> {
-    let mut r = client.open(path).await.expect("open for reading");
-    let mut out = Vec::new();
-    r.read_to_end(&mut out).await.expect("read");
-    out
 }
 
 /// A run of `ops` steps through the client library, from seed `seed`.

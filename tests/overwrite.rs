@@ -7,42 +7,17 @@
 
 mod common;
 
-use common::{pattern, runtime, Opts, TestCluster};
+use common::files::{apply, assert_replicas_identical, cluster, read_all, wait_replicated};
+use common::{pattern, runtime};
 use stampfs_client::{Client, CreateOptions};
-use stampfs_nemesis::replicas::check_replicas;
 use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// Four checksum blocks per chunk.
 const CHUNK: u64 = 256 << 10;
 const BLOCK: u64 = 64 << 10;
-
-fn cluster(engine: &str) -> TestCluster {
-    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    TestCluster::with(Opts {
-        chunkservers: 3,
-        master_args: args(&["--lease-soft", "2s", "--lease-hard", "4s"]),
-        chunkserver_args: args(&["--heartbeat", "200ms", "--io-engine", engine]),
-    })
-}
-
-async fn read_all(client: &Client, path: &str) -> Vec<u8> {
-    let mut r = client.open(path).await.expect("open");
-    let mut out = Vec::new();
-    r.read_to_end(&mut out).await.expect("read");
-    out
-}
-
-/// `data` written at `offset` of `model`, the gap past its end filled with zeros.
-fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let end = offset as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[offset as usize..end].copy_from_slice(data);
-}
 
 /// Writes `data` as the new file `path` in chunks of `chunk_size` and closes it, then
 /// opens it again for writes anywhere.
@@ -70,14 +45,6 @@ async fn written_then_reopened(
         .open(path)
         .await
         .expect("open for writes anywhere")
-}
-
-/// Replicas of every chunk of `path` at the master's version are byte-identical.
-async fn assert_replicas_identical(client: &Client, path: &str) {
-    let v = check_replicas(client, path, None)
-        .await
-        .expect("replica check");
-    assert!(v.is_empty(), "replicas differ: {v:?}");
 }
 
 fn round_trips(engine: &str) {
@@ -282,17 +249,8 @@ fn a_writer_killed_in_the_middle_of_an_overwrite_leaves_old_or_new_bytes_and_ide
         let torn = (0..len).find(|&i| got[i] != old[i] && got[i] != new[i]);
         assert_eq!(torn, None, "every byte is old or new");
         assert_replicas_identical(&client, "/killw").await;
-        // Replica health brings the chunk back to three identical replicas.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let locs = client.locations("/killw").await.expect("locations");
-            if locs.chunks.iter().all(|ch| ch.replicas.len() == 3) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "replication did not recover");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        assert_replicas_identical(&client, "/killw").await;
+        // Replica health brings every chunk back to three identical replicas.
+        wait_replicated(&client, "/killw", 3).await;
         assert_eq!(read_all(&client, "/killw").await, got);
     });
 }

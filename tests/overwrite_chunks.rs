@@ -10,40 +10,16 @@
 
 mod common;
 
-use common::{pattern, runtime, Opts, TestCluster};
+use common::files::{apply, assert_replicas_identical, cluster, read_all, wait_replicated};
+use common::{pattern, runtime, TestCluster};
 use stampfs_client::{Client, CreateOptions, Error};
-use stampfs_nemesis::replicas::check_replicas;
 use stampfs_proto::FileState;
 use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 const CHUNK: u64 = 256 << 10;
-
-fn cluster(engine: &str) -> TestCluster {
-    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    TestCluster::with(Opts {
-        chunkservers: 3,
-        master_args: args(&["--lease-soft", "2s", "--lease-hard", "4s"]),
-        chunkserver_args: args(&["--heartbeat", "200ms", "--io-engine", engine]),
-    })
-}
-
-async fn read_all(client: &Client, path: &str) -> Vec<u8> {
-    let mut r = client.open(path).await.expect("open");
-    let mut out = Vec::new();
-    r.read_to_end(&mut out).await.expect("read");
-    out
-}
-
-fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let end = offset as usize + data.len();
-    if model.len() < end {
-        model.resize(end, 0);
-    }
-    model[offset as usize..end].copy_from_slice(data);
-}
 
 /// `data` as the new closed file `path` in chunks of `chunk_size`.
 async fn put(client: &Client, path: &str, chunk_size: u64, data: &[u8]) {
@@ -74,13 +50,6 @@ async fn open_anywhere(client: &Client, path: &str) -> stampfs_client::FileWrite
 async fn versions(client: &Client, path: &str) -> Vec<u64> {
     let locs = client.locations(path).await.expect("locations");
     locs.chunks.iter().map(|c| c.version.0).collect()
-}
-
-async fn assert_replicas_identical(client: &Client, path: &str) {
-    let v = check_replicas(client, path, None)
-        .await
-        .expect("replica check");
-    assert!(v.is_empty(), "replicas differ: {v:?}");
 }
 
 async fn wait_closed(client: &Client, path: &str) {
@@ -268,16 +237,7 @@ fn a_writer_killed_in_an_earlier_chunk_leaves_old_or_new_bytes_and_identical_rep
         assert_eq!(&got[new.len()..], &old[new.len()..], "chunk 2 untouched");
         assert_replicas_identical(&client, "/killed").await;
         // Replica health brings every chunk back to three identical replicas.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let locs = client.locations("/killed").await.expect("locations");
-            if locs.chunks.iter().all(|ch| ch.replicas.len() == 3) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "replication did not recover");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        assert_replicas_identical(&client, "/killed").await;
+        wait_replicated(&client, "/killed", 3).await;
         assert_eq!(read_all(&client, "/killed").await, got);
     });
 }

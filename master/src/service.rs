@@ -471,26 +471,9 @@ impl Core {
         let (bump, pipeline) = self.push_bump_fenced(&bump, req.client).await?;
         stampfs_proto::crash_point!("reopen-after-bump");
         if pipeline.len() < bump.needed {
-            // The new version is logged and may have reached some replicas: closing the
-            // file at it would leave the others stale for good. Lease recovery re-bumps
-            // whichever replicas are reachable (now or when they come back) and seals.
-            let queued = self
-                .mutate_durable(|st, now, _| st.abandon_reopen(ino, req.client, now))
-                .await?;
-            if queued {
-                tracing::warn!(
-                    path = %bump.path,
-                    chunk = %bump.handle,
-                    version = %bump.version,
-                    acked = pipeline.len(),
-                    needed = bump.needed,
-                    "append: the version bump reached too few replicas; the file goes to lease recovery"
-                );
-            }
-            return Err(Error::NotEnoughReplicas {
-                live: pipeline.len() as u32,
-                needed: bump.needed as u32,
-            });
+            return Err(self
+                .bump_fell_short(ino, req.client, &bump, pipeline.len())
+                .await);
         }
         let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
         self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))
@@ -499,6 +482,41 @@ impl Core {
             status: plan.status,
             last_chunk: Some(self.grant(&bump, req.client, pipeline)),
         })
+    }
+
+    /// The bump of a reopen or a move to an existing chunk reached `acked` replicas,
+    /// fewer than needed: its version is logged and may have reached some replicas,
+    /// so the file cannot simply go on (or close) at it: readers would find no current
+    /// replica and replica health leaves the chunk being written alone. The file goes to
+    /// lease recovery ([`MasterState::abandon_reopen`]), which re-bumps whichever
+    /// replicas are reachable (now or when they come back), from the version they
+    /// held, and seals them. Returns the error for the writer.
+    async fn bump_fell_short(
+        &self,
+        ino: InodeId,
+        client: stampfs_proto::ClientId,
+        bump: &BumpPlan,
+        acked: usize,
+    ) -> Error {
+        let queued = self
+            .mutate_durable(|st, now, _| st.abandon_reopen(ino, client, now))
+            .await;
+        match queued {
+            Ok(true) => tracing::warn!(
+                path = %bump.path,
+                chunk = %bump.handle,
+                version = %bump.version,
+                acked,
+                needed = bump.needed,
+                "the version bump reached too few replicas; the file goes to lease recovery"
+            ),
+            Ok(false) => {}
+            Err(e) => return e,
+        }
+        Error::NotEnoughReplicas {
+            live: acked as u32,
+            needed: bump.needed as u32,
+        }
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
@@ -575,27 +593,9 @@ impl Core {
         let ((), fenced) = tokio::join!(finalize, self.push_bump_fenced(&plan.bump, req.client));
         let (bump, pipeline) = fenced?;
         if pipeline.len() < bump.needed {
-            // As for a reopen: the chunk's version moved past what its replicas may
-            // hold, so readers would find none current and replica health leaves the
-            // open chunk alone. Lease recovery re-bumps whichever replicas are
-            // reachable (from the version they held) and seals them.
-            let queued = self
-                .mutate_durable(|st, now, _| st.abandon_reopen(ino, req.client, now))
-                .await?;
-            if queued {
-                tracing::warn!(
-                    path = %bump.path,
-                    chunk = %bump.handle,
-                    version = %bump.version,
-                    acked = pipeline.len(),
-                    needed = bump.needed,
-                    "open chunk: the version bump reached too few replicas; the file goes to lease recovery"
-                );
-            }
-            return Err(Error::NotEnoughReplicas {
-                live: pipeline.len() as u32,
-                needed: bump.needed as u32,
-            });
+            return Err(self
+                .bump_fell_short(ino, req.client, &bump, pipeline.len())
+                .await);
         }
         let ids: Vec<_> = pipeline.iter().map(|a| a.id).collect();
         self.mutate_durable(|st, now, _| st.grant_made(&bump, req.client, &ids, now))

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod files;
 pub mod mount;
 pub mod writer;
 
