@@ -669,7 +669,11 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
     }
     let bar = nemesis_bar(args.runs, seed);
     let mut failed = 0usize;
-    let result = stampfs_nemesis::run::run_many(&cfg, args.runs, |r| {
+    let interrupt = async {
+        let sig = wait_for_signal().await;
+        bar.suspend(|| println!("nemesis: {sig}: stopping the run under way"));
+    };
+    let many = stampfs_nemesis::run::run_many(&cfg, args.runs, interrupt, |r| {
         bar.suspend(|| println!("{}", r.summary()));
         failed += usize::from(!r.passed());
         bar.inc(1);
@@ -680,13 +684,8 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
     })
     .await;
     bar.finish_and_clear();
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("stampfs: error: nemesis: {e}");
-            return EXIT_ERROR;
-        }
-    };
+    let report = many.report;
+    // The runs that finished are reported whatever stopped the rest.
     if let Some(path) = &args.json {
         let written = serde_json::to_vec_pretty(&report)
             .map_err(anyhow::Error::from)
@@ -695,6 +694,14 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
             eprintln!("stampfs: error: cannot write {}: {e}", path.display());
             return EXIT_ERROR;
         }
+    }
+    if let Some(e) = many.stopped {
+        eprintln!(
+            "stampfs: error: nemesis: {e} ({} run(s) finished before, {} of them failing)",
+            report.runs.len(),
+            report.failed_runs
+        );
+        return EXIT_ERROR;
     }
     if report.failed_runs > 0 {
         eprintln!(

@@ -91,3 +91,96 @@ fn nemesis_seed_6_finds_no_violation() {
 fn nemesis_seed_21_finds_no_violation() {
     run_seed(21, "20s");
 }
+
+/// The processes whose command line names `dir`.
+fn processes_under(dir: &std::path::Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(&needle) {
+            found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+#[test]
+fn an_interrupted_nemesis_tears_its_cluster_down_and_keeps_the_run_dir() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let keep = tempfile::tempdir().expect("tempdir");
+    let json = keep.path().join("report.json");
+    // Every fault kind the machine allows (namespaces, tmpfs disks, a FUSE client as
+    // root): each is something to tear down.
+    let child = Command::new(BIN)
+        .args(["nemesis", "--seed", "3", "--runs", "2", "--duration", "60s"])
+        .arg("--keep-dir")
+        .arg(keep.path())
+        .arg("--json")
+        .arg(&json)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn stampfs nemesis");
+    // Wait until the first run's master is up and faults may be flying.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let run_dir = loop {
+        let dirs: Vec<_> = std::fs::read_dir(keep.path())
+            .expect("keep dir")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("logs/nemesis-steps.log").exists())
+            .collect();
+        if let Some(d) = dirs.into_iter().next() {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(
+        !processes_under(&run_dir).is_empty(),
+        "the run's cluster is running"
+    );
+    let child_pid = child.id();
+    let pid = nix::unistd::Pid::from_raw(child_pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let out = child.wait_with_output().expect("nemesis exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("interrupted during the run with seed 3"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&run_dir.to_string_lossy().into_owned()),
+        "names the kept dir: {stderr}"
+    );
+    assert!(run_dir.join("logs/master.log").exists(), "logs kept");
+    let left = processes_under(&run_dir);
+    assert!(left.is_empty(), "processes left running: {left:#?}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let run = run_dir.to_string_lossy().into_owned();
+    let mounted: Vec<&str> = mounts.lines().filter(|l| l.contains(&run)).collect();
+    assert!(mounted.is_empty(), "still mounted: {mounted:#?}");
+    if let Ok(ns) = Command::new("ip").args(["netns", "list"]).output() {
+        let ours = format!("stampfs-nemesis-{}-", child_pid);
+        let ns = String::from_utf8_lossy(&ns.stdout);
+        assert!(!ns.contains(&ours), "namespaces left: {ns}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("JSON");
+    assert_eq!(
+        report["runs"].as_array().map(Vec::len),
+        Some(0),
+        "no run finished"
+    );
+}

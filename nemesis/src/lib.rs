@@ -89,6 +89,8 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    #[error("interrupted during the run with seed {seed} (its processes were stopped; data dir and logs kept in {})", dir.display())]
+    Interrupted { seed: u64, dir: PathBuf },
     #[error("cannot encode or decode JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("network set-up failed: {what}: {detail}")]

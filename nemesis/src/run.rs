@@ -73,26 +73,54 @@ pub struct RunConfig {
     pub crash_points: bool,
 }
 
+/// How a sequence of runs ended: the reports of the runs that finished, and what
+/// stopped it early (an interruption, or a run the harness itself could not carry
+/// out), if anything did.
+#[derive(Debug)]
+pub struct Many {
+    pub report: Report,
+    pub stopped: Option<Error>,
+}
+
 /// Runs `runs` runs with seeds `cfg.seed`, `cfg.seed + 1`, ...; `on_run` sees each
-/// report as it is done.
+/// report as it is done. When `interrupt` completes (a signal), the run under way is
+/// torn down (its processes killed, its namespaces and disks removed), its data dir is
+/// kept, and no further run starts: [`Error::Interrupted`].
 pub async fn run_many(
     cfg: &RunConfig,
     runs: u64,
+    interrupt: impl std::future::Future<Output = ()>,
     mut on_run: impl FnMut(&RunReport),
-) -> Result<Report> {
+) -> Many {
     let mut report = Report::default();
+    let mut interrupt = std::pin::pin!(interrupt);
     for i in 0..runs {
         let mut c = cfg.clone();
         c.seed = cfg.seed.wrapping_add(i);
-        let r = run_once(&c).await?;
-        on_run(&r);
-        report.push(r);
+        match run_once(&c, interrupt.as_mut()).await {
+            Ok(r) => {
+                on_run(&r);
+                report.push(r);
+            }
+            Err(e) => {
+                return Many {
+                    report,
+                    stopped: Some(e),
+                }
+            }
+        }
     }
-    Ok(report)
+    Many {
+        report,
+        stopped: None,
+    }
 }
 
-/// One run; see the module docs.
-pub async fn run_once(cfg: &RunConfig) -> Result<RunReport> {
+/// One run; see the module docs. `interrupt` ends it early (see [`run_many`]).
+pub async fn run_once(
+    cfg: &RunConfig,
+    interrupt: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<RunReport> {
     let prefix = format!("stampfs-nemesis-seed-{}-", cfg.seed);
     let base = cfg.keep_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&base).map_err(Error::io(&base))?;
@@ -101,20 +129,34 @@ pub async fn run_once(cfg: &RunConfig) -> Result<RunReport> {
         .tempdir_in(&base)
         .map_err(Error::io(&base))?;
     let dir = tmp.path().to_path_buf();
-    match run_in(cfg, &dir).await {
-        Ok(mut report) => {
+    // On an interruption the run's future is dropped here, and with it the cluster,
+    // the clients, the network and the disks (each tears itself down on drop) before
+    // the directory is kept.
+    let outcome = tokio::select! {
+        r = run_in(cfg, &dir) => Some(r),
+        () = interrupt => None,
+    };
+    match outcome {
+        Some(Ok(mut report)) => {
             if cfg.keep_dir.is_some() || !report.passed() {
                 let _ = tmp.keep();
                 report.dir = Some(dir);
             }
             Ok(report)
         }
-        Err(e) => {
+        Some(Err(e)) => {
             let _ = tmp.keep();
             Err(Error::RunFailed {
                 seed: cfg.seed,
                 dir,
                 source: Box::new(e),
+            })
+        }
+        None => {
+            let _ = tmp.keep();
+            Err(Error::Interrupted {
+                seed: cfg.seed,
+                dir,
             })
         }
     }
