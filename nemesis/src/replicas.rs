@@ -243,18 +243,47 @@ pub fn compare(file: Option<u32>, chunk: &MasterChunk, reads: &[ReplicaRead]) ->
         }
         if let Some(offset) = first_difference(ref_bytes, data) {
             let (theirs, ours) = (data[offset], ref_bytes[offset]);
+            let (count, last) = differences(ref_bytes, data);
             out.push(violation(
                 ViolationKind::DivergentReplicas,
                 at(offset as u64),
                 format!(
                     "the bytes of the replica of {name} on {server} differ from those on \
                      {ref_names} first at chunk offset {offset}: {theirs:#04x} instead of \
-                     {ours:#04x}"
+                     {ours:#04x} ({count} bytes differ, the last at {last}; there it holds \
+                     {}, they hold {})",
+                    record_at(data, offset),
+                    record_at(ref_bytes, offset),
                 ),
             ));
         }
     }
     out
+}
+
+/// How many bytes `a` and `b` differ in over their common length, and the last one.
+fn differences(a: &[u8], b: &[u8]) -> (usize, usize) {
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .filter(|(_, (x, y))| x != y)
+        .fold((0, 0), |(n, _), (i, _)| (n + 1, i))
+}
+
+/// The record whose bytes `offset` is in, for a person reading a divergence: the
+/// nearest record header at or before it (its session and seq), or what is there.
+fn record_at(bytes: &[u8], offset: usize) -> String {
+    let upto = (offset + crate::record::MAGIC.len()).min(bytes.len());
+    let start = bytes[..upto]
+        .windows(crate::record::MAGIC.len())
+        .rposition(|w| w == crate::record::MAGIC);
+    match start.and_then(|s| Some((s, crate::record::decode(&bytes[s..])?))) {
+        Some((s, h)) => format!(
+            "a record of session {} seq {} at {s} (file {})",
+            h.session, h.seq, h.file
+        ),
+        None => "no record header before it".to_string(),
+    }
 }
 
 /// The first offset at which `a` and `b` hold different bytes, over their common length.
@@ -342,6 +371,56 @@ mod tests {
         assert!(m.contains("on cs2"), "{m}");
         assert!(m.contains("chunk offset 517"), "{m}");
         assert!(m.contains("cs1, cs3"), "the reference replicas: {m}");
+    }
+
+    #[test]
+    fn a_divergence_names_the_records_each_side_holds_there() {
+        use crate::record::{RecordHeader, SessionId};
+        let rec = |client, seq| {
+            RecordHeader {
+                file: 100,
+                session: SessionId {
+                    client,
+                    nonce: 1,
+                    counter: 2,
+                },
+                seq,
+                payload_len: 60,
+            }
+            .encode()
+        };
+        // Two records; the second one differs (another client's write over it).
+        let (first, a, b) = (rec(0, 0), rec(1, 5), rec(2, 9));
+        let ours = [first.clone(), a].concat();
+        let theirs = [first.clone(), b].concat();
+        let v = compare(
+            Some(100),
+            &MasterChunk {
+                length: ours.len() as u64,
+                ..chunk()
+            },
+            &[good(1, ours.clone()), good(2, theirs), good(3, ours)],
+        );
+        assert_eq!(kinds(&v), vec![ViolationKind::DivergentReplicas], "{v:?}");
+        let m = &v[0].message;
+        let at = first.len();
+        assert!(
+            m.contains(&format!("first at chunk offset {}", at + 12)),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!(
+                "there it holds a record of session c2.1.2 seq 9 at {at}"
+            )),
+            "{m}"
+        );
+        assert!(
+            m.contains(&format!(
+                "they hold a record of session c1.1.2 seq 5 at {at}"
+            )),
+            "{m}"
+        );
+        assert_eq!(record_at(&[0u8; 40], 10), "no record header before it");
     }
 
     #[test]
