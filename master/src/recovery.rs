@@ -17,7 +17,10 @@
 //!    floor kept in `WriteState::Open`, logged by `Record::Granted`) up to the
 //!    master's current one. A version minted for a pipeline update or reopen whose
 //!    bump failed was never granted, so the replicas below it still count: they hold
-//!    every byte the writer had acknowledged. From then on each bumped replica
+//!    every byte the writer had acknowledged. A bump of such a version that *did*
+//!    reach a replica raises the floor of an open file's recovery to it
+//!    ([`open_floor`]): the replicas it excluded were not handed to readers since,
+//!    and may lack bytes they read. From then on each bumped replica
 //!    rejects the old writer with `StaleToken`. Replicas that miss the bump stay
 //!    below the master's version: stale, never handed out (invariant 4);
 //! 3. the bump replies carry each replica's length; the file keeps the shortest
@@ -254,7 +257,10 @@ pub fn decide(
         (WriteState::Open { .. }, Some(info)) if info.length >= chunk_size && !reopened => {
             return Start::CloseAtCommitted
         }
-        (WriteState::Open { client, granted }, Some(info)) => (client, granted, info),
+        (WriteState::Open { client, granted }, Some(info)) => {
+            let floor = open_floor(info, granted, holders, &live);
+            (client, floor, info)
+        }
         (WriteState::Recovering { .. }, None) => return Start::CloseAtCommitted,
         (
             WriteState::Recovering {
@@ -345,6 +351,38 @@ pub fn proven_gone(info: &ChunkInfo, from: ChunkVersion, holders: &Holders<'_>) 
             && holders.may_hold(r.server_id())
     });
     !listed && !holders.unreported.iter().any(|id| holders.may_hold(*id))
+}
+
+/// The floor of the recovery of a file that is still open: the highest version that a
+/// replica of the writer's (between the `granted` one and the master's current one, in
+/// the granted pipeline, not short) holds, live or not; `granted` when none is above
+/// it. A replica above the granted version took a bump of a pipeline update (or of a
+/// reopen or a move) whose grant the master never logged: it stopped in between. That
+/// bump excluded the replicas that missed it, and from then on readers were handed only
+/// the replicas at the master's version (invariant 4): they may have read bytes the
+/// excluded ones lack, and the shortest length taken with those would cut them (the
+/// nemesis found it, seed 8126). Every acknowledged byte is on the survivors as on
+/// every replica of the pipeline, so leaving the excluded ones out loses none. While no
+/// survivor is live the file waits for one; when the operator gave unreachable
+/// replicas up (`--accept-loss`), the highest version among the live ones is taken.
+///
+/// Only for an open file: once in recovery the floor is the one logged with
+/// `RecoveryStarted`, and the versions above it are the attempts' own, which readers
+/// never see past the committed length (a recovering file is read only that far).
+pub fn open_floor(
+    info: &ChunkInfo,
+    granted: ChunkVersion,
+    holders: &Holders<'_>,
+    live: impl Fn(ChunkserverId) -> Option<String>,
+) -> ChunkVersion {
+    info.replicas
+        .iter()
+        .filter(|r| r.version > granted && r.version <= info.version && !r.short)
+        .filter(|r| holders.may_hold(r.server_id()))
+        .filter(|r| !holders.loss_accepted || live(r.server_id()).is_some())
+        .map(|r| r.version)
+        .max()
+        .unwrap_or(granted)
 }
 
 /// The live replicas of `info` that hold the writer's data: at a version between
@@ -819,6 +857,95 @@ mod tests {
     }
 
     #[test]
+    fn replicas_excluded_by_a_pipeline_update_whose_grant_was_never_logged_stay_out() {
+        // The writer held 2 over 3 and 4; 3 failed, the pipeline update minted 3 and
+        // bumped 4, and the master stopped before logging the grant: the floor is
+        // still 2. Readers were handed 4 alone (the master's version) and may have read
+        // what it holds past 3's length; the shortest length with 3 would cut it (the
+        // nemesis, seed 8126).
+        let c = chunk(3, 0, &[(3, 2), (4, 3)]);
+        let write = WriteState::Open {
+            client: A,
+            granted: ChunkVersion(2),
+        };
+        let start = decide(
+            write,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &ALL,
+            live_except(&[]),
+        );
+        let Start::Bump {
+            old_version,
+            version,
+            targets,
+            ..
+        } = start
+        else {
+            panic!("expected a bump: {start:?}");
+        };
+        assert_eq!(ids(&targets), vec![4]);
+        assert_eq!(
+            (old_version, version),
+            (ChunkVersion(3), ChunkVersion(4)),
+            "the floor logged for the resumed attempts is the survivor's version"
+        );
+        // While the survivor is unreachable, 3 does not stand in for it: the file is
+        // fenced and waits.
+        assert_eq!(
+            decide(
+                write,
+                Some(A),
+                CHUNK,
+                Some(&c),
+                false,
+                &ALL,
+                live_except(&[4])
+            ),
+            Start::Fence {
+                holder: A,
+                old_version: ChunkVersion(3),
+                version: ChunkVersion(4)
+            }
+        );
+        // Unless the operator gave the unreachable replicas up: then 3 is what is left.
+        let given_up = Holders {
+            loss_accepted: true,
+            ..ALL
+        };
+        let Start::Bump { targets, .. } = decide(
+            write,
+            Some(A),
+            CHUNK,
+            Some(&c),
+            false,
+            &given_up,
+            live_except(&[4]),
+        ) else {
+            panic!("expected a bump");
+        };
+        assert_eq!(ids(&targets), vec![3]);
+        // A replica outside the granted pipeline that took the bump late does not
+        // raise the floor.
+        let pipeline = [ChunkserverId(3), ChunkserverId(4)];
+        let c = chunk(3, 0, &[(3, 2), (4, 2), (5, 3)]);
+        let in_pipeline = Holders {
+            pipeline: Some(&pipeline),
+            ..ALL
+        };
+        assert_eq!(
+            open_floor(&c, ChunkVersion(2), &in_pipeline, live_except(&[])),
+            ChunkVersion(2)
+        );
+        assert_eq!(
+            open_floor(&c, ChunkVersion(2), &ALL, live_except(&[])),
+            ChunkVersion(3)
+        );
+    }
+
+    #[test]
     fn a_version_minted_but_never_granted_does_not_make_the_writers_replicas_stale() {
         // The writer holds 5; its pipeline update minted 6, but the bump reached nobody.
         let c = chunk(6, 0, &[(1, 5), (2, 5), (3, 5)]);
@@ -849,9 +976,15 @@ mod tests {
             vec![1, 2, 3],
             "all hold the acknowledged bytes"
         );
-        // The bump reached one replica before the master gave up: it counts too.
+        // The bump reached one replica before the master gave up: it alone counts,
+        // since from then on readers were handed it alone (`open_floor`); 2 holds the
+        // acknowledged bytes too but may lack bytes a reader read from 1.
         let c = chunk(6, 0, &[(1, 6), (2, 5), (3, 4)]);
-        let Start::Bump { targets, .. } = decide(
+        let Start::Bump {
+            targets,
+            old_version,
+            ..
+        } = decide(
             write,
             Some(A),
             CHUNK,
@@ -859,13 +992,15 @@ mod tests {
             false,
             &ALL,
             live_except(&[]),
-        ) else {
+        )
+        else {
             panic!("expected a bump");
         };
+        assert_eq!(old_version, ChunkVersion(6));
         assert_eq!(
             ids(&targets),
-            vec![1, 2],
-            "3 was dropped before 5 was granted"
+            vec![1],
+            "2 missed the bump to 6; 3 was dropped before 5 was granted"
         );
         // Once 6 is granted, replicas at 5 are stale.
         let granted = WriteState::Open {
