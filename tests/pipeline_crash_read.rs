@@ -34,10 +34,10 @@
 
 mod common;
 
-use common::writer::{read_all, replica_length, Writer, WriterProcess, MORE};
+use common::writer::{last_chunk, read_all, replica_length, Writer, WriterProcess, MORE};
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
 use stampfs_client::{Client, ClientConfig};
-use stampfs_proto::{FileLocations, FileState, LocatedChunk};
+use stampfs_proto::{FileLocations, FileState};
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
@@ -72,17 +72,9 @@ fn writer_process() {
     WRITER.run();
 }
 
+/// The file as the master hands it to readers now.
 async fn locations(c: &TestCluster) -> FileLocations {
-    Client::connect(&c.master.addr)
-        .await
-        .expect("connect to the master")
-        .locations(PATH)
-        .await
-        .expect("locations")
-}
-
-fn last(locs: &FileLocations) -> LocatedChunk {
-    locs.chunks.last().cloned().expect("the file has a chunk")
+    common::writer::locations(c, PATH).await
 }
 
 #[test]
@@ -114,7 +106,7 @@ fn a_reader_of_the_survivor_of_a_pipeline_update_the_master_crashed_in_keeps_its
     // 1. Hsynced on every replica.
     let mut w = Writer::start(&c, &WRITER);
     w.wait_for_line(HSYNCED);
-    let chunk = last(&rt.block_on(locations(&c)));
+    let chunk = last_chunk(&rt.block_on(locations(&c)));
     let granted = chunk.version;
     let pipeline: Vec<String> = chunk.replicas.iter().map(|r| r.addr.clone()).collect();
     assert_eq!(pipeline.len(), 3, "three replicas: {chunk:?}");
@@ -158,7 +150,7 @@ fn a_reader_of_the_survivor_of_a_pipeline_update_the_master_crashed_in_keeps_its
     wait_for(
         "the master to hand readers the head alone, above the granted version",
         || {
-            let now = last(&rt.block_on(locations(&c)));
+            let now = last_chunk(&rt.block_on(locations(&c)));
             let listed: Vec<&str> = now.replicas.iter().map(|r| r.addr.as_str()).collect();
             let ok = now.version > granted && listed == [pipeline[0].as_str()];
             if ok {

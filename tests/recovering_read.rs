@@ -82,12 +82,10 @@
 
 mod common;
 
-use common::writer::{replica_info, replica_length, Writer, WriterProcess, MORE};
+use common::writer::{last_chunk, replica_info, replica_length, Writer, WriterProcess, MORE};
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
 use stampfs_client::{Client, ClientConfig};
-use stampfs_proto::{
-    ChunkVersion, FileLocations, FileState, LocatedChunk, RecoveryOutcome, ReplicaReport,
-};
+use stampfs_proto::{ChunkVersion, FileLocations, FileState, RecoveryOutcome, ReplicaReport};
 use std::time::{Duration, Instant};
 
 const PATH: &str = "/recovering";
@@ -136,11 +134,7 @@ async fn client(c: &TestCluster) -> Client {
 
 /// The file as the master hands it to readers now.
 async fn locations(c: &TestCluster) -> FileLocations {
-    client(c).await.locations(PATH).await.expect("locations")
-}
-
-fn last(locs: &FileLocations) -> LocatedChunk {
-    locs.chunks.last().cloned().expect("the file has a chunk")
+    common::writer::locations(c, PATH).await
 }
 
 /// Everything a new reader sees of the file now.
@@ -182,7 +176,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
     // 1. SYNCED bytes hsynced: on every replica.
     let mut w = Writer::start(&c, &WRITER);
     w.wait_for_line(HSYNCED);
-    let chunk = last(&rt.block_on(locations(&c)));
+    let chunk = last_chunk(&rt.block_on(locations(&c)));
     let granted: ChunkVersion = chunk.version;
     let pipeline: Vec<String> = chunk.replicas.iter().map(|r| r.addr.clone()).collect();
     assert_eq!(pipeline.len(), 3, "three replicas: {chunk:?}");
@@ -246,7 +240,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
         "the master to list the head, alone, at the recovery's new version",
         || {
             let locs = rt.block_on(locations(&c));
-            let now = last(&locs);
+            let now = last_chunk(&locs);
             let listed: Vec<&str> = now.replicas.iter().map(|r| r.addr.as_str()).collect();
             let ok = locs.status.state == FileState::Recovering
                 && now.version > granted
@@ -329,7 +323,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
         rt.block_on(file_state(&c)) == FileState::Closed
     });
     let first_call = recover.join().expect("the recover thread");
-    let closed = last(&rt.block_on(locations(&c)));
+    let closed = last_chunk(&rt.block_on(locations(&c)));
     let sealed = rt.block_on(async {
         let mut l = Vec::new();
         for r in &closed.replicas {

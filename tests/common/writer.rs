@@ -9,13 +9,15 @@
 //! (read by a thread from its stdout), writes to its stdin, SIGSTOPs it, and SIGKILLs
 //! and reaps it, on drop too.
 //!
-//! Then what the test asks of the file meanwhile: [`replica_info`] and
-//! [`replica_length`] of one replica (`ReplicaInfo`), and [`read_all`], everything a
-//! new reader sees.
+//! Then what the test asks of the file meanwhile: [`locations`] (and their
+//! [`last_chunk`]), [`replica_info`] and [`replica_length`] of one replica
+//! (`ReplicaInfo`), and [`read_all`], everything a new reader sees.
 
 use super::{pattern, TestCluster, WAIT};
 use stampfs_client::{Client, ClientConfig, CreateOptions};
-use stampfs_proto::{ChunkToken, ReplicaInfo, ReplicaReport, RpcClient};
+use stampfs_proto::{
+    ChunkToken, FileLocations, LocatedChunk, ReplicaInfo, ReplicaReport, RpcClient,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -239,4 +241,19 @@ pub async fn read_all(c: &TestCluster, config: ClientConfig, path: &str) -> Vec<
     let mut got = Vec::new();
     reader.read_to_end(&mut got).await.expect("read");
     got
+}
+
+/// The file `path` as the master hands it to readers now.
+pub async fn locations(c: &TestCluster, path: &str) -> FileLocations {
+    Client::connect(&c.master.addr)
+        .await
+        .expect("connect to the master")
+        .locations(path)
+        .await
+        .expect("locations")
+}
+
+/// The last chunk of `locs`.
+pub fn last_chunk(locs: &FileLocations) -> LocatedChunk {
+    locs.chunks.last().cloned().expect("the file has a chunk")
 }
