@@ -45,6 +45,11 @@ pub enum Command {
     Ls(LsArgs),
     /// Create a directory.
     Mkdir(MkdirArgs),
+    /// Create a symbolic link (`ln -s TARGET LINK`; stampfs stores the target and
+    /// never follows it: a mount's kernel does).
+    Ln(LnArgs),
+    /// Print the target of a symbolic link.
+    Readlink(ReadlinkArgs),
     /// Remove a file or directory.
     Rm(RmArgs),
     /// Rename a file or directory.
@@ -191,6 +196,26 @@ pub struct MkdirArgs {
     /// Create missing parents; no error if it exists.
     #[arg(short = 'p')]
     pub parents: bool,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LnArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Make a symbolic link (the only kind of link stampfs has; required).
+    #[arg(short = 's', long = "symbolic", required = true)]
+    pub symbolic: bool,
+    /// What the link points to, stored as given.
+    pub target: String,
+    /// The link to create.
+    pub link: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ReadlinkArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
     pub path: String,
 }
 

@@ -398,6 +398,13 @@ pub async fn ls(args: LsArgs) -> Result<()> {
             let (kind, name) = match e.kind {
                 FileKind::Directory => ('d', format!("{name}/")),
                 FileKind::File => ('-', name.to_string()),
+                FileKind::Symlink => {
+                    let target = client
+                        .read_link(&e.path)
+                        .await
+                        .unwrap_or_else(|err| format!("? ({err})"));
+                    ('l', format!("{name} -> {target}"))
+                }
             };
             println!(
                 "{kind} {:>2} {:>14} {:<10} {name}",
@@ -409,6 +416,7 @@ pub async fn ls(args: LsArgs) -> Result<()> {
             match e.kind {
                 FileKind::Directory => println!("{name}/"),
                 FileKind::File => println!("{name}"),
+                FileKind::Symlink => println!("{name}@"),
             }
         }
     }
@@ -434,6 +442,25 @@ pub async fn mkdir(args: MkdirArgs) -> Result<()> {
         .mkdir(&args.path, args.parents)
         .await
         .with_context(|| format!("cannot create directory {}", args.path))?;
+    Ok(())
+}
+
+pub async fn ln(args: LnArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    client
+        .symlink(&args.link, &args.target)
+        .await
+        .with_context(|| format!("cannot create symbolic link {}", args.link))?;
+    Ok(())
+}
+
+pub async fn readlink(args: ReadlinkArgs) -> Result<()> {
+    let client = connect(&args.master).await?;
+    let target = client
+        .read_link(&args.path)
+        .await
+        .with_context(|| format!("cannot read symbolic link {}", args.path))?;
+    println!("{target}");
     Ok(())
 }
 

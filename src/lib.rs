@@ -134,6 +134,8 @@ async fn dispatch(command: Command) -> u8 {
         Command::Cat(args) => commands::report(commands::cat(args).await),
         Command::Ls(args) => commands::report(commands::ls(args).await),
         Command::Mkdir(args) => commands::report(commands::mkdir(args).await),
+        Command::Ln(args) => commands::report(commands::ln(args).await),
+        Command::Readlink(args) => commands::report(commands::readlink(args).await),
         Command::Rm(args) => commands::report(commands::rm(args).await),
         Command::Mv(args) => commands::report(commands::mv(args).await),
         Command::Stat(args) => commands::report(commands::stat(args).await),

@@ -424,12 +424,12 @@ fn names_over_255_bytes_are_enametoolong_in_every_operation() {
         File::create(m.path("d").join(&long)).map(|_| ()),
     );
 
-    // 255 bytes is fine; links stay unsupported (EPERM).
+    // 255 bytes is fine; hard links stay unsupported (EPERM).
     let max = m.path(&"m".repeat(255));
     std::fs::write(&max, b"max").expect("a 255-byte name");
     assert_eq!(std::fs::read(&max).expect("read it"), b"max");
     std::fs::rename(&max, m.path("renamed")).expect("rename it");
-    let err = std::os::unix::fs::symlink("f", m.path("s")).expect_err("no symlinks");
+    let err = std::fs::hard_link(m.path("f"), m.path("h")).expect_err("no hard links");
     assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
     assert!(
         std::fs::metadata(m.path("f")).is_ok(),

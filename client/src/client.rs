@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
     ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Delete, FileLocations, FileStatus,
-    GetLocations, List, MasterRequest, Mkdir, Read, RecoverLease, RecoveryOutcome, RemoteError,
-    Rename, RenewLease, ReplicaInfo, RpcClient, Stat,
+    GetLocations, List, MasterRequest, Mkdir, Read, ReadLink, RecoverLease, RecoveryOutcome,
+    RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, Stat, Symlink,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -357,6 +357,24 @@ impl Client {
         self.call(Mkdir {
             path: normalized(path)?,
             parents,
+        })
+        .await
+    }
+
+    /// Creates a symbolic link at `path` holding `target` (never resolved by stampfs:
+    /// a mount's kernel follows it).
+    pub async fn symlink(&self, path: &str, target: &str) -> Result<FileStatus> {
+        self.call(Symlink {
+            path: normalized(path)?,
+            target: target.to_string(),
+        })
+        .await
+    }
+
+    /// The target of the symbolic link at `path`.
+    pub async fn read_link(&self, path: &str) -> Result<String> {
+        self.call(ReadLink {
+            path: normalized(path)?,
         })
         .await
     }

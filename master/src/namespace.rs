@@ -85,6 +85,10 @@ pub struct DirMeta {
 pub enum InodeKind {
     Dir(DirMeta),
     File(FileMeta),
+    /// A symbolic link and its target, kept as given and never followed by the
+    /// master (the mount's kernel resolves links). After the older variants, so that
+    /// each keeps its encoding in checkpoints.
+    Symlink(String),
 }
 
 /// One namespace entry. Names live only in the parent's children map.
@@ -104,17 +108,33 @@ impl Inode {
         }
     }
 
+    pub fn symlink(parent: InodeId, mtime_ms: u64, target: String) -> Self {
+        Self {
+            parent,
+            mtime_ms,
+            kind: InodeKind::Symlink(target),
+        }
+    }
+
     pub fn as_file(&self) -> Option<&FileMeta> {
         match &self.kind {
             InodeKind::File(f) => Some(f),
-            InodeKind::Dir(_) => None,
+            InodeKind::Dir(_) | InodeKind::Symlink(_) => None,
         }
     }
 
     pub fn as_dir(&self) -> Option<&DirMeta> {
         match &self.kind {
             InodeKind::Dir(d) => Some(d),
-            InodeKind::File(_) => None,
+            InodeKind::File(_) | InodeKind::Symlink(_) => None,
+        }
+    }
+
+    /// The target of a symbolic link.
+    pub fn as_symlink(&self) -> Option<&str> {
+        match &self.kind {
+            InodeKind::Symlink(t) => Some(t),
+            InodeKind::Dir(_) | InodeKind::File(_) => None,
         }
     }
 }

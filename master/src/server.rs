@@ -473,6 +473,8 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::CutLastChunk(r) => reply(id, core.cut_last_chunk(r).await),
         MasterRequest::OpenChunk(r) => reply(id, core.open_chunk(r).await),
         MasterRequest::DropChunks(r) => reply(id, core.drop_chunks(r).await),
+        MasterRequest::Symlink(r) => reply(id, core.symlink(r).await),
+        MasterRequest::ReadLink(r) => reply(id, core.read_link(r).await),
     }
 }
 

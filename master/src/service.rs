@@ -33,8 +33,8 @@ use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply,
-    InodeId, LeaseTerms, List, MakeFile, Mkdir, OpenChunk, Register, RegisterReply, RemoteError,
-    Rename, RenewLease, Signed, Stat, UpdatePipeline, WriteGrant,
+    InodeId, LeaseTerms, List, MakeFile, Mkdir, OpenChunk, ReadLink, Register, RegisterReply,
+    RemoteError, Rename, RenewLease, Signed, Stat, Symlink, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -416,6 +416,17 @@ impl Core {
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn stat(&self, req: Stat) -> Result<FileStatus> {
         self.read(|st, _| st.stat(&req.path)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn symlink(&self, req: Symlink) -> Result<FileStatus> {
+        self.mutate_durable(|st, now, mt| st.symlink(&req, now, mt))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn read_link(&self, req: ReadLink) -> Result<String> {
+        self.read(|st, _| st.read_link(&req.path)).await
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]

@@ -46,8 +46,10 @@ pub use report::{ReportApply, REPORT_BATCH};
 pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, OpenChunkPlan};
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
-/// files) and format 2 (no granted pipelines) are still read and upgraded.
-const SNAPSHOT_FORMAT: u32 = 4;
+/// files), format 2 (no granted pipelines), format 3 (no chunks opened before the
+/// last) and format 4 (no symbolic links: the same layout, which a master that knows
+/// no links cannot read once one is in it) are still read and upgraded.
+const SNAPSHOT_FORMAT: u32 = 5;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -193,6 +195,15 @@ pub enum Record {
         inode: InodeId,
         previous: Option<ChunkCommit>,
         keep: u64,
+        mtime_ms: u64,
+    },
+    /// A symbolic link `name` in `parent` holding `target`. After every older
+    /// variant, so that each keeps its wire index.
+    Symlink {
+        parent: InodeId,
+        name: String,
+        inode: InodeId,
+        target: String,
         mtime_ms: u64,
     },
 }
@@ -434,7 +445,7 @@ impl MasterState {
         // Checkpoints older than format 4 know no chunk opened before the last: every
         // open file was written in its last chunk.
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
-            SNAPSHOT_FORMAT => {
+            SNAPSHOT_FORMAT | 4 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
                     Snap,
                     usize,
@@ -566,7 +577,33 @@ impl MasterState {
                 },
                 mtime_ms: inode.mtime_ms,
             },
+            InodeKind::Symlink(target) => FileStatus {
+                path,
+                inode: ino,
+                kind: FileKind::Symlink,
+                length: target.len() as u64,
+                replication: 0,
+                chunk_size: 0,
+                state: FileState::Closed,
+                mtime_ms: inode.mtime_ms,
+            },
         })
+    }
+
+    /// The error for a file operation on `path`, whose inode `ino` is not a file: a
+    /// directory, or a symbolic link (which the master never follows).
+    pub fn not_a_file(&self, path: &str, ino: InodeId) -> Error {
+        match self.ns.get(ino).map(|i| &i.kind) {
+            Some(InodeKind::Symlink(_)) => Error::NotSupported {
+                reason: format!(
+                    "{path} is a symbolic link: stampfs does not follow links (a mount's \
+                     kernel does)"
+                ),
+            },
+            _ => Error::IsADirectory {
+                path: path.to_string(),
+            },
+        }
     }
 
     /// Resolves a path to its inode.
@@ -589,7 +626,7 @@ impl MasterState {
             .get(ino)
             .ok_or_else(|| Error::NotFound { path: join(&comps) })?;
         match &inode.kind {
-            InodeKind::File(_) => Ok(vec![self.status(join(&comps), ino)?]),
+            InodeKind::File(_) | InodeKind::Symlink(_) => Ok(vec![self.status(join(&comps), ino)?]),
             InodeKind::Dir(d) => {
                 let base = join(&comps);
                 d.children
@@ -651,7 +688,7 @@ impl MasterState {
         let f = self
             .ns
             .file(ino)
-            .ok_or_else(|| Error::IsADirectory { path: join(&comps) })?;
+            .ok_or_else(|| self.not_a_file(&join(&comps), ino))?;
         // The chunk being written (the last one unless the writer moved).
         let open = match f.write {
             WriteState::Closed => None,
@@ -794,6 +831,9 @@ pub fn replay_records<'a>(
 
 #[cfg(test)]
 mod open_chunk_tests;
+
+#[cfg(test)]
+mod symlink_tests;
 
 #[cfg(test)]
 mod tests;

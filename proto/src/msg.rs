@@ -48,12 +48,15 @@ pub struct ReplicaReport {
     pub state: ReplicaState,
 }
 
-/// Directory or file.
+/// Directory, file or symbolic link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FileKind {
     File,
     Directory,
+    /// After every older variant, so that each keeps its wire index. Its length is
+    /// that of its target.
+    Symlink,
 }
 
 /// Whether a file has a writer.
@@ -144,6 +147,24 @@ pub struct ChunkCommit {
 pub struct Mkdir {
     pub path: String,
     pub parents: bool,
+}
+
+/// Creates a symbolic link at `path` holding `target` (any text of 1 to
+/// [`MAX_SYMLINK_TARGET`] bytes without NUL, not resolved: the mount's kernel follows
+/// links, the master never does).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Symlink {
+    pub path: String,
+    pub target: String,
+}
+
+/// The longest target a symbolic link may hold (PATH_MAX).
+pub const MAX_SYMLINK_TARGET: usize = 4096;
+
+/// The target of the symbolic link at `path`.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ReadLink {
+    pub path: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -528,6 +549,10 @@ pub enum MasterRequest {
     OpenChunk(OpenChunk),
     /// After every older variant, so that each keeps its wire index.
     DropChunks(DropChunks),
+    /// After every older variant, so that each keeps its wire index.
+    Symlink(Symlink),
+    /// After every older variant, so that each keeps its wire index.
+    ReadLink(ReadLink),
 }
 
 // ---------------------------------------------------------------- → chunkserver

@@ -64,6 +64,8 @@ rpc! {
     MasterRequest::CutLastChunk(CutLastChunk) -> ();
     MasterRequest::OpenChunk(OpenChunk) -> WriteGrant;
     MasterRequest::DropChunks(DropChunks) -> ();
+    MasterRequest::Symlink(Symlink) -> FileStatus;
+    MasterRequest::ReadLink(ReadLink) -> String;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -210,6 +210,8 @@ mod rpc {
         cut_last_chunk: arb_cut_last_chunk() => Just(());
         open_chunk: arb_open_chunk() => arb_write_grant();
         drop_chunks: arb_drop_chunks() => Just(());
+        symlink: arb_symlink() => arb_file_status();
+        read_link: arb_string().prop_map(|path| ReadLink { path }) => arb_string();
         write_setup: arb_write_setup() => arb_write_setup_reply();
         read: arb_read() => arb_read_reply();
         replica_info: arb_replica_info() => arb_replica_report();
@@ -237,7 +239,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 24, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 26, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);

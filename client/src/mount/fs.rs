@@ -32,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::task::TaskTracker;
 
+mod links;
 mod read;
 mod write;
 
@@ -152,6 +153,7 @@ impl Shared {
         let (kind, perm, nlink) = match st.kind {
             FileKind::Directory => (FileType::Directory, 0o755, 2),
             FileKind::File => (FileType::RegularFile, 0o644, 1),
+            FileKind::Symlink => (FileType::Symlink, 0o777, 1),
         };
         FileAttr {
             ino: INodeNo(st.inode.0),
@@ -419,6 +421,7 @@ impl Shared {
             let kind = match e.kind {
                 FileKind::Directory => FileType::Directory,
                 FileKind::File => FileType::RegularFile,
+                FileKind::Symlink => FileType::Symlink,
             };
             out.push(DirEntry {
                 ino: e.inode.0,
@@ -627,15 +630,37 @@ impl fuser::Filesystem for StampFs {
         _req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
-        _target: &std::path::Path,
+        target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        // No symbolic links in stampfs: EPERM, as for a file system without them;
-        // a name too long is told first, as for every other operation.
-        match self.shared.child_path(parent, link_name) {
-            Ok(_) => reply.error(Errno::EPERM),
-            Err(e) => reply.error(e),
-        }
+        let path = match self.shared.child_path(parent, link_name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let (sh, target) = (self.shared.clone(), target.to_path_buf());
+        self.spawn(async move {
+            match sh.symlink(path, &target).await {
+                Ok(st) => {
+                    let size = st.length;
+                    sh.reply_entry(reply, &st, size)
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.readlink(path).await {
+                Ok(target) => reply.data(target.as_bytes()),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn link(

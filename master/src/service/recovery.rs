@@ -358,7 +358,7 @@ impl Core {
             let st = self.state();
             let inode = st.ns.resolve(&comps)?;
             if st.ns.file(inode).is_none() {
-                return Err(Error::IsADirectory { path });
+                return Err(st.not_a_file(&path, inode));
             }
             inode
         };

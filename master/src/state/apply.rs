@@ -79,6 +79,18 @@ impl MasterState {
                 self.ns.insert(*parent, name, *inode, file)?;
                 self.leases.acquire(*inode, *client, now_ms);
             }
+            Record::Symlink {
+                parent,
+                name,
+                inode,
+                target,
+                mtime_ms,
+            } => self.ns.insert(
+                *parent,
+                name,
+                *inode,
+                Inode::symlink(*parent, *mtime_ms, target.clone()),
+            )?,
             Record::Reopen {
                 inode,
                 client,

@@ -8,7 +8,10 @@ use crate::error::{Error, Result};
 use crate::lease::Takeover;
 use crate::namespace::{self, join, Inode, InodeKind, ROOT};
 use crate::trash;
-use stampfs_proto::{ClientId, Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, Rename};
+use stampfs_proto::{
+    ClientId, Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, Rename, Symlink,
+    MAX_SYMLINK_TARGET,
+};
 
 impl MasterState {
     // ------------------------------------------------------------ namespace mutations
@@ -87,7 +90,7 @@ impl MasterState {
                 let f = self
                     .ns
                     .file(old)
-                    .ok_or_else(|| Error::IsADirectory { path: path.clone() })?;
+                    .ok_or_else(|| self.not_a_file(&path, old))?;
                 if !req.overwrite {
                     return Err(Error::AlreadyExists { path });
                 }
@@ -117,6 +120,54 @@ impl MasterState {
             now_ms,
         )?;
         self.status(path, inode)
+    }
+
+    /// `symlink`: a symbolic link at `req.path` holding `req.target`, which must be
+    /// 1 to [`MAX_SYMLINK_TARGET`] bytes without NUL; it is never resolved here.
+    pub fn symlink(&mut self, req: &Symlink, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
+        let comps = namespace::components(&req.path)?;
+        let path = join(&comps);
+        if comps.is_empty() {
+            return Err(Error::AlreadyExists { path });
+        }
+        if req.target.is_empty() || req.target.len() > MAX_SYMLINK_TARGET {
+            return Err(Error::bad_request(format!(
+                "a symbolic link's target must hold 1 to {MAX_SYMLINK_TARGET} bytes, not {}",
+                req.target.len()
+            )));
+        }
+        if req.target.contains('\0') {
+            return Err(Error::bad_request(
+                "a symbolic link's target holds a NUL byte",
+            ));
+        }
+        let (parent, name) = self.ns.resolve_parent(&comps)?;
+        if self.ns.child(parent, name).is_some() {
+            return Err(Error::AlreadyExists { path });
+        }
+        let inode = self.ns.next_inode();
+        self.commit(
+            Record::Symlink {
+                parent,
+                name: name.to_string(),
+                inode,
+                target: req.target.clone(),
+                mtime_ms,
+            },
+            now_ms,
+        )?;
+        self.status(path, inode)
+    }
+
+    /// `readlink`: the target of the symbolic link at `path`.
+    pub fn read_link(&self, path: &str) -> Result<String> {
+        let comps = namespace::components(path)?;
+        let ino = self.ns.resolve(&comps)?;
+        self.ns
+            .get(ino)
+            .and_then(|i| i.as_symlink())
+            .map(str::to_string)
+            .ok_or_else(|| Error::bad_request(format!("{} is not a symbolic link", join(&comps))))
     }
 
     /// Creates an empty file and closes it in the same step: a `Create` record (the

@@ -146,7 +146,7 @@ impl MasterState {
         let f = self
             .ns
             .file(inode)
-            .ok_or_else(|| Error::IsADirectory { path: path.clone() })?;
+            .ok_or_else(|| self.not_a_file(&path, inode))?;
         Ok((path, f))
     }
 
@@ -364,9 +364,10 @@ impl MasterState {
     /// recovery (`closed: false`, the writer's version and the master's current one).
     pub fn recovery_outcome(&self, inode: InodeId, path: String) -> Result<RecoveryOutcome> {
         let status = self.status(path, inode)?;
-        let f = self.ns.file(inode).ok_or_else(|| Error::IsADirectory {
-            path: status.path.clone(),
-        })?;
+        let f = self
+            .ns
+            .file(inode)
+            .ok_or_else(|| self.not_a_file(&status.path, inode))?;
         let (closed, old_version, new_version) = match f.write {
             WriteState::Recovering { old_version, .. } => (
                 false,

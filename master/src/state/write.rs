@@ -83,10 +83,7 @@ impl MasterState {
         if ino != expect {
             return Err(Error::NotFound { path: p });
         }
-        let f = self
-            .ns
-            .file(ino)
-            .ok_or_else(|| Error::IsADirectory { path: p.clone() })?;
+        let f = self.ns.file(ino).ok_or_else(|| self.not_a_file(&p, ino))?;
         Ok((p, f))
     }
 
@@ -98,9 +95,10 @@ impl MasterState {
         client: ClientId,
         now_ms: u64,
     ) -> Result<()> {
-        let f = self.ns.file(ino).ok_or_else(|| Error::IsADirectory {
-            path: path.to_string(),
-        })?;
+        let f = self
+            .ns
+            .file(ino)
+            .ok_or_else(|| self.not_a_file(path, ino))?;
         if f.writer() != Some(client) {
             return Err(Error::LeaseExpired {
                 path: path.to_string(),

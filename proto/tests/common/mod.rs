@@ -319,7 +319,11 @@ pub fn arb_replica_state() -> impl Strategy<Value = ReplicaState> {
 }
 
 pub fn arb_file_kind() -> impl Strategy<Value = FileKind> {
-    prop_oneof![Just(FileKind::File), Just(FileKind::Directory)]
+    prop_oneof![
+        Just(FileKind::File),
+        Just(FileKind::Directory),
+        Just(FileKind::Symlink)
+    ]
 }
 
 pub fn arb_file_state() -> impl Strategy<Value = FileState> {
@@ -429,6 +433,12 @@ prop_compose! {
                              previous in prop::option::of(arb_chunk_commit()),
                              keep in arb_u64()) -> DropChunks {
         DropChunks { path, client, previous, keep }
+    }
+}
+
+prop_compose! {
+    pub fn arb_symlink()(path in arb_string(), target in arb_string()) -> Symlink {
+        Symlink { path, target }
     }
 }
 
@@ -713,6 +723,10 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_drop_chunks()
             .prop_map(MasterRequest::DropChunks)
             .boxed(),
+        arb_symlink().prop_map(MasterRequest::Symlink).boxed(),
+        arb_string()
+            .prop_map(|path| MasterRequest::ReadLink(ReadLink { path }))
+            .boxed(),
     ]
     .boxed()
 }
@@ -745,6 +759,8 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::CutLastChunk(_) => "CutLastChunk",
         MasterRequest::OpenChunk(_) => "OpenChunk",
         MasterRequest::DropChunks(_) => "DropChunks",
+        MasterRequest::Symlink(_) => "Symlink",
+        MasterRequest::ReadLink(_) => "ReadLink",
     }
 }
 
