@@ -221,8 +221,9 @@ async fn load_view(client: &Client, path: &str) -> Result<View> {
         .unwrap_or(0);
     let recovering = locations.status.state == FileState::Recovering;
     if let Some(last) = locations.chunks.last().filter(|c| !c.complete) {
-        if recovering {
-            // See `visible_length`: during recovery only the committed length is sure.
+        if recovering || last.unconfirmed {
+            // See `visible_length`: during recovery, or while a member of the writer's
+            // pipeline is not listed, only the committed length is sure.
             length = length.max(last.file_offset + last.length);
             return Ok(View { locations, length });
         }
@@ -259,7 +260,9 @@ async fn load_view(client: &Client, path: &str) -> Result<View> {
 /// the recovery's version, and one of them may be the longest of the pipeline while
 /// the others, still at the writer's version and unreachable for the moment, decide
 /// the length recovery keeps (the nemesis saw a reader read 116 KiB that recovery
-/// then cut, this way).
+/// then cut, this way). The same while the master lists only some members of the
+/// writer's pipeline (`LocatedChunk::unconfirmed`): one that is down may come back
+/// holding less than the others, and recovery keeps the least.
 pub(crate) fn visible_length(committed: u64, answers: &[Option<u64>]) -> u64 {
     if answers.iter().any(Option::is_none) {
         return committed;

@@ -702,16 +702,22 @@ impl MasterState {
             };
             let complete = open != Some(i);
             let mut replicas = self.current_locations(info, now_ms);
+            let mut unconfirmed = false;
             // The chunk being written: only the granted pipeline holds what the writer
             // hflushed. A replica that applied the grant's bump late is at the same
             // version without those bytes, and would hide them from the reader.
             // Listed in pipeline order (head first), whatever order the bumps were
-            // acknowledged in.
+            // acknowledged in. A member that cannot be listed may hold fewer bytes than
+            // the others (a chunkserver that died before the writer's last packets
+            // reached it), and lease recovery would cut to it once it is back: readers
+            // then read only the committed length (the nemesis found a reader reading
+            // bytes that recovery cut so, seed 9009).
             if let WriteState::Open { granted, .. } = f.write {
                 if !complete && granted == info.version {
                     if let Some(p) = self.pipeline_of(ino, *h, granted) {
                         replicas.retain(|r| p.contains(&r.chunkserver));
                         replicas.sort_by_key(|r| p.iter().position(|s| *s == r.chunkserver));
+                        unconfirmed = replicas.len() < p.len();
                     }
                 }
             }
@@ -721,6 +727,7 @@ impl MasterState {
                 file_offset: offset,
                 length: info.length,
                 complete,
+                unconfirmed,
                 token: ChunkToken::sign_read(key, *h, info.version, client),
                 replicas,
             });

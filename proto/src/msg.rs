@@ -106,6 +106,12 @@ pub struct LocatedChunk {
     pub length: u64,
     /// False for the last chunk of a file that is being written.
     pub complete: bool,
+    /// For the chunk being written: a replica of the writer's granted pipeline is not
+    /// listed (its chunkserver is dead, has not reported since the master started, or
+    /// holds a short replica). What it holds is unknown, and lease recovery would take
+    /// the shortest replica of the pipeline once it is back, so readers read only the
+    /// committed length.
+    pub unconfirmed: bool,
     /// Read token for this chunk at `version`.
     pub token: ChunkToken,
     pub replicas: Vec<ReplicaLocation>,

@@ -222,6 +222,7 @@ fn located(replicas: usize) -> LocatedChunk {
         file_offset: 0,
         length: 0,
         complete: false,
+        unconfirmed: false,
         token: token(),
         replicas: vec![
             ReplicaLocation {

@@ -251,6 +251,23 @@ fn the_open_last_chunk_is_listed_in_pipeline_order_whatever_the_ack_order() {
         .map(|r| r.chunkserver)
         .collect();
     assert_eq!(listed, pipeline, "head first, as the writer streams");
+    assert!(!loc.chunks[0].unconfirmed, "every member is listed");
+    // The tail's chunkserver stops heartbeating and is declared dead: what it holds
+    // is unknown, so readers are told to read the committed length only.
+    let later = st.settings.dead_after_ms + 1;
+    for id in &pipeline[..2] {
+        assert!(st.registry.heartbeat(*id, 1 << 40, 0, 1, 0, later));
+    }
+    let loc = st
+        .locations("/f", B, &ClusterKey::from_bytes([1; 32]), later)
+        .expect("locations");
+    let listed: Vec<_> = loc.chunks[0]
+        .replicas
+        .iter()
+        .map(|r| r.chunkserver)
+        .collect();
+    assert_eq!(listed, pipeline[..2], "the dead tail is not listed");
+    assert!(loc.chunks[0].unconfirmed, "and the chunk says so");
 }
 
 #[test]

@@ -370,7 +370,7 @@ prop_compose! {
                                file_offset in arb_u64(), length in arb_u64(),
                                complete in any::<bool>(), token in arb_token(),
                                replicas in small_vec(arb_replica_location())) -> LocatedChunk {
-        LocatedChunk { handle, version, file_offset, length, complete, token, replicas }
+        LocatedChunk { handle, version, file_offset, length, complete, unconfirmed: !complete && length % 2 == 1, token, replicas }
     }
 }
 
