@@ -60,6 +60,7 @@
 //!   the data bears the record out. Cuts erase the records.
 
 mod digest;
+pub use digest::{block_hash, block_hashes};
 mod files;
 mod incoming;
 mod overwrite;

@@ -718,13 +718,17 @@ pub struct DigestReplica {
     pub version: ChunkVersion,
 }
 
-/// What a [`DigestReplica`] found: the replica, and the CRC32 of each 64 KiB block
-/// of its data up to its length (the last entry covers a partial block up to the
-/// length). Two replicas with equal lengths and equal tables hold the same bytes.
+/// What a [`DigestReplica`] found: the replica, and the XXH3-64 hash of each 64 KiB
+/// block of its data up to its length (the last entry covers a partial block up to
+/// the length), read from the data and verified against its checksums. Two replicas
+/// with equal lengths and equal hashes hold the same bytes. Not the blocks' CRC32s:
+/// CRC is linear, and data made of fixed-length records that each end with their own
+/// CRC32 (a common log layout, and the nemesis's slot file) has the same CRC32 whatever
+/// the records say, so two replicas holding different records would look the same.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct ReplicaDigest {
     pub replica: ReplicaReport,
-    pub blocks: Vec<u32>,
+    pub blocks: Vec<u64>,
 }
 
 /// Every request a chunkserver serves.

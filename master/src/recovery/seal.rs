@@ -3,7 +3,7 @@
 //! ([`compare_content`], DESIGN.md "Lease recovery compares content"), and what the
 //! attempt does once its seal is done ([`after_seal`]).
 //!
-//! After the bump and the cut, every bumped replica is asked for its digest (the CRC
+//! After the bump and the cut, every bumped replica is asked for its digest (a hash
 //! of each 64 KiB block up to its length). Equal digests: the replicas hold the same
 //! bytes and are all finalized at the recovery's version. Different ones (a writer
 //! that died with an overwrite applied by some members only): the first replica of
@@ -62,7 +62,7 @@ pub enum Content {
 }
 
 /// Compares the digests of the replicas that answered, given in pipeline order
-/// ([`in_pipeline_order`]): equal lengths and equal block CRCs are the same bytes.
+/// ([`in_pipeline_order`]): equal lengths and equal block hashes are the same bytes.
 pub fn compare_content(digests: &[(ChunkserverId, &ReplicaDigest)]) -> Content {
     let Some(((keep, first), rest)) = digests.split_first() else {
         return Content::Unknown;
@@ -155,7 +155,7 @@ mod tests {
         ChunkserverId(n)
     }
 
-    fn digest(length: u64, blocks: &[u32]) -> ReplicaDigest {
+    fn digest(length: u64, blocks: &[u64]) -> ReplicaDigest {
         ReplicaDigest {
             replica: ReplicaReport {
                 handle: H,

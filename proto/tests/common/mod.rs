@@ -858,7 +858,7 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_replica_digest()(replica in arb_replica_report(), blocks in small_vec(any::<u32>()))
+    pub fn arb_replica_digest()(replica in arb_replica_report(), blocks in small_vec(any::<u64>()))
         -> ReplicaDigest {
         ReplicaDigest { replica, blocks }
     }
