@@ -24,9 +24,11 @@
 
 mod common;
 
-use common::writer::{last_chunk, read_all, replica_length, Writer, WriterProcess, MORE};
+use common::writer::{
+    last_chunk, read_all, recover_and_read, replica_length, Writer, WriterProcess, MORE,
+};
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
-use stampfs_client::{Client, ClientConfig};
+use stampfs_client::ClientConfig;
 use std::time::Duration;
 
 const PATH: &str = "/dead-member";
@@ -121,22 +123,7 @@ fn a_reader_never_sees_bytes_a_dead_pipeline_member_lacks() {
             .len()
             == 3
     });
-    let outcome = rt
-        .block_on(async {
-            Client::connect(&c.master.addr)
-                .await?
-                .recover_lease(PATH)
-                .await
-        })
-        .expect("recover");
-    assert!(outcome.closed, "recovery closed the file: {outcome:?}");
-    let recovered = rt.block_on(read_all(&c, ClientConfig::default(), PATH));
-    assert!(
-        recovered.starts_with(&synced),
-        "the recovered file ({} bytes) lost hsynced bytes: it keeps {} of the {SYNCED}",
-        recovered.len(),
-        common_prefix(&recovered, &synced)
-    );
+    let recovered = rt.block_on(recover_and_read(&c, PATH, &synced));
     assert_eq!(
         recovered.len(),
         SYNCED,

@@ -34,7 +34,9 @@
 
 mod common;
 
-use common::writer::{last_chunk, read_all, replica_length, Writer, WriterProcess, MORE};
+use common::writer::{
+    last_chunk, read_all, recover_and_read, replica_length, Writer, WriterProcess, MORE,
+};
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
 use stampfs_client::{Client, ClientConfig};
 use stampfs_proto::{FileLocations, FileState};
@@ -176,22 +178,7 @@ fn a_reader_of_the_survivor_of_a_pipeline_update_the_master_crashed_in_keeps_its
     );
 
     // 5. Lease recovery keeps what the reader saw.
-    let outcome = rt
-        .block_on(async {
-            Client::connect(&c.master.addr)
-                .await?
-                .recover_lease(PATH)
-                .await
-        })
-        .expect("recover");
-    assert!(outcome.closed, "recovery closed the file: {outcome:?}");
-    let recovered = rt.block_on(read_all(&c, ClientConfig::default(), PATH));
-    assert!(
-        recovered.starts_with(&synced),
-        "the recovered file ({} bytes) lost hsynced bytes: it keeps {} of the {SYNCED}",
-        recovered.len(),
-        common_prefix(&recovered, &synced)
-    );
+    let recovered = rt.block_on(recover_and_read(&c, PATH, &synced));
     assert!(
         recovered.starts_with(&seen),
         "dirty read: a reader saw {} bytes of which {} are not in the recovered file ({} \

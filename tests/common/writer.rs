@@ -257,3 +257,26 @@ pub async fn locations(c: &TestCluster, path: &str) -> FileLocations {
 pub fn last_chunk(locs: &FileLocations) -> LocatedChunk {
     locs.chunks.last().cloned().expect("the file has a chunk")
 }
+
+/// Recovers the lease of `path` (which must close the file) and reads it whole; fails
+/// unless it still begins with `synced`, the bytes the writer hsynced.
+pub async fn recover_and_read(c: &TestCluster, path: &str, synced: &[u8]) -> Vec<u8> {
+    let outcome = async {
+        Client::connect(&c.master.addr)
+            .await?
+            .recover_lease(path)
+            .await
+    }
+    .await
+    .expect("recover");
+    assert!(outcome.closed, "recovery closed the file: {outcome:?}");
+    let recovered = read_all(c, ClientConfig::default(), path).await;
+    assert!(
+        recovered.starts_with(synced),
+        "the recovered file ({} bytes) lost hsynced bytes: it keeps {} of the {}",
+        recovered.len(),
+        super::common_prefix(&recovered, synced),
+        synced.len()
+    );
+    recovered
+}
