@@ -1,11 +1,12 @@
-//! `Digest`: the master's signed request for a replica's checksum table, which lease
-//! recovery compares across the replicas of a chunk before it finalizes them
+//! `Digest`: the master's signed request for a hash of each block of a replica, which
+//! lease recovery compares across the replicas of a chunk before it finalizes them
 //! (DESIGN.md, "Writes at any offset", "Lease recovery compares content").
 //!
 //! The request is a [`Signed`] [`DigestReplica`] under its own MAC domain; one that
 //! does not verify is refused like any master command ([`Error::BadCommand`]). The
 //! replica must be at exactly the requested version (the gate); the answer is read
-//! from the checksum table under the per-chunk lock ([`Store::digest`]).
+//! from the data, verified against its checksums, under the per-chunk lock
+//! ([`Store::digest`]).
 //!
 //! [`Store::digest`]: crate::store::Store::digest
 

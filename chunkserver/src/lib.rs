@@ -27,7 +27,7 @@
 //!   and the on-request check of one replica that the master asks for when a client
 //!   reports it corrupt (a client's report is only a hint).
 //! - [`deletion`]: paced deletion of replicas the master orders removed.
-//! - [`digest`]: a replica's checksum table on the master's signed request, which
+//! - [`digest`]: a hash of each block of a replica on the master's signed request, which
 //!   lease recovery compares across replicas before it finalizes them.
 //! - [`heartbeat`]: registration, heartbeats, chunk reports, master commands.
 //! - [`stall`]: the bound on writes to a peer that stopped reading (a timeout on
