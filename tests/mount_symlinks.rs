@@ -75,7 +75,16 @@ fn symbolic_links_work_through_the_mount_and_the_cli() {
     let err = std::fs::read_link(m.path("d/f")).expect_err("not a link");
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
 
-    // Renamed and removed like any entry; the target stays.
+    // Renamed and removed like any entry; the target stays. A link replaces a file
+    // or a link, never a directory, and is replaced by a file.
+    std::fs::create_dir(m.path("empty")).expect("mkdir");
+    let err = std::fs::rename(m.path("abs"), m.path("empty")).expect_err("over a directory");
+    assert_eq!(err.raw_os_error(), Some(libc::EISDIR), "{err}");
+    assert!(m.path("empty").is_dir(), "the directory is still there");
+    symlink("x", m.path("scratch")).expect("a link to replace");
+    std::fs::write(m.path("plain"), b"plain").expect("a file");
+    std::fs::rename(m.path("plain"), m.path("scratch")).expect("a file over a link");
+    assert_eq!(std::fs::read(m.path("scratch")).expect("read"), b"plain");
     std::fs::rename(m.path("lf"), m.path("lf2")).expect("rename a link");
     assert_eq!(sh(&m, "cat lf2"), "hello world");
     std::fs::remove_file(m.path("lf2")).expect("unlink a link");

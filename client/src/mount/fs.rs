@@ -340,9 +340,12 @@ impl Shared {
                     .stat(&to)
                     .await
                     .map_err(|e| errno_for(&e, "rename", &to))?;
-                match (src.kind, dst.kind) {
-                    (FileKind::Directory, FileKind::File) => return Err(Errno::ENOTDIR),
-                    (FileKind::File, FileKind::Directory) => return Err(Errno::EISDIR),
+                // Only a directory replaces a directory; files and links replace files
+                // and links (rename(2)).
+                let dir = |k: FileKind| k == FileKind::Directory;
+                match (dir(src.kind), dir(dst.kind)) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
                     _ => {}
                 }
                 self.client
