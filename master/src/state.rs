@@ -717,7 +717,12 @@ impl MasterState {
                     if let Some(p) = self.pipeline_of(ino, *h, granted) {
                         replicas.retain(|r| p.contains(&r.chunkserver));
                         replicas.sort_by_key(|r| p.iter().position(|s| *s == r.chunkserver));
-                        unconfirmed = replicas.len() < p.len();
+                        // A short member is left out by recovery too: it decides
+                        // nothing, and hiding bytes for it would only blind readers.
+                        unconfirmed = p.iter().any(|id| {
+                            !replicas.iter().any(|r| r.chunkserver == *id)
+                                && info.replica(*id).is_none_or(|r| !r.short)
+                        });
                     }
                 }
             }
