@@ -1247,6 +1247,7 @@ async fn measure_target(
             replication: Some(r),
             chunk_size: args.chunk_size,
             overwrite: true,
+            attr: None,
         };
         let path = format!("{remote_dir}/r{r}-{label}");
         let cpu_before = CpuSnapshot::now();

@@ -50,6 +50,12 @@ pub enum Command {
     Ln(LnArgs),
     /// Print the target of a symbolic link.
     Readlink(ReadlinkArgs),
+    /// Change the permission bits of PATH (octal, as `chmod 0755`; a symbolic link's
+    /// mode cannot change).
+    Chmod(ChmodArgs),
+    /// Change the owner of PATH: numeric `UID`, `UID:GID` or `:GID` (stampfs keeps
+    /// numbers; a mount shows them as the local names of those ids).
+    Chown(ChownArgs),
     /// Remove a file or directory.
     Rm(RmArgs),
     /// Rename a file or directory.
@@ -179,7 +185,7 @@ pub struct CatArgs {
 pub struct LsArgs {
     #[command(flatten)]
     pub master: MasterAddr,
-    /// Long listing: kind, replication, length, state, name.
+    /// Long listing: mode, owner, replication, length, state, modification time, name.
     #[arg(short = 'l')]
     pub long: bool,
     /// JSON output.
@@ -210,6 +216,24 @@ pub struct LnArgs {
     pub target: String,
     /// The link to create.
     pub link: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ChmodArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Octal mode, up to 7777.
+    pub mode: String,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ChownArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// `UID`, `UID:GID` or `:GID`, numeric.
+    pub owner: String,
+    pub path: String,
 }
 
 #[derive(Args, Debug)]
@@ -297,6 +321,12 @@ pub struct MountArgs {
     /// unmount (libfuse's `-o nonempty`).
     #[arg(long)]
     pub nonempty: bool,
+    /// Let users other than the one who mounted use the mount, each with their own
+    /// permissions (checked by the kernel on the stored modes, and by the master).
+    /// As root nothing else is needed; another user needs `user_allow_other` in
+    /// /etc/fuse.conf. Identities are not authenticated yet.
+    #[arg(long)]
+    pub allow_other: bool,
     /// Serve in this process until SIGINT/SIGTERM or `umount`, logging on stderr (or
     /// to --log-file).
     ///

@@ -233,6 +233,7 @@ pub async fn put(args: PutArgs) -> Result<()> {
         replication: args.replication,
         chunk_size: args.chunk_size,
         overwrite: args.force,
+        attr: None,
     };
     let mut writer = client
         .create(&args.remote, opts)
@@ -364,6 +365,8 @@ struct EntryJson<'a> {
     chunk_size: u64,
     state: FileState,
     mtime_ms: u64,
+    #[serde(flatten)]
+    attr: stampfs_proto::Attr,
 }
 
 fn base_name(path: &str) -> &str {
@@ -371,6 +374,98 @@ fn base_name(path: &str) -> &str {
         .next()
         .filter(|n| !n.is_empty())
         .unwrap_or("/")
+}
+
+/// `rwxr-xr-x` for the permission bits of `mode`, with `s`/`S` and `t`/`T` for
+/// set-uid, set-gid and sticky as `ls -l` shows them.
+fn mode_string(mode: u32) -> String {
+    let mut out = String::with_capacity(9);
+    for (shift, special, lower, upper) in [
+        (6, 0o4000, 's', 'S'),
+        (3, 0o2000, 's', 'S'),
+        (0, 0o1000, 't', 'T'),
+    ] {
+        let bits = (mode >> shift) & 7;
+        out.push(if bits & 4 != 0 { 'r' } else { '-' });
+        out.push(if bits & 2 != 0 { 'w' } else { '-' });
+        out.push(match (mode & special != 0, bits & 1 != 0) {
+            (true, true) => lower,
+            (true, false) => upper,
+            (false, true) => 'x',
+            (false, false) => '-',
+        });
+    }
+    out
+}
+
+/// A time in nanoseconds since the epoch as RFC 3339 in UTC to the second.
+fn time_string(ns: i64) -> String {
+    match u64::try_from(ns) {
+        Ok(ns) => humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns),
+        )
+        .to_string(),
+        Err(_) => format!("{ns}ns"),
+    }
+}
+
+pub async fn chmod(args: ChmodArgs) -> Result<()> {
+    let mode = u32::from_str_radix(&args.mode, 8)
+        .ok()
+        .filter(|m| *m <= stampfs_proto::MODE_BITS)
+        .with_context(|| format!("{:?} is not an octal mode of at most 7777", args.mode))?;
+    let client = connect(&args.master).await?;
+    client
+        .set_attr(stampfs_proto::SetAttr {
+            path: args.path.clone(),
+            mode: Some(mode),
+            uid: None,
+            gid: None,
+            atime: None,
+            mtime: None,
+            caller: None,
+        })
+        .await
+        .with_context(|| format!("cannot change the mode of {}", args.path))?;
+    Ok(())
+}
+
+/// `UID`, `UID:GID` or `:GID` as numbers.
+fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>)> {
+    let num = |v: &str| -> Result<Option<u32>> {
+        if v.is_empty() {
+            return Ok(None);
+        }
+        v.parse()
+            .map(Some)
+            .with_context(|| format!("{v:?} is not a numeric uid or gid"))
+    };
+    let (uid, gid) = match s.split_once(':') {
+        Some((u, g)) => (num(u)?, num(g)?),
+        None => (num(s)?, None),
+    };
+    if uid.is_none() && gid.is_none() {
+        anyhow::bail!("{s:?} names neither a uid nor a gid");
+    }
+    Ok((uid, gid))
+}
+
+pub async fn chown(args: ChownArgs) -> Result<()> {
+    let (uid, gid) = parse_owner(&args.owner)?;
+    let client = connect(&args.master).await?;
+    client
+        .set_attr(stampfs_proto::SetAttr {
+            path: args.path.clone(),
+            mode: None,
+            uid,
+            gid,
+            atime: None,
+            mtime: None,
+            caller: None,
+        })
+        .await
+        .with_context(|| format!("cannot change the owner of {}", args.path))?;
+    Ok(())
 }
 
 fn state_word(s: FileState) -> &'static str {
@@ -407,10 +502,14 @@ pub async fn ls(args: LsArgs) -> Result<()> {
                 }
             };
             println!(
-                "{kind} {:>2} {:>14} {:<10} {name}",
+                "{kind}{} {:>5} {:>5} {:>2} {:>14} {:<10} {} {name}",
+                mode_string(e.attr.mode),
+                e.attr.uid,
+                e.attr.gid,
                 e.replication,
                 e.length,
-                state_word(e.state)
+                state_word(e.state),
+                time_string(e.attr.mtime_ns),
             );
         } else {
             match e.kind {
@@ -432,7 +531,8 @@ fn entry_json(e: &FileStatus) -> EntryJson<'_> {
         replication: e.replication,
         chunk_size: e.chunk_size,
         state: e.state,
-        mtime_ms: e.mtime_ms,
+        mtime_ms: u64::try_from(e.attr.mtime_ns / 1_000_000).unwrap_or(0),
+        attr: e.attr,
     }
 }
 
@@ -490,6 +590,8 @@ struct StatJson {
     replication: u8,
     chunk_size: u64,
     state: FileState,
+    #[serde(flatten)]
+    attr: stampfs_proto::Attr,
     chunks: Vec<ChunkJson>,
 }
 
@@ -531,6 +633,7 @@ pub async fn stat(args: StatArgs) -> Result<()> {
         replication: status.replication,
         chunk_size: status.chunk_size,
         state: status.state,
+        attr: status.attr,
         chunks: chunks
             .iter()
             .map(|c| ChunkJson {
@@ -556,6 +659,15 @@ pub async fn stat(args: StatArgs) -> Result<()> {
     }
     println!("path         {}", out.path);
     println!("kind         {:?}", out.kind);
+    println!(
+        "mode         {:04o} ({})",
+        out.attr.mode,
+        mode_string(out.attr.mode)
+    );
+    println!("owner        {}:{}", out.attr.uid, out.attr.gid);
+    println!("modified     {}", time_string(out.attr.mtime_ns));
+    println!("accessed     {}", time_string(out.attr.atime_ns));
+    println!("changed      {}", time_string(out.attr.ctime_ns));
     if out.kind == FileKind::File {
         println!("length       {} ({})", out.length, format_size(out.length));
         println!("replication  {}", out.replication);

@@ -136,6 +136,8 @@ async fn dispatch(command: Command) -> u8 {
         Command::Mkdir(args) => commands::report(commands::mkdir(args).await),
         Command::Ln(args) => commands::report(commands::ln(args).await),
         Command::Readlink(args) => commands::report(commands::readlink(args).await),
+        Command::Chmod(args) => commands::report(commands::chmod(args).await),
+        Command::Chown(args) => commands::report(commands::chown(args).await),
         Command::Rm(args) => commands::report(commands::rm(args).await),
         Command::Mv(args) => commands::report(commands::mv(args).await),
         Command::Stat(args) => commands::report(commands::stat(args).await),

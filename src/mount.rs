@@ -130,6 +130,7 @@ async fn foreground(args: MountArgs) -> u8 {
     let config = MountConfig {
         fsname: format!("stampfs:{master}"),
         nonempty: args.nonempty,
+        allow_other: args.allow_other,
         ..MountConfig::default()
     };
     let mut mount = match Mount::start(client, &args.mountpoint, config).await {
@@ -269,6 +270,9 @@ async fn background(args: MountArgs) -> u8 {
         .arg(&args.master.master);
     if args.nonempty {
         cmd.arg("--nonempty");
+    }
+    if args.allow_other {
+        cmd.arg("--allow-other");
     }
     let spawned = cmd
         .arg(&mountpoint)

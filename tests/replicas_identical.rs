@@ -132,6 +132,7 @@ fn replicas_of_a_closed_file_are_identical_until_one_is_changed_on_disk() {
             replication: Some(3),
             chunk_size: Some(CHUNK),
             overwrite: false,
+            attr: None,
         };
         let mut w = client.create(PATH, opts).await.expect("create");
         w.write_all(&data).await.expect("write");

@@ -13,9 +13,10 @@
 use crate::error::{Error, Result};
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
-    ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Delete, FileLocations, FileStatus,
-    GetLocations, List, MasterRequest, Mkdir, Read, ReadLink, RecoverLease, RecoveryOutcome,
-    RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, Stat, Symlink,
+    Caller, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Delete, FileLocations,
+    FileStatus, GetLocations, List, MasterRequest, Mkdir, NewAttr, Read, ReadLink, RecoverLease,
+    RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, SetAttr, Stat,
+    Symlink,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -90,6 +91,33 @@ pub struct CreateOptions {
     pub chunk_size: Option<u64>,
     /// Replace an existing file.
     pub overwrite: bool,
+    /// Mode and owner of the new file; `None`: this process's effective uid and gid
+    /// and `0o666` less its umask (see [`process_attr`]).
+    pub attr: Option<NewAttr>,
+}
+
+/// Mode and owner of an entry this process creates: its effective uid and gid, and
+/// `base` (`0o666` for a file, `0o777` for a directory) less its umask, as `open` and
+/// `mkdir` would give on a local filesystem.
+pub fn process_attr(base: u32) -> NewAttr {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let umask = *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o022)
+    });
+    // SAFETY: geteuid and getegid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    NewAttr {
+        mode: base & !umask & stampfs_proto::MODE_BITS,
+        uid,
+        gid,
+    }
 }
 
 pub(crate) struct Inner {
@@ -142,6 +170,31 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
+    /// Who this handle's namespace requests say they come from (see
+    /// [`Client::as_caller`]); `None`: root, for the cluster's own tools.
+    caller: Option<Arc<Caller>>,
+}
+
+tokio::task_local! {
+    /// The identity of the FUSE request a mount task serves: it overrides the
+    /// client's own for every namespace request that task sends.
+    pub(crate) static REQUEST_CALLER: Caller;
+}
+
+/// This process's identity: effective uid and gid, and its supplementary groups.
+pub fn process_caller() -> Caller {
+    // SAFETY: geteuid and getegid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: with a size of 0 getgroups only counts; then it fills at most `n`
+    // entries of a buffer of `n`.
+    let groups = unsafe {
+        let n = libc::getgroups(0, std::ptr::null_mut());
+        let mut buf = vec![0; usize::try_from(n).unwrap_or(0)];
+        let got = libc::getgroups(n.max(0), buf.as_mut_ptr());
+        buf.truncate(usize::try_from(got).unwrap_or(0));
+        buf
+    };
+    Caller { uid, gid, groups }
 }
 
 impl std::fmt::Debug for Client {
@@ -190,8 +243,28 @@ impl Client {
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
             }),
+            caller: Some(Arc::new(process_caller())),
         };
         Ok(client)
+    }
+
+    /// The same client (connections, leases, id) sending its namespace requests as
+    /// `caller`: the master checks permissions for that identity. Identities are not
+    /// authenticated yet: a client may claim any.
+    pub fn as_caller(&self, caller: Caller) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            caller: Some(Arc::new(caller)),
+        }
+    }
+
+    /// Who the next namespace request is sent as: the FUSE request a mount task
+    /// serves, else this handle's caller.
+    pub(crate) fn caller(&self) -> Option<Caller> {
+        REQUEST_CALLER
+            .try_with(Caller::clone)
+            .ok()
+            .or_else(|| self.caller.as_deref().cloned())
     }
 
     /// A client that has no master connection (pure unit tests of option handling).
@@ -207,6 +280,7 @@ impl Client {
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
             }),
+            caller: None,
         }
     }
 
@@ -353,28 +427,62 @@ impl Client {
 
     /// Creates a directory (`parents`: also its missing ancestors, and no error when it
     /// exists).
+    /// The directories get this process's owner and `0o777` less its umask.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStatus> {
+        self.mkdir_with(path, parents, process_attr(0o777)).await
+    }
+
+    /// [`Client::mkdir`] with the given mode and owner for every directory it
+    /// creates.
+    pub async fn mkdir_with(&self, path: &str, parents: bool, attr: NewAttr) -> Result<FileStatus> {
         self.call(Mkdir {
             path: normalized(path)?,
             parents,
+            attr: Some(attr),
+            caller: self.caller(),
         })
         .await
     }
 
     /// Creates a symbolic link at `path` holding `target` (never resolved by stampfs:
-    /// a mount's kernel follows it).
+    /// a mount's kernel follows it), owned by this process's uid and gid.
     pub async fn symlink(&self, path: &str, target: &str) -> Result<FileStatus> {
+        self.symlink_with(path, target, process_attr(0o777)).await
+    }
+
+    /// [`Client::symlink`] owned by `attr`'s uid and gid (a link's mode is always
+    /// `0o777`).
+    pub async fn symlink_with(
+        &self,
+        path: &str,
+        target: &str,
+        attr: NewAttr,
+    ) -> Result<FileStatus> {
         self.call(Symlink {
             path: normalized(path)?,
             target: target.to_string(),
+            attr: Some(attr),
+            caller: self.caller(),
         })
         .await
+    }
+
+    /// `chmod`, `chown`, `utimensat` of the entry at `req.path` (a symbolic link's
+    /// own attributes; its mode cannot change); answers the new status. Sent as
+    /// `req.caller`, or as this client's caller when that is `None`.
+    pub async fn set_attr(&self, mut req: SetAttr) -> Result<FileStatus> {
+        req.path = normalized(&req.path)?;
+        if req.caller.is_none() {
+            req.caller = self.caller();
+        }
+        self.call(req).await
     }
 
     /// The target of the symbolic link at `path`.
     pub async fn read_link(&self, path: &str) -> Result<String> {
         self.call(ReadLink {
             path: normalized(path)?,
+            caller: self.caller(),
         })
         .await
     }
@@ -383,6 +491,7 @@ impl Client {
     pub async fn list(&self, path: &str) -> Result<Vec<FileStatus>> {
         self.call(List {
             path: normalized(path)?,
+            caller: self.caller(),
         })
         .await
     }
@@ -391,24 +500,47 @@ impl Client {
     pub async fn stat(&self, path: &str) -> Result<FileStatus> {
         self.call(Stat {
             path: normalized(path)?,
+            caller: self.caller(),
         })
         .await
     }
 
-    /// A file's chunks with their replicas at the current version.
+    /// A file's chunks with their replicas at the current version (not a read: the
+    /// access time stays).
     pub async fn locations(&self, path: &str) -> Result<FileLocations> {
+        self.locations_for(path, false).await
+    }
+
+    /// [`Client::locations`]; `access`: for a reader opening the file, so that its
+    /// access time may move.
+    pub(crate) async fn locations_for(&self, path: &str, access: bool) -> Result<FileLocations> {
         self.call(GetLocations {
             path: normalized(path)?,
             client: self.inner.id,
+            access,
+            caller: self.caller(),
         })
         .await
     }
 
     /// Renames a file or directory; the destination must not exist.
     pub async fn rename(&self, src: &str, dst: &str) -> Result<()> {
+        self.rename_with(src, dst, false).await
+    }
+
+    /// Renames as rename(2) does: an existing `dst` is replaced in the same step at
+    /// the master (a file or link by a file or link, an empty directory by a
+    /// directory), so no crash leaves `dst` missing.
+    pub async fn rename_replacing(&self, src: &str, dst: &str) -> Result<()> {
+        self.rename_with(src, dst, true).await
+    }
+
+    async fn rename_with(&self, src: &str, dst: &str, replace: bool) -> Result<()> {
         self.call(Rename {
             src: normalized(src)?,
             dst: normalized(dst)?,
+            replace,
+            caller: self.caller(),
         })
         .await
     }
@@ -418,6 +550,7 @@ impl Client {
         self.call(Delete {
             path: normalized(path)?,
             recursive,
+            caller: self.caller(),
         })
         .await
     }
@@ -443,6 +576,7 @@ impl Client {
             path: normalized(path)?,
             client: self.inner.id,
             accept_loss,
+            caller: self.caller(),
         })
         .await
     }
@@ -477,7 +611,10 @@ impl Client {
             loop {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
-                let client = Client { inner };
+                let client = Client {
+                    inner,
+                    caller: None,
+                };
                 let held = client.inner.leases.lock().map(|l| l.len()).unwrap_or(0);
                 if held == 0 {
                     continue;

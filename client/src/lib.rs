@@ -27,7 +27,7 @@ mod pipeline;
 mod reader;
 mod writer;
 
-pub use client::{Client, ClientConfig, CreateOptions};
+pub use client::{process_attr, Client, ClientConfig, CreateOptions};
 pub use error::{Error, Result};
 pub use mount::{Mount, MountConfig};
 pub use open::OpenOptions;

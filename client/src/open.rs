@@ -143,22 +143,31 @@ impl OpenOptions {
     /// Opens `path` for writing as the options say.
     pub async fn open(&self, path: &str) -> Result<FileWriter> {
         let c = &self.client;
-        let opts = |overwrite| CreateOptions {
+        let opts = |overwrite, attr| CreateOptions {
             replication: self.replication,
             chunk_size: self.chunk_size,
             overwrite,
+            attr,
         };
         match self.plan(path)? {
-            Plan::Create { replace, mode } => c.create_with(path, opts(replace), mode).await,
+            Plan::Create { replace, mode } => c.create_with(path, opts(replace, None), mode).await,
             Plan::Replace { create } => {
-                if !create {
-                    c.stat(path).await?;
-                }
-                c.create_with(path, opts(true), WriteMode::Anywhere).await
+                // A truncated file keeps its mode and owner, as on a local filesystem.
+                let kept = match c.stat(path).await {
+                    Ok(st) => Some(stampfs_proto::NewAttr {
+                        mode: st.attr.mode,
+                        uid: st.attr.uid,
+                        gid: st.attr.gid,
+                    }),
+                    Err(Error::Remote(RemoteError::NotFound { .. })) if create => None,
+                    Err(e) => return Err(e),
+                };
+                c.create_with(path, opts(true, kept), WriteMode::Anywhere)
+                    .await
             }
             Plan::Reopen { create, mode } => match c.reopen(path, mode).await {
                 Err(Error::Remote(RemoteError::NotFound { .. })) if create => {
-                    match c.create_with(path, opts(false), mode).await {
+                    match c.create_with(path, opts(false, None), mode).await {
                         // Created by someone else meanwhile: open theirs.
                         Err(Error::Remote(RemoteError::AlreadyExists { .. })) => {
                             c.reopen(path, mode).await

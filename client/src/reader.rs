@@ -56,8 +56,9 @@ impl std::fmt::Debug for FileReader {
 }
 
 impl FileReader {
-    pub(crate) async fn open(client: Client, path: String) -> Result<Self> {
-        let view = load_view(&client, &path).await?;
+    /// A reader of `path`; `access`: it reads (the master may move the access time).
+    pub(crate) async fn open(client: Client, path: String, access: bool) -> Result<Self> {
+        let view = load_view(&client, &path, access).await?;
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
@@ -110,7 +111,7 @@ impl Shared {
     }
 
     async fn refresh(&self) -> Result<View> {
-        let view = load_view(&self.client, &self.path).await?;
+        let view = load_view(&self.client, &self.path, false).await?;
         if let Ok(mut v) = self.locations.lock() {
             *v = view.clone();
         }
@@ -210,8 +211,8 @@ fn chunk_at(locs: &FileLocations, offset: u64) -> Option<&LocatedChunk> {
 /// Fetches locations and works out the readable length. For an incomplete last chunk
 /// every replica handed out (the granted pipeline's live members) is asked how much it
 /// holds, and the reader may read the least of them ([`visible_length`]).
-async fn load_view(client: &Client, path: &str) -> Result<View> {
-    let locations = client.locations(path).await?;
+async fn load_view(client: &Client, path: &str, access: bool) -> Result<View> {
+    let locations = client.locations_for(path, access).await?;
     let mut length = locations
         .chunks
         .iter()

@@ -39,6 +39,12 @@ pub enum Error {
     BadRequest { reason: String },
     #[error("not supported: {reason}")]
     NotSupported { reason: String },
+    /// The caller lacks a permission bit (`EACCES`).
+    #[error("permission denied: {path}: {reason}")]
+    PermissionDenied { path: String, reason: String },
+    /// Reserved to the owner or root (`EPERM`).
+    #[error("operation not permitted: {path}: {reason}")]
+    NotPermitted { path: String, reason: String },
     #[error("invalid configuration: {field}: {reason}")]
     Config { field: &'static str, reason: String },
     #[error("{what}: {source}")]
@@ -110,6 +116,8 @@ impl Error {
             Error::NotEnoughReplicas { .. } => ErrorCode::NotEnoughReplicas,
             Error::BadRequest { .. } => ErrorCode::BadRequest,
             Error::NotSupported { .. } => ErrorCode::NotSupported,
+            Error::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            Error::NotPermitted { .. } => ErrorCode::NotPermitted,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::Io { .. } => ErrorCode::Io,
             Error::CorruptLog { .. } => ErrorCode::Internal,
@@ -159,6 +167,14 @@ impl Error {
                 reason: reason.clone(),
             },
             Error::NotSupported { reason } => RemoteError::NotSupported {
+                reason: reason.clone(),
+            },
+            Error::PermissionDenied { path, reason } => RemoteError::PermissionDenied {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            Error::NotPermitted { path, reason } => RemoteError::NotPermitted {
+                path: path.clone(),
                 reason: reason.clone(),
             },
             Error::Io { .. } => RemoteError::Io {

@@ -4,7 +4,9 @@
 //! Run it with [`start`] and a [`MasterConfig`]; stop it with [`MasterHandle::shutdown`].
 //! It serves [`stampfs_proto::MasterRequest`] on one TCP port.
 //!
-//! - [`namespace`]: directories and files ([`namespace::Namespace`]).
+//! - [`namespace`]: directories, files and symbolic links with their attributes
+//!   ([`namespace::Namespace`]).
+//! - [`perm`]: POSIX permission decisions for the caller a request names, pure.
 //! - [`chunk_table`]: handle → version, committed length and replicas
 //!   ([`chunk_table::ChunkTable`]).
 //! - [`registry`]: chunkservers, liveness and free space ([`registry::Registry`]).
@@ -79,6 +81,7 @@ pub mod lease;
 pub mod namespace;
 pub mod oplog;
 pub mod pacing;
+pub mod perm;
 pub mod placement;
 pub mod recovery;
 pub mod registry;

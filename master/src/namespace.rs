@@ -7,7 +7,7 @@
 //! before a record is written (see [`crate::state`]).
 
 use bincode::{Decode, Encode};
-use stampfs_proto::{ChunkHandle, ChunkVersion, ClientId, InodeId};
+use stampfs_proto::{Attr, ChunkHandle, ChunkVersion, ClientId, InodeId};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Error, Result};
@@ -95,25 +95,72 @@ pub enum InodeKind {
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Inode {
     pub parent: InodeId,
-    pub mtime_ms: u64,
+    pub attr: Attr,
     pub kind: InodeKind,
 }
 
+/// Nanoseconds of a wall-clock time in milliseconds (saturating).
+pub fn ms_to_ns(ms: u64) -> i64 {
+    i64::try_from(ms)
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1_000_000)
+}
+
+/// The mode an entry of `kind` gets when its creator gave none (and that entries
+/// from before attributes were stored get): `0o755` for directories, `0o644` for
+/// files, `0o777` for symbolic links.
+pub fn default_mode(kind: &InodeKind) -> u32 {
+    match kind {
+        InodeKind::Dir(_) => 0o755,
+        InodeKind::File(_) => 0o644,
+        InodeKind::Symlink(_) => 0o777,
+    }
+}
+
 impl Inode {
-    pub fn dir(parent: InodeId, mtime_ms: u64) -> Self {
+    /// A new entry created at `mtime_ms`, owned by uid 0 and gid 0 with the default
+    /// mode of its kind, all three times at its creation.
+    pub fn new(parent: InodeId, mtime_ms: u64, kind: InodeKind) -> Self {
+        let t = ms_to_ns(mtime_ms);
         Self {
             parent,
-            mtime_ms,
-            kind: InodeKind::Dir(DirMeta::default()),
+            attr: Attr {
+                mode: default_mode(&kind),
+                uid: 0,
+                gid: 0,
+                atime_ns: t,
+                mtime_ns: t,
+                ctime_ns: t,
+            },
+            kind,
         }
     }
 
+    pub fn dir(parent: InodeId, mtime_ms: u64) -> Self {
+        Self::new(parent, mtime_ms, InodeKind::Dir(DirMeta::default()))
+    }
+
     pub fn symlink(parent: InodeId, mtime_ms: u64, target: String) -> Self {
-        Self {
-            parent,
-            mtime_ms,
-            kind: InodeKind::Symlink(target),
-        }
+        Self::new(parent, mtime_ms, InodeKind::Symlink(target))
+    }
+
+    /// The contents changed at `mtime_ms`: the modification and change times move up
+    /// to it (never back: an earlier clock reading leaves them).
+    pub fn touch(&mut self, mtime_ms: u64) {
+        let t = ms_to_ns(mtime_ms);
+        self.attr.mtime_ns = self.attr.mtime_ns.max(t);
+        self.attr.ctime_ns = self.attr.ctime_ns.max(t);
+    }
+
+    /// The modification time in whole milliseconds (zero before the epoch).
+    pub fn mtime_ms(&self) -> u64 {
+        u64::try_from(self.attr.mtime_ns / 1_000_000).unwrap_or(0)
+    }
+
+    /// The entry itself changed at `ms` (renamed, its attributes set): the change time
+    /// moves up to it.
+    pub fn changed(&mut self, ms: u64) {
+        self.attr.ctime_ns = self.attr.ctime_ns.max(ms_to_ns(ms));
     }
 
     pub fn as_file(&self) -> Option<&FileMeta> {
@@ -300,18 +347,19 @@ impl Namespace {
         if self.inodes.contains_key(&ino) {
             return Err(format!("inode {ino} already exists"));
         }
-        let mtime = inode.mtime_ms;
-        match self
-            .inodes
-            .get_mut(&parent)
-            .map(|p| (&mut p.kind, &mut p.mtime_ms))
-        {
-            Some((InodeKind::Dir(d), pm)) => {
+        let mtime_ns = inode.attr.mtime_ns;
+        match self.inodes.get_mut(&parent) {
+            Some(Inode {
+                kind: InodeKind::Dir(d),
+                attr,
+                ..
+            }) => {
                 if d.children.contains_key(name) {
                     return Err(format!("{name:?} already exists in {parent}"));
                 }
                 d.children.insert(name.to_string(), ino);
-                *pm = (*pm).max(mtime);
+                attr.mtime_ns = attr.mtime_ns.max(mtime_ns);
+                attr.ctime_ns = attr.ctime_ns.max(mtime_ns);
             }
             _ => return Err(format!("parent {parent} is not a directory")),
         }
@@ -328,21 +376,16 @@ impl Namespace {
         name: &str,
         mtime_ms: u64,
     ) -> std::result::Result<Vec<(InodeId, Inode)>, String> {
-        let ino = match self
-            .inodes
-            .get_mut(&parent)
-            .map(|p| (&mut p.kind, &mut p.mtime_ms))
-        {
-            Some((InodeKind::Dir(d), pm)) => {
-                let ino = d
-                    .children
-                    .remove(name)
-                    .ok_or_else(|| format!("{name:?} is not in {parent}"))?;
-                *pm = (*pm).max(mtime_ms);
-                ino
-            }
-            _ => return Err(format!("parent {parent} is not a directory")),
+        let not_dir = || format!("parent {parent} is not a directory");
+        let p = self.inodes.get_mut(&parent).ok_or_else(not_dir)?;
+        let InodeKind::Dir(d) = &mut p.kind else {
+            return Err(not_dir());
         };
+        let ino = d
+            .children
+            .remove(name)
+            .ok_or_else(|| format!("{name:?} is not in {parent}"))?;
+        p.touch(mtime_ms);
         let mut removed = Vec::new();
         let mut stack = vec![ino];
         while let Some(i) = stack.pop() {
@@ -383,24 +426,130 @@ impl Namespace {
             return Err(format!("cannot move {ino} into itself"));
         }
         for (dir, add) in [(src_parent, false), (dst_parent, true)] {
-            if let Some(Inode {
-                kind: InodeKind::Dir(d),
-                mtime_ms: m,
-                ..
-            }) = self.inodes.get_mut(&dir)
-            {
-                if add {
-                    d.children.insert(dst_name.to_string(), ino);
-                } else {
-                    d.children.remove(src_name);
+            if let Some(p) = self.inodes.get_mut(&dir) {
+                if let InodeKind::Dir(d) = &mut p.kind {
+                    if add {
+                        d.children.insert(dst_name.to_string(), ino);
+                    } else {
+                        d.children.remove(src_name);
+                    }
+                    p.touch(mtime_ms);
                 }
-                *m = (*m).max(mtime_ms);
             }
         }
         if let Some(i) = self.inodes.get_mut(&ino) {
             i.parent = dst_parent;
+            i.changed(mtime_ms);
         }
         Ok(())
+    }
+}
+
+/// The namespace as checkpoint formats 2 to 5 wrote it (before attributes were
+/// stored: an inode held its modification time in milliseconds only), decoded only to
+/// upgrade old checkpoints. Their entries take the defaults of [`Inode::new`]: uid 0,
+/// gid 0, the default mode of their kind, every time at their modification time.
+pub(crate) mod v5 {
+    use super::InodeKind;
+    use bincode::Decode;
+    use stampfs_proto::InodeId;
+    use std::collections::HashMap;
+
+    #[derive(Decode)]
+    #[cfg_attr(test, derive(bincode::Encode, Debug, PartialEq))]
+    pub struct Inode {
+        pub parent: InodeId,
+        pub mtime_ms: u64,
+        pub kind: InodeKind,
+    }
+
+    /// A namespace of formats 2 to 5.
+    #[derive(Decode)]
+    #[cfg_attr(test, derive(bincode::Encode))]
+    pub struct Namespace {
+        pub inodes: HashMap<InodeId, Inode>,
+        pub next_inode: u64,
+    }
+
+    impl Namespace {
+        /// `ns` as formats 2 to 5 wrote it: every attribute but the modification
+        /// time (in milliseconds) dropped.
+        #[cfg(test)]
+        pub fn downgrade(ns: &super::Namespace) -> Self {
+            Self {
+                inodes: ns
+                    .inodes
+                    .iter()
+                    .map(|(ino, i)| {
+                        let old = Inode {
+                            parent: i.parent,
+                            mtime_ms: i.mtime_ms(),
+                            kind: i.kind.clone(),
+                        };
+                        (*ino, old)
+                    })
+                    .collect(),
+                next_inode: ns.next_inode,
+            }
+        }
+
+        /// The current form.
+        pub fn upgrade(self) -> super::Namespace {
+            super::Namespace {
+                inodes: self
+                    .inodes
+                    .into_iter()
+                    .map(|(ino, i)| (ino, super::Inode::new(i.parent, i.mtime_ms, i.kind)))
+                    .collect(),
+                next_inode: self.next_inode,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::namespace::{DirMeta, ROOT};
+
+        #[test]
+        fn a_format_5_namespace_upgrades_with_default_attributes() {
+            let mut root = DirMeta::default();
+            root.children.insert("l".into(), InodeId(2));
+            let mut inodes = HashMap::new();
+            inodes.insert(
+                ROOT,
+                Inode {
+                    parent: ROOT,
+                    mtime_ms: 7,
+                    kind: InodeKind::Dir(root),
+                },
+            );
+            inodes.insert(
+                InodeId(2),
+                Inode {
+                    parent: ROOT,
+                    mtime_ms: 9,
+                    kind: InodeKind::Symlink("t".into()),
+                },
+            );
+            let old = Namespace {
+                inodes,
+                next_inode: 3,
+            };
+            let bytes = bincode::encode_to_vec(&old, bincode::config::standard()).unwrap();
+            let (back, _): (Namespace, usize) =
+                bincode::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+            let ns = back.upgrade();
+            let root = ns.get(ROOT).unwrap();
+            assert_eq!(root.attr.mode, 0o755);
+            assert_eq!(root.attr.mtime_ns, 7_000_000);
+            let link = ns.get(InodeId(2)).unwrap();
+            assert_eq!(link.attr.mode, 0o777);
+            assert_eq!((link.attr.uid, link.attr.gid), (0, 0));
+            assert_eq!(link.attr.atime_ns, 9_000_000);
+            assert_eq!(link.attr.ctime_ns, 9_000_000);
+            assert_eq!(ns.next_inode().0, 3);
+        }
     }
 }
 
@@ -493,14 +642,7 @@ pub(crate) mod v1 {
                             })
                         }
                     };
-                    (
-                        ino,
-                        super::Inode {
-                            parent: i.parent,
-                            mtime_ms: i.mtime_ms,
-                            kind,
-                        },
-                    )
+                    (ino, super::Inode::new(i.parent, i.mtime_ms, kind))
                 })
                 .collect();
             super::Namespace {
@@ -580,16 +722,16 @@ mod tests {
     use super::*;
 
     fn file() -> Inode {
-        Inode {
-            parent: ROOT,
-            mtime_ms: 5,
-            kind: InodeKind::File(FileMeta {
+        Inode::new(
+            ROOT,
+            5,
+            InodeKind::File(FileMeta {
                 replication: 3,
                 chunk_size: 1 << 20,
                 chunks: vec![],
                 write: WriteState::Closed,
             }),
-        }
+        )
     }
 
     #[test]

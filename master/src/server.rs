@@ -475,6 +475,7 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::DropChunks(r) => reply(id, core.drop_chunks(r).await),
         MasterRequest::Symlink(r) => reply(id, core.symlink(r).await),
         MasterRequest::ReadLink(r) => reply(id, core.read_link(r).await),
+        MasterRequest::SetAttr(r) => reply(id, core.set_attr(r).await),
     }
 }
 
@@ -610,11 +611,17 @@ mod tests {
     #[test]
     fn a_report_without_parts_and_other_requests_pass_unchanged() {
         let mut parts = ReportParts::default();
-        let stat = MasterRequest::Stat(Stat { path: "/".into() });
+        let stat = MasterRequest::Stat(Stat {
+            path: "/".into(),
+            caller: None,
+        });
         assert_eq!(parts.take(stat.clone()).expect("stat"), Some(stat));
         parts.take(part(0, 2)).expect("part");
         // A request between the parts and their report changes nothing.
-        let stat = MasterRequest::Stat(Stat { path: "/x".into() });
+        let stat = MasterRequest::Stat(Stat {
+            path: "/x".into(),
+            caller: None,
+        });
         assert_eq!(parts.take(stat.clone()).expect("stat"), Some(stat));
         let Some(MasterRequest::Register(r)) = parts
             .take(MasterRequest::Register(Register {

@@ -34,7 +34,7 @@ use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply,
     InodeId, LeaseTerms, List, MakeFile, Mkdir, OpenChunk, ReadLink, Register, RegisterReply,
-    RemoteError, Rename, RenewLease, Signed, Stat, Symlink, UpdatePipeline, WriteGrant,
+    RemoteError, Rename, RenewLease, SetAttr, Signed, Stat, Symlink, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -415,7 +415,11 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn stat(&self, req: Stat) -> Result<FileStatus> {
-        self.read(|st, _| st.stat(&req.path)).await
+        self.read(|st, _| {
+            st.check_access(&req.path, req.caller.as_ref(), 0)?;
+            st.stat(&req.path)
+        })
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
@@ -426,18 +430,70 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn read_link(&self, req: ReadLink) -> Result<String> {
-        self.read(|st, _| st.read_link(&req.path)).await
+        self.read(|st, _| {
+            st.check_access(&req.path, req.caller.as_ref(), 0)?;
+            st.read_link(&req.path)
+        })
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn list(&self, req: List) -> Result<Vec<FileStatus>> {
-        self.read(|st, _| st.list(&req.path)).await
+        self.read(|st, _| {
+            let who = req.caller.as_ref();
+            st.check_access(&req.path, who, 0)?;
+            if st.stat(&req.path)?.kind == stampfs_proto::FileKind::Directory {
+                st.check_access(&req.path, who, crate::perm::READ)?;
+            }
+            st.list(&req.path)
+        })
+        .await
     }
 
+    /// `chmod`, `chown`, `utimensat`.
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn set_attr(&self, req: SetAttr) -> Result<FileStatus> {
+        self.mutate_durable(|st, now, mt| st.set_attr(&req, now, mt))
+            .await
+    }
+
+    /// A file's chunks for a reader; the read moves the file's access time when the
+    /// `relatime` rules say so (not for the file's own writer), durable before the
+    /// answer like every mutation.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn get_locations(&self, req: GetLocations) -> Result<FileLocations> {
-        self.read(|st, now| st.locations(&req.path, req.client, &self.key, now))
-            .await
+        let writer = |st: &MasterState, ino| st.ns.file(ino).and_then(|f| f.writer());
+        let locs = self
+            .read(|st, now| {
+                // A reader needs read permission (the tokens let it read the
+                // replicas); the file's own writer reads what it writes.
+                let who = req.caller.as_ref();
+                st.check_access(&req.path, who, 0)?;
+                let ino = st.resolve_path(&req.path)?;
+                if writer(st, ino) != Some(req.client) {
+                    st.check_access(&req.path, who, crate::perm::READ)?;
+                }
+                st.locations(&req.path, req.client, &self.key, now)
+            })
+            .await?;
+        let ino = locs.status.inode;
+        let writer = |st: &MasterState| writer(st, ino);
+        let stale = req.access && {
+            let st = self.state();
+            writer(&st) != Some(req.client) && st.access(ino, wall_ms()).is_some()
+        };
+        if stale {
+            self.mutate_durable(|st, now, mt| {
+                if writer(st) != Some(req.client) {
+                    if let Some(rec) = st.access(ino, mt) {
+                        st.commit(rec, now)?;
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(locs)
     }
 
     // ------------------------------------------------------------ write path
@@ -450,7 +506,9 @@ impl Core {
     pub async fn append(self: &Arc<Self>, req: Append) -> Result<AppendReply> {
         let gate = {
             let now = self.clock.now_ms();
-            self.state().append_gate(&req.path, now)?
+            let st = self.state();
+            st.check_access(&req.path, req.caller.as_ref(), crate::perm::WRITE)?;
+            st.append_gate(&req.path, now)?
         };
         if let AppendGate::Recover { inode, holder } = gate {
             let path = self

@@ -29,11 +29,12 @@ use crate::registry::Registry;
 use bincode::{Decode, Encode};
 use stampfs_proto::{
     ChunkCommit, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
-    ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, Register,
-    ReplicaLocation,
+    ClusterKey, FileKind, FileLocations, FileState, FileStatus, InodeId, LocatedChunk, NewAttr,
+    Register, ReplicaLocation,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
+mod access;
 mod apply;
 mod health;
 mod ops;
@@ -47,9 +48,10 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
 /// files), format 2 (no granted pipelines), format 3 (no chunks opened before the
-/// last) and format 4 (no symbolic links: the same layout, which a master that knows
-/// no links cannot read once one is in it) are still read and upgraded.
-const SNAPSHOT_FORMAT: u32 = 5;
+/// last), format 4 (no symbolic links: the same layout, which a master that knows
+/// no links cannot read once one is in it) and format 5 (no attributes: an inode
+/// held its modification time in milliseconds only) are still read and upgraded.
+const SNAPSHOT_FORMAT: u32 = 6;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -205,6 +207,33 @@ pub enum Record {
         inode: InodeId,
         target: String,
         mtime_ms: u64,
+    },
+    /// The entry (or chain of directories) that `record`, a `Create`, `Mkdir` or
+    /// `Symlink`, creates, with its creator's mode and owner: one record, so that no
+    /// replay sees the entry without them (a link keeps mode `0o777`).
+    WithAttr { record: Box<Record>, attr: NewAttr },
+    /// A rename over an existing entry (rename(2)): `replaced`, the entry at
+    /// `dst_parent/dst_name` (a file, a link or an empty directory), is removed and
+    /// the source takes its name, in one record, so no replay sees the name missing.
+    RenameOver {
+        src_parent: InodeId,
+        src_name: String,
+        dst_parent: InodeId,
+        dst_name: String,
+        replaced: InodeId,
+        mtime_ms: u64,
+    },
+    /// `chmod`, `chown`, `utimensat` of `inode`, or a read's access time: each given
+    /// attribute is set as it is; the change time moves up to `ctime_ns` (an access
+    /// alone leaves it).
+    SetAttr {
+        inode: InodeId,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        atime_ns: Option<i64>,
+        mtime_ns: Option<i64>,
+        ctime_ns: Option<i64>,
     },
 }
 
@@ -410,10 +439,20 @@ impl MasterState {
             BTreeMap<InodeId, Pipeline>,
             BTreeMap<InodeId, ChunkHandle>,
         );
+        type SnapV5 = (
+            u32,
+            u64,
+            namespace::v5::Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+        );
         type SnapV3 = (
             u32,
             u64,
-            Namespace,
+            namespace::v5::Namespace,
             ChunkTable,
             BTreeMap<ChunkserverId, String>,
             u64,
@@ -422,7 +461,7 @@ impl MasterState {
         type SnapV2 = (
             u32,
             u64,
-            Namespace,
+            namespace::v5::Namespace,
             ChunkTable,
             BTreeMap<ChunkserverId, String>,
             u64,
@@ -445,11 +484,19 @@ impl MasterState {
         // Checkpoints older than format 4 know no chunk opened before the last: every
         // open file was written in its last chunk.
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
-            SNAPSHOT_FORMAT | 4 => {
+            SNAPSHOT_FORMAT => {
                 let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
                     Snap,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            4 | 5 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
+                    SnapV5,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                let ns = ns.upgrade();
                 (last_lsn, ns, chunks, servers, next_server, pipelines, open)
             }
             3 => {
@@ -458,7 +505,15 @@ impl MasterState {
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 let open = BTreeMap::new();
-                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+                (
+                    last_lsn,
+                    ns.upgrade(),
+                    chunks,
+                    servers,
+                    next_server,
+                    pipelines,
+                    open,
+                )
             }
             2 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV2, usize) =
@@ -466,7 +521,7 @@ impl MasterState {
                 let none = BTreeMap::new();
                 (
                     last_lsn,
-                    ns,
+                    ns.upgrade(),
                     chunks,
                     servers,
                     next_server,
@@ -561,7 +616,7 @@ impl MasterState {
                 replication: 0,
                 chunk_size: 0,
                 state: FileState::Closed,
-                mtime_ms: inode.mtime_ms,
+                attr: inode.attr,
             },
             InodeKind::File(f) => FileStatus {
                 path,
@@ -575,7 +630,7 @@ impl MasterState {
                     WriteState::Open { .. } => FileState::Open,
                     WriteState::Recovering { .. } => FileState::Recovering,
                 },
-                mtime_ms: inode.mtime_ms,
+                attr: inode.attr,
             },
             InodeKind::Symlink(target) => FileStatus {
                 path,
@@ -585,7 +640,7 @@ impl MasterState {
                 replication: 0,
                 chunk_size: 0,
                 state: FileState::Closed,
-                mtime_ms: inode.mtime_ms,
+                attr: inode.attr,
             },
         })
     }
@@ -842,7 +897,16 @@ pub fn replay_records<'a>(
 }
 
 #[cfg(test)]
+mod attr_tests;
+
+#[cfg(test)]
 mod open_chunk_tests;
+
+#[cfg(test)]
+mod perm_tests;
+
+#[cfg(test)]
+mod rename_tests;
 
 #[cfg(test)]
 mod symlink_tests;

@@ -112,6 +112,8 @@ async fn wait_replicas(c: &mut RpcClient, path: &str, n: usize) -> LocatedChunk 
             .call(GetLocations {
                 path: path.into(),
                 client: A,
+                access: false,
+                caller: None,
             })
             .await
             .expect("locations");
@@ -142,6 +144,8 @@ async fn bumps_land_in_replica_headers_before_grants() {
         replication: None,
         chunk_size: Some(CHUNK),
         overwrite: false,
+        attr: None,
+        caller: None,
     })
     .await
     .expect("create");
@@ -183,6 +187,7 @@ async fn bumps_land_in_replica_headers_before_grants() {
                 handle: h,
                 length: 0,
             }),
+            keep_mtime: false,
         })
         .await
         .expect("close");
@@ -196,6 +201,7 @@ async fn bumps_land_in_replica_headers_before_grants() {
         .call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect("append");
@@ -250,6 +256,7 @@ async fn bumps_land_in_replica_headers_before_grants() {
             handle: h,
             length: 0,
         }),
+        keep_mtime: false,
     })
     .await
     .expect("close");
@@ -264,6 +271,7 @@ async fn bumps_land_in_replica_headers_before_grants() {
         .call(Append {
             path: "/f".into(),
             client: A,
+            caller: None,
         })
         .await
         .expect("append after restart");
@@ -278,7 +286,13 @@ async fn bumps_land_in_replica_headers_before_grants() {
     cl.restart_master(true).await;
     let mut c = cl.client().await;
     wait_replicas(&mut c, "/f", 2).await;
-    let st = c.call(Stat { path: "/f".into() }).await.expect("stat");
+    let st = c
+        .call(Stat {
+            path: "/f".into(),
+            caller: None,
+        })
+        .await
+        .expect("stat");
     assert_eq!(
         st.state,
         FileState::Open,

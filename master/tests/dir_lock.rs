@@ -54,6 +54,8 @@ async fn a_second_master_on_the_same_directory_fails_and_leaves_the_first_alone(
     c.call(Mkdir {
         path: "/still-here".into(),
         parents: false,
+        attr: None,
+        caller: None,
     })
     .await
     .expect("mkdir on the first master");
@@ -69,6 +71,7 @@ async fn a_second_master_on_the_same_directory_fails_and_leaves_the_first_alone(
     let st = c
         .call(Stat {
             path: "/still-here".into(),
+            caller: None,
         })
         .await
         .expect("stat");
@@ -148,6 +151,8 @@ async fn mkdir_next(c: &mut RpcClient, made: &mut Vec<String>) {
     c.call(Mkdir {
         path: path.clone(),
         parents: false,
+        attr: None,
+        caller: None,
     })
     .await
     .expect("mkdir");
@@ -229,7 +234,10 @@ async fn a_dropped_master_keeps_its_directory_until_its_checkpoint_has_finished(
         .expect("connect");
     for path in &made {
         let st = c
-            .call(Stat { path: path.clone() })
+            .call(Stat {
+                path: path.clone(),
+                caller: None,
+            })
             .await
             .unwrap_or_else(|e| panic!("{path} after the restart: {e}"));
         assert_eq!(st.kind, FileKind::Directory);

@@ -33,6 +33,7 @@ async fn a_failed_append_does_not_make_committed_data_unreadable() {
             handle: h,
             length: data.len() as u64,
         }),
+        keep_mtime: false,
     })
     .await
     .expect("close");
@@ -40,6 +41,8 @@ async fn a_failed_append_does_not_make_committed_data_unreadable() {
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -55,6 +58,7 @@ async fn a_failed_append_does_not_make_committed_data_unreadable() {
         .call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect_err("the append cannot reach any replica");
@@ -70,13 +74,21 @@ async fn a_failed_append_does_not_make_committed_data_unreadable() {
         assert_eq!(hd.length, data.len() as u64);
         assert_eq!(cl.data(*id, h, data.len() as u64), data);
     }
-    let st = c.call(Stat { path: "/f".into() }).await.expect("stat");
+    let st = c
+        .call(Stat {
+            path: "/f".into(),
+            caller: None,
+        })
+        .await
+        .expect("stat");
     assert_eq!(st.state, FileState::Closed);
     assert_eq!(st.length, data.len() as u64);
     let after = c
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -137,6 +149,7 @@ async fn lease_recovery_after_a_failed_pipeline_update_keeps_acknowledged_bytes(
             path: "/g".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");

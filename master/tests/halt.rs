@@ -18,6 +18,8 @@ fn mkdir(path: &str) -> Mkdir {
     Mkdir {
         path: path.into(),
         parents: false,
+        attr: None,
+        caller: None,
     }
 }
 
@@ -46,9 +48,23 @@ async fn a_record_the_log_refuses_halts_the_master_until_a_restart() {
     assert_eq!(e.code(), ErrorCode::Internal, "{e}");
 
     // Everything is refused now, reads too (the state holds /lost, the log does not).
-    let e = remote(c.call(Stat { path: "/".into() }).await.unwrap_err());
+    let e = remote(
+        c.call(Stat {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code(), ErrorCode::Internal, "{e}");
-    let e = remote(c.call(List { path: "/".into() }).await.unwrap_err());
+    let e = remote(
+        c.call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code(), ErrorCode::Internal, "{e}");
     let e = remote(c.call(mkdir("/after")).await.unwrap_err());
     assert_eq!(e.code(), ErrorCode::Internal, "{e}");
@@ -59,6 +75,8 @@ async fn a_record_the_log_refuses_halts_the_master_until_a_restart() {
             replication: None,
             chunk_size: None,
             overwrite: false,
+            attr: None,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -77,12 +95,14 @@ async fn a_record_the_log_refuses_halts_the_master_until_a_restart() {
         .expect("connect");
     c.call(Stat {
         path: "/kept".into(),
+        caller: None,
     })
     .await
     .expect("kept");
     let e = remote(
         c.call(Stat {
             path: "/lost".into(),
+            caller: None,
         })
         .await
         .unwrap_err(),

@@ -33,6 +33,8 @@ fn mkdir(path: &str, parents: bool) -> Mkdir {
     Mkdir {
         path: path.into(),
         parents,
+        attr: None,
+        caller: None,
     }
 }
 
@@ -43,6 +45,8 @@ fn create(path: &str, client: ClientId) -> Create {
         replication: None,
         chunk_size: None,
         overwrite: false,
+        attr: None,
+        caller: None,
     }
 }
 
@@ -103,29 +107,51 @@ async fn namespace_operations_over_tcp() {
     let e = remote(c.call(create("/a/f/g", A)).await.unwrap_err());
     assert_eq!(e.code(), ErrorCode::NotADirectory);
 
-    let list = c.call(List { path: "/a".into() }).await.expect("list");
+    let list = c
+        .call(List {
+            path: "/a".into(),
+            caller: None,
+        })
+        .await
+        .expect("list");
     assert_eq!(names(list), vec!["/a/b", "/a/f", "/a/small"]);
     let list = c
         .call(List {
             path: "/a/f".into(),
+            caller: None,
         })
         .await
         .expect("list a file");
     assert_eq!(names(list), vec!["/a/f"]);
-    let root = c.call(Stat { path: "/".into() }).await.expect("stat /");
+    let root = c
+        .call(Stat {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("stat /");
     assert_eq!(root.kind, FileKind::Directory);
-    let list = c.call(List { path: "/".into() }).await.expect("list /");
+    let list = c
+        .call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list /");
     assert_eq!(names(list), vec!["/a"]);
 
     c.call(Rename {
         src: "/a/f".into(),
         dst: "/a/b/g".into(),
+        caller: None,
+        replace: false,
     })
     .await
     .expect("rename file");
     let e = remote(
         c.call(Stat {
             path: "/a/f".into(),
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -133,6 +159,7 @@ async fn namespace_operations_over_tcp() {
     assert_eq!(e.code(), ErrorCode::NotFound);
     c.call(Stat {
         path: "/a/b/g".into(),
+        caller: None,
     })
     .await
     .expect("moved");
@@ -140,6 +167,8 @@ async fn namespace_operations_over_tcp() {
         c.call(Rename {
             src: "/a".into(),
             dst: "/a/b/inside".into(),
+            caller: None,
+            replace: false,
         })
         .await
         .unwrap_err(),
@@ -149,6 +178,8 @@ async fn namespace_operations_over_tcp() {
         c.call(Rename {
             src: "/a/small".into(),
             dst: "/a/b/g".into(),
+            caller: None,
+            replace: false,
         })
         .await
         .unwrap_err(),
@@ -157,11 +188,20 @@ async fn namespace_operations_over_tcp() {
     c.call(Rename {
         src: "/a/b".into(),
         dst: "/b".into(),
+        caller: None,
+        replace: false,
     })
     .await
     .expect("rename dir");
     assert_eq!(
-        names(c.call(List { path: "/b".into() }).await.expect("list")),
+        names(
+            c.call(List {
+                path: "/b".into(),
+                caller: None
+            })
+            .await
+            .expect("list")
+        ),
         vec!["/b/c", "/b/g"]
     );
 
@@ -169,6 +209,7 @@ async fn namespace_operations_over_tcp() {
         c.call(Delete {
             path: "/b".into(),
             recursive: false,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -177,6 +218,7 @@ async fn namespace_operations_over_tcp() {
     c.call(Delete {
         path: "/b".into(),
         recursive: true,
+        caller: None,
     })
     .await
     .expect("rm -r");
@@ -184,6 +226,7 @@ async fn namespace_operations_over_tcp() {
         c.call(Delete {
             path: "/".into(),
             recursive: true,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -191,7 +234,14 @@ async fn namespace_operations_over_tcp() {
     assert_eq!(e.code(), ErrorCode::BadRequest);
 
     for bad in ["relative", "/a//b", "/a/../b", "/a/./b", "", "/a\0b"] {
-        let e = remote(c.call(Stat { path: bad.into() }).await.unwrap_err());
+        let e = remote(
+            c.call(Stat {
+                path: bad.into(),
+                caller: None,
+            })
+            .await
+            .unwrap_err(),
+        );
         assert_eq!(e.code(), ErrorCode::InvalidPath, "{bad:?}: {e}");
         let e = remote(c.call(mkdir(bad, true)).await.unwrap_err());
         assert_eq!(e.code(), ErrorCode::InvalidPath, "{bad:?}: {e}");
@@ -219,6 +269,7 @@ async fn write_leases_over_tcp() {
             path: "/f".into(),
             client: B,
             last: None,
+            keep_mtime: false,
         })
         .await
         .unwrap_err(),
@@ -239,6 +290,7 @@ async fn write_leases_over_tcp() {
         c.call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -280,6 +332,7 @@ async fn write_leases_over_tcp() {
             path: "/f".into(),
             client: A,
             last: None,
+            keep_mtime: false,
         })
         .await
         .expect("close");
@@ -289,6 +342,7 @@ async fn write_leases_over_tcp() {
         .call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect("append");
@@ -298,6 +352,8 @@ async fn write_leases_over_tcp() {
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -380,6 +436,8 @@ async fn chunkserver_registration_and_unreachable_replicas() {
         .call(GetLocations {
             path: "/f".into(),
             client: A,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -436,12 +494,18 @@ async fn a_malformed_frame_closes_only_its_connection() {
     assert_eq!(n, 0);
 
     // Everyone else is still served.
-    good.call(Stat { path: "/d".into() })
-        .await
-        .expect("still served");
+    good.call(Stat {
+        path: "/d".into(),
+        caller: None,
+    })
+    .await
+    .expect("still served");
     let mut again = client(&m).await;
     again
-        .call(List { path: "/".into() })
+        .call(List {
+            path: "/".into(),
+            caller: None,
+        })
         .await
         .expect("new connections too");
     m.shutdown().await.expect("shutdown");
@@ -459,12 +523,15 @@ async fn restarts_keep_every_acknowledged_mutation() {
         path: "/keep/closed".into(),
         client: A,
         last: None,
+        keep_mtime: false,
     })
     .await
     .expect("close");
     c.call(Rename {
         src: "/keep/sub".into(),
         dst: "/keep/moved".into(),
+        caller: None,
+        replace: false,
     })
     .await
     .expect("rename");
@@ -476,6 +543,7 @@ async fn restarts_keep_every_acknowledged_mutation() {
     let list = names(
         c.call(List {
             path: "/keep".into(),
+            caller: None,
         })
         .await
         .expect("list"),
@@ -484,6 +552,7 @@ async fn restarts_keep_every_acknowledged_mutation() {
     let open = c
         .call(Stat {
             path: "/keep/open".into(),
+            caller: None,
         })
         .await
         .expect("stat");
@@ -493,6 +562,7 @@ async fn restarts_keep_every_acknowledged_mutation() {
         c.call(Append {
             path: "/keep/open".into(),
             client: B,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -516,7 +586,14 @@ async fn restarts_keep_every_acknowledged_mutation() {
 
     let m = master(dir.path()).await;
     let mut c = client(&m).await;
-    let list = names(c.call(List { path: "/".into() }).await.expect("list"));
+    let list = names(
+        c.call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list"),
+    );
     assert_eq!(list, vec!["/after-checkpoint", "/keep"]);
     let f3 = c.call(create("/keep/newer", B)).await.expect("create");
     assert!(
@@ -575,10 +652,16 @@ async fn a_crash_in_a_stream_of_mutations_keeps_every_acknowledged_one() {
 
     let m = master(dir.path()).await;
     let mut c = client(&m).await;
-    let present: std::collections::HashSet<String> =
-        names(c.call(List { path: "/".into() }).await.expect("list"))
-            .into_iter()
-            .collect();
+    let present: std::collections::HashSet<String> = names(
+        c.call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list"),
+    )
+    .into_iter()
+    .collect();
     for p in &acked {
         assert!(present.contains(p), "acknowledged {p} was lost");
     }
@@ -611,7 +694,14 @@ async fn a_torn_log_tail_is_cut_and_the_master_starts() {
         good
     );
     let mut c = client(&m).await;
-    let list = names(c.call(List { path: "/".into() }).await.expect("list"));
+    let list = names(
+        c.call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list"),
+    );
     assert_eq!(list, vec!["/d0", "/d1", "/d2", "/d3", "/d4"]);
     c.call(mkdir("/d5", false))
         .await
@@ -620,7 +710,15 @@ async fn a_torn_log_tail_is_cut_and_the_master_starts() {
     let m = master(dir.path()).await;
     let mut c = client(&m).await;
     assert_eq!(
-        names(c.call(List { path: "/".into() }).await.expect("list")).len(),
+        names(
+            c.call(List {
+                path: "/".into(),
+                caller: None
+            })
+            .await
+            .expect("list")
+        )
+        .len(),
         6
     );
     m.shutdown().await.expect("shutdown");
@@ -669,7 +767,14 @@ async fn the_checkpoint_worker_trims_the_log_when_it_grows() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let m = start(cfg).await.expect("restart");
     let mut c = client(&m).await;
-    let list = names(c.call(List { path: "/".into() }).await.expect("list"));
+    let list = names(
+        c.call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list"),
+    );
     assert_eq!(list.len(), 21);
     assert!(list.contains(&"/after".to_string()));
     m.shutdown().await.expect("shutdown");
@@ -681,6 +786,8 @@ fn make_file(path: &str, client: ClientId) -> MakeFile {
         client,
         replication: None,
         chunk_size: None,
+        attr: None,
+        caller: None,
     }
 }
 
@@ -713,17 +820,25 @@ async fn make_file_creates_a_closed_empty_file_that_survives_a_crash_and_takes_a
     let st = c
         .call(Stat {
             path: "/touched".into(),
+            caller: None,
         })
         .await
         .expect("stat after the crash");
     assert_eq!((st.state, st.length), (FileState::Closed, 0));
-    let list = c.call(List { path: "/".into() }).await.expect("list");
+    let list = c
+        .call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list");
     assert_eq!(list.len(), 51);
     assert!(list.iter().all(|s| s.state == FileState::Closed));
     let reply = c
         .call(Append {
             path: "/touched".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect("append to a made file");

@@ -25,6 +25,8 @@ async fn a_read_token_cannot_cut_a_writers_acknowledged_bytes() {
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");

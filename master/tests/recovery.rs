@@ -52,6 +52,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");
@@ -66,7 +67,13 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
         }
     );
     assert_sealed(&cl, &ids(&g), h, 2, &data);
-    let st = c.call(Stat { path: "/f".into() }).await.expect("stat");
+    let st = c
+        .call(Stat {
+            path: "/f".into(),
+            caller: None,
+        })
+        .await
+        .expect("stat");
     assert_eq!((st.state, st.length), (FileState::Closed, 100_000));
 
     // The old writer's next packet, on its still open stream, is refused by the
@@ -104,6 +111,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
                 handle: h,
                 length: 100_010,
             }),
+            keep_mtime: false,
         })
         .await
         .unwrap_err(),
@@ -114,6 +122,8 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -130,6 +140,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover a closed file");
@@ -145,6 +156,8 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
     c.call(Mkdir {
         path: "/d".into(),
         parents: false,
+        attr: None,
+        caller: None,
     })
     .await
     .expect("mkdir");
@@ -158,6 +171,7 @@ async fn recover_lease_fences_the_writer_and_closes_at_the_acknowledged_length()
                 path: p.into(),
                 client: OP,
                 accept_loss: false,
+                caller: None,
             })
             .await
             .unwrap_err(),
@@ -196,6 +210,7 @@ async fn append_after_the_soft_limit_recovers_then_proceeds_at_the_next_version(
     let append = Append {
         path: "/f".into(),
         client: B,
+        caller: None,
     };
     // Within the soft limit (A just renewed): a conflict naming the holder.
     c.call(RenewLease { client: A }).await.expect("renew");
@@ -252,6 +267,7 @@ async fn append_after_the_soft_limit_recovers_then_proceeds_at_the_next_version(
                 handle: h,
                 length: 110_000,
             }),
+            keep_mtime: false,
         })
         .await
         .expect("close");
@@ -276,6 +292,7 @@ async fn recovery_with_a_replica_down_closes_on_the_others_and_never_serves_it()
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");
@@ -300,6 +317,8 @@ async fn recovery_with_a_replica_down_closes_on_the_others_and_never_serves_it()
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -319,6 +338,7 @@ async fn recovery_with_a_replica_down_closes_on_the_others_and_never_serves_it()
         .call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect("append")
@@ -354,6 +374,7 @@ async fn a_recovery_whose_bumps_all_fail_survives_a_crash_and_finishes_after_it(
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");
@@ -361,12 +382,19 @@ async fn a_recovery_whose_bumps_all_fail_survives_a_crash_and_finishes_after_it(
     assert_eq!(out.old_version, Some(ChunkVersion(1)));
     let minted = out.new_version.expect("a version was minted");
     assert!(minted >= ChunkVersion(2));
-    let st = c.call(Stat { path: "/f".into() }).await.expect("stat");
+    let st = c
+        .call(Stat {
+            path: "/f".into(),
+            caller: None,
+        })
+        .await
+        .expect("stat");
     assert_eq!(st.state, FileState::Recovering);
     let e = remote(
         c.call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .unwrap_err(),
@@ -388,6 +416,8 @@ async fn a_recovery_whose_bumps_all_fail_survives_a_crash_and_finishes_after_it(
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");

@@ -27,6 +27,7 @@ async fn a_crash_before_the_commit_resumes_and_finishes_the_recovery() {
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");
@@ -78,6 +79,7 @@ async fn a_crash_before_the_commit_resumes_and_finishes_the_recovery() {
         .call(Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         })
         .await
         .expect("append after recovery")

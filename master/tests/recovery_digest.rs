@@ -35,6 +35,7 @@ async fn recover(c: &mut RpcClient) -> RecoveryOutcome {
         path: "/f".into(),
         client: OP,
         accept_loss: false,
+        caller: None,
     })
     .await
     .expect("recover")
@@ -64,6 +65,8 @@ async fn read_file(c: &mut RpcClient) -> (LocatedChunk, Vec<u8>) {
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");
@@ -190,6 +193,8 @@ async fn replica_health_replaces_the_stale_replicas_with_copies_of_the_kept_one(
             .call(GetLocations {
                 path: "/f".into(),
                 client: B,
+                access: false,
+                caller: None,
             })
             .await
             .expect("locations");

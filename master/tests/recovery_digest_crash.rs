@@ -34,6 +34,7 @@ async fn a_crash_after_the_kept_version_resumes_and_keeps_the_head_again() {
             path: "/f".into(),
             client: OP,
             accept_loss: false,
+            caller: None,
         })
         .await
         .expect("recover");
@@ -85,6 +86,8 @@ async fn a_crash_after_the_kept_version_resumes_and_keeps_the_head_again() {
         .call(GetLocations {
             path: "/f".into(),
             client: B,
+            access: false,
+            caller: None,
         })
         .await
         .expect("locations");

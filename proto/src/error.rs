@@ -36,6 +36,8 @@ pub enum ErrorCode {
     NotSupported = 22,
     ReplicaShort = 23,
     ReplicaFinalized = 24,
+    PermissionDenied = 25,
+    NotPermitted = 26,
 }
 
 /// A typed error carried in a reply frame.
@@ -116,6 +118,12 @@ pub enum RemoteError {
     /// and it is not finalized again at another length.
     #[error("replica of chunk {handle} is finalized at {length} bytes")]
     ReplicaFinalized { handle: ChunkHandle, length: u64 },
+    /// The caller lacks a permission bit on `path` (`EACCES`).
+    #[error("permission denied: {path}: {reason}")]
+    PermissionDenied { path: String, reason: String },
+    /// The operation is reserved to the entry's owner or root (`EPERM`).
+    #[error("operation not permitted: {path}: {reason}")]
+    NotPermitted { path: String, reason: String },
 }
 
 impl RemoteError {
@@ -146,6 +154,8 @@ impl RemoteError {
             RemoteError::NotSupported { .. } => ErrorCode::NotSupported,
             RemoteError::ReplicaShort { .. } => ErrorCode::ReplicaShort,
             RemoteError::ReplicaFinalized { .. } => ErrorCode::ReplicaFinalized,
+            RemoteError::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            RemoteError::NotPermitted { .. } => ErrorCode::NotPermitted,
         }
     }
 }

@@ -82,7 +82,74 @@ pub struct FileStatus {
     pub replication: u8,
     pub chunk_size: u64,
     pub state: FileState,
-    pub mtime_ms: u64,
+    /// Mode bits, owner and times.
+    #[serde(flatten)]
+    pub attr: Attr,
+}
+
+/// The POSIX attributes the master keeps for every entry. Times are nanoseconds since
+/// the Unix epoch (negative before it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct Attr {
+    /// Permission bits with set-uid, set-gid and sticky (`0o7777`); the kind is
+    /// [`FileStatus::kind`]'s.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+/// The bits of [`Attr::mode`] the master stores: permissions, set-uid, set-gid, sticky.
+pub const MODE_BITS: u32 = 0o7777;
+
+/// Mode and owner of an entry being created: the caller's uid and gid, and the mode
+/// it asked for with its umask applied. Without one the master uses uid 0, gid 0 and
+/// `0o644` for files, `0o755` for directories. A symbolic link's mode is always
+/// `0o777`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct NewAttr {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who sends a namespace request, as the master checks permissions: user, primary
+/// group and supplementary groups (at most [`MAX_GROUPS`]). Not authenticated yet:
+/// any client may claim any identity. Without one a request acts as root (the
+/// cluster's own tools, older clients).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// The most supplementary groups a [`Caller`] may name (Linux's `NGROUPS_MAX`).
+pub const MAX_GROUPS: usize = 65_536;
+
+/// A time [`SetAttr`] sets: the master's clock, or a given instant in nanoseconds
+/// since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum SetTime {
+    Now,
+    At(i64),
+}
+
+/// Changes the mode, owner or times of the entry at `path` (`chmod`, `chown`,
+/// `utimensat`); the change time becomes the master's clock. A size change is a
+/// writer's `set_len`, not this. Answers the new status.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct SetAttr {
+    pub path: String,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 /// One replica of a chunk as the master knows it.
@@ -153,6 +220,10 @@ pub struct ChunkCommit {
 pub struct Mkdir {
     pub path: String,
     pub parents: bool,
+    /// Mode and owner of every directory it creates.
+    pub attr: Option<NewAttr>,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 /// Creates a symbolic link at `path` holding `target` (any text of 1 to
@@ -162,6 +233,10 @@ pub struct Mkdir {
 pub struct Symlink {
     pub path: String,
     pub target: String,
+    /// The link's owner (its mode is always `0o777`).
+    pub attr: Option<NewAttr>,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 /// The longest target a symbolic link may hold (PATH_MAX).
@@ -171,6 +246,8 @@ pub const MAX_SYMLINK_TARGET: usize = 4096;
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct ReadLink {
     pub path: String,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -180,6 +257,9 @@ pub struct Create {
     pub replication: Option<u8>,
     pub chunk_size: Option<u64>,
     pub overwrite: bool,
+    pub attr: Option<NewAttr>,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 /// Creates an empty file that is closed at once, in one durable step and without a
@@ -193,6 +273,9 @@ pub struct MakeFile {
     pub client: ClientId,
     pub replication: Option<u8>,
     pub chunk_size: Option<u64>,
+    pub attr: Option<NewAttr>,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 /// Reopens a closed file for writing at its end.
@@ -200,6 +283,8 @@ pub struct MakeFile {
 pub struct Append {
     pub path: String,
     pub client: ClientId,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -270,6 +355,10 @@ pub struct Close {
     pub path: String,
     pub client: ClientId,
     pub last: Option<ChunkCommit>,
+    /// The writer wrote nothing since it opened the file or since its times were set
+    /// (`futimens` before `close`, as `cp -p` does): the close leaves the modification
+    /// time alone.
+    pub keep_mtime: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -291,28 +380,46 @@ pub struct LeaseTerms {
 pub struct GetLocations {
     pub path: String,
     pub client: ClientId,
+    /// The caller opens the file to read it: the master moves its access time when
+    /// the `relatime` rules say so (never for the file's own writer). False for
+    /// `stat`, checkers and a reader's refresh.
+    pub access: bool,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct List {
     pub path: String,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Stat {
     pub path: String,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Rename {
     pub src: String,
     pub dst: String,
+    /// rename(2): an existing `dst` is replaced in the same step (a file or link by a
+    /// file or link, an empty directory by a directory). Without it an existing `dst`
+    /// is refused.
+    pub replace: bool,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Delete {
     pub path: String,
     pub recursive: bool,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -324,6 +431,8 @@ pub struct RecoverLease {
     /// closed at its committed length instead of waiting. Bytes acknowledged past that
     /// length are lost; a replica that comes back later is stale.
     pub accept_loss: bool,
+    /// Who asks (permissions are checked for it; root without one).
+    pub caller: Option<Caller>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
@@ -559,6 +668,8 @@ pub enum MasterRequest {
     Symlink(Symlink),
     /// After every older variant, so that each keeps its wire index.
     ReadLink(ReadLink),
+    /// After every older variant, so that each keeps its wire index.
+    SetAttr(SetAttr),
 }
 
 // ---------------------------------------------------------------- → chunkserver

@@ -66,6 +66,7 @@ rpc! {
     MasterRequest::DropChunks(DropChunks) -> ();
     MasterRequest::Symlink(Symlink) -> FileStatus;
     MasterRequest::ReadLink(ReadLink) -> String;
+    MasterRequest::SetAttr(SetAttr) -> FileStatus;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -211,7 +211,7 @@ fn status() -> FileStatus {
         replication: 0,
         chunk_size: 0,
         state: FileState::Open,
-        mtime_ms: 0,
+        attr: Attr::default(),
     }
 }
 

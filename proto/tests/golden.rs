@@ -120,14 +120,20 @@ fn create_request_frame() {
             replication: Some(3),
             chunk_size: Some(64 << 20),
             overwrite: false,
+            attr: Some(NewAttr {
+                mode: 0o644,
+                uid: 1000,
+                gid: 100,
+            }),
+            caller: None,
         },
         Bytes::new(),
     )
     .expect("frame");
     let expected = concat!(
-        "0000001a",       // len 26 = 4 + hlen
-        "2de81363",       // crc32 of the body
-        "00000016",       // hlen 22
+        "00000022",       // len 34 = 4 + hlen
+        "5b533879",       // crc32 of the body
+        "0000001e",       // hlen 30
         "01",             // request id 1
         "01",             // MasterRequest::Create (index 1)
         "07",             // path: 7 bytes
@@ -136,6 +142,10 @@ fn create_request_frame() {
         "0103",           // replication: Some, 3
         "01fc00000004",   // chunk_size: Some, 64 MiB = 0x0400_0000
         "00",             // overwrite false
+        "01",             // attr: Some
+        "fba401",         //   mode 0o644 = 420
+        "fbe803",         //   uid 1000
+        "64",             //   gid 100
     );
     check(&frame, expected);
     let (id, req): (u64, MasterRequest) = parse_request(&frame).expect("parse");

@@ -414,7 +414,15 @@ fn valid_bincode_of_the_wrong_type_is_refused() {
     assert_malformed("reply as request", parse_request::<MasterRequest>(&reply));
 
     // A master request read as a chunkserver request.
-    let req = request_frame(1, Stat { path: "/x".into() }, Bytes::new()).expect("frame");
+    let req = request_frame(
+        1,
+        Stat {
+            path: "/x".into(),
+            caller: None,
+        },
+        Bytes::new(),
+    )
+    .expect("frame");
     assert_malformed(
         "master request as chunk request",
         parse_request::<ChunkRequest>(&req),
@@ -448,7 +456,15 @@ fn trailing_bytes_after_the_value_are_refused() {
         decode_value::<RegisterReply>(&bytes),
     );
 
-    let mut frame = request_frame(5, Stat { path: "/a".into() }, Bytes::new()).expect("frame");
+    let mut frame = request_frame(
+        5,
+        Stat {
+            path: "/a".into(),
+            caller: None,
+        },
+        Bytes::new(),
+    )
+    .expect("frame");
     let mut header = frame.header.to_vec();
     header.push(0);
     frame.header = Bytes::from(header);

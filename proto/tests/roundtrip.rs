@@ -211,7 +211,7 @@ mod rpc {
         open_chunk: arb_open_chunk() => arb_write_grant();
         drop_chunks: arb_drop_chunks() => Just(());
         symlink: arb_symlink() => arb_file_status();
-        read_link: arb_string().prop_map(|path| ReadLink { path }) => arb_string();
+        read_link: arb_string().prop_map(|path| ReadLink { path, caller: None }) => arb_string();
         write_setup: arb_write_setup() => arb_write_setup_reply();
         read: arb_read() => arb_read_reply();
         replica_info: arb_replica_info() => arb_replica_report();
@@ -239,7 +239,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 26, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 27, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
@@ -251,7 +251,7 @@ fn strategies_cover_every_enum_variant() {
         "Verification variants drawn: {verification:?}"
     );
     let err = variants_drawn(arb_remote_error(), remote_error_variant, 800);
-    assert_eq!(err.len(), 24, "RemoteError variants drawn: {err:?}");
+    assert_eq!(err.len(), 26, "RemoteError variants drawn: {err:?}");
 }
 
 // ---------------------------------------------------------------- RpcClient
@@ -265,7 +265,11 @@ fn status(path: &str) -> FileStatus {
         replication: 3,
         chunk_size: 64 << 20,
         state: FileState::Closed,
-        mtime_ms: 1_700_000_000_000,
+        attr: Attr {
+            mode: 0o644,
+            mtime_ns: 1_700_000_000_000_000_000,
+            ..Attr::default()
+        },
     }
 }
 
@@ -279,7 +283,7 @@ async fn serve(stream: tokio::io::DuplexStream) -> Result<u64> {
     let mut served = 0;
     while let Some(frame) = reader.read_frame().await? {
         let (id, req): (u64, MasterRequest) = parse_request(&frame)?;
-        let MasterRequest::Stat(Stat { path }) = req else {
+        let MasterRequest::Stat(Stat { path, .. }) = req else {
             let err: std::result::Result<FileStatus, _> = Err(RemoteError::NotSupported {
                 reason: "only stat".into(),
             });
@@ -314,6 +318,7 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
     let got = client
         .call(Stat {
             path: "/a/b".into(),
+            caller: None,
         })
         .await
         .expect("stat");
@@ -324,6 +329,7 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
         .call_with_data(
             Stat {
                 path: "/echo".into(),
+                caller: None,
             },
             payload.clone(),
         )
@@ -335,6 +341,7 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
     let err = client
         .call(Stat {
             path: "/missing".into(),
+            caller: None,
         })
         .await
         .expect_err("missing");
@@ -348,6 +355,7 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
     let got = client
         .call(Stat {
             path: "/again".into(),
+            caller: None,
         })
         .await
         .expect("stat after error");
@@ -357,6 +365,7 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
     let err = client
         .call(Stat {
             path: "/wrong-id".into(),
+            caller: None,
         })
         .await
         .expect_err("wrong id");
@@ -375,6 +384,8 @@ async fn rpc_client_talks_to_a_server_over_a_duplex_stream() {
         .call(Mkdir {
             path: "/d".into(),
             parents: false,
+            attr: None,
+            caller: None,
         })
         .await
         .expect_err("not supported");

@@ -146,7 +146,7 @@ pub async fn probed<T>(
                 let mut i = t as u64;
                 while !stop.load(Ordering::Relaxed) {
                     let path = file_path(spread(i, files), fpd);
-                    let _ = timed(&stats, driver.call(Stat { path })).await;
+                    let _ = timed(&stats, driver.call(Stat { path, caller: None })).await;
                     i += 7;
                     // Leave the CPU to the work being probed between requests.
                     tokio::time::sleep(Duration::from_micros(200)).await;

@@ -196,6 +196,8 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                     .call(Mkdir {
                         path: format!("/bench/warmup/w{}", i / PHASE_DIR_ENTRIES),
                         parents: true,
+                        attr: None,
+                        caller: None,
                     })
                     .await?;
                 create_close(&c.driver, path.clone(), client, c.replication).await?;
@@ -220,6 +222,8 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                 .call(Mkdir {
                     path: format!("/bench/mkdirs/g{}/d{i}", i / PHASE_DIR_ENTRIES),
                     parents: false,
+                    attr: None,
+                    caller: None,
                 })
                 .await
         }
@@ -241,6 +245,8 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                 .call(Mkdir {
                     path: file_dir(g),
                     parents: true,
+                    attr: None,
+                    caller: None,
                 })
                 .await
             {
@@ -379,7 +385,7 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
         let c = c.clone();
         async move {
             let path = file_path(spread(i, c.files), c.files_per_dir);
-            c.driver.call(Stat { path }).await
+            c.driver.call(Stat { path, caller: None }).await
         }
     })
     .await;
@@ -396,6 +402,8 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                 .call(GetLocations {
                     path,
                     client: client_of(i),
+                    access: false,
+                    caller: None,
                 })
                 .await?;
             if loc.chunks.len() as u64 != c.chunks_per_file {
@@ -421,7 +429,12 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
         let c = c.clone();
         async move {
             let g = spread(i, c.files.div_ceil(c.files_per_dir));
-            c.driver.call(List { path: file_dir(g) }).await
+            c.driver
+                .call(List {
+                    path: file_dir(g),
+                    caller: None,
+                })
+                .await
         }
     })
     .await;
@@ -455,6 +468,8 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                 .call(Rename {
                     src: format!("/bench/rename/g{g}/f{i}"),
                     dst: format!("/bench/rename/g{g}/r{i}"),
+                    caller: None,
+                    replace: false,
                 })
                 .await
         }
@@ -470,6 +485,7 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
                 .call(Delete {
                     path: format!("/bench/rename/g{}/r{i}", i / PHASE_DIR_ENTRIES),
                     recursive: false,
+                    caller: None,
                 })
                 .await
         }

@@ -57,6 +57,8 @@ pub async fn create_close(driver: &Driver, path: String, client: ClientId, r: u8
             replication: Some(r),
             chunk_size: None,
             overwrite: false,
+            attr: None,
+            caller: None,
         })
         .await?;
     driver
@@ -64,6 +66,7 @@ pub async fn create_close(driver: &Driver, path: String, client: ClientId, r: u8
             path,
             client,
             last: None,
+            keep_mtime: false,
         })
         .await?;
     Ok(())
@@ -90,6 +93,7 @@ pub async fn build_file(
         driver.call(Append {
             path: path.clone(),
             client,
+            caller: None,
         }),
     )
     .await?;
@@ -115,6 +119,7 @@ pub async fn build_file(
             path,
             client,
             last: previous,
+            keep_mtime: false,
         }),
     )
     .await?;
@@ -210,6 +215,8 @@ pub async fn mkdir_groups(ctx: &Arc<Ctx>, prefix: &str, groups: u64) -> Result<(
             .call(Mkdir {
                 path: format!("{prefix}/g{g}"),
                 parents: true,
+                attr: None,
+                caller: None,
             })
             .await?;
     }

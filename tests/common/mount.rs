@@ -44,17 +44,32 @@ pub struct MountGuard {
 
 impl MountGuard {
     pub fn start(c: &TestCluster) -> Self {
+        Self::start_with(c, &[])
+    }
+
+    /// [`MountGuard::start`] with more `stampfs mount` arguments. With
+    /// `--allow-other` the temp dir above the mount point is opened to everyone, so
+    /// that other users reach it.
+    pub fn start_with(c: &TestCluster, extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("stampfs-mnt-")
             .tempdir()
             .expect("tempdir");
+        if extra.contains(&"--allow-other") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod the mount's temp dir");
+        }
         let root = dir.path().join("mnt");
         std::fs::create_dir(&root).expect("mount point");
         let root = root.canonicalize().expect("canonical mount point");
         let log = dir.path().join("mount.log");
         let log_file = File::create(&log).expect("mount log");
+        let mut args = vec!["mount", "--foreground"];
+        args.extend_from_slice(extra);
+        args.push(root.to_str().expect("utf8 path"));
         let child = c
-            .cmd(&["mount", "--foreground", root.to_str().expect("utf8 path")])
+            .cmd(&args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

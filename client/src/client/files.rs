@@ -39,6 +39,8 @@ impl Client {
                 replication: opts.replication,
                 chunk_size: opts.chunk_size,
                 overwrite: opts.overwrite,
+                attr: Some(opts.attr.unwrap_or_else(|| super::process_attr(0o666))),
+                caller: self.caller(),
             })
             .await?;
         self.hold_lease(&path);
@@ -56,6 +58,8 @@ impl Client {
             client: self.inner.id,
             replication: opts.replication,
             chunk_size: opts.chunk_size,
+            attr: Some(opts.attr.unwrap_or_else(|| super::process_attr(0o666))),
+            caller: self.caller(),
         })
         .await
     }
@@ -82,6 +86,7 @@ impl Client {
                 .call(Append {
                     path: path.clone(),
                     client: self.inner.id,
+                    caller: self.caller(),
                 })
                 .await;
             match res {
@@ -108,9 +113,18 @@ impl Client {
         }
     }
 
-    /// Opens a file for reading.
+    /// Opens a file for reading (a read: its access time moves by the `relatime`
+    /// rules).
     pub async fn open(&self, path: &str) -> Result<FileReader> {
-        FileReader::open(self.clone(), normalized(path)?).await
+        FileReader::open(self.clone(), normalized(path)?, true).await
+    }
+
+    /// The length a reader of `path` may read now (for a file being written: what
+    /// every replica of its pipeline holds), without reading: the access time stays.
+    pub async fn visible_length(&self, path: &str) -> Result<u64> {
+        Ok(FileReader::open(self.clone(), normalized(path)?, false)
+            .await?
+            .len())
     }
 
     /// Reads one replica straight from the chunkserver at `addr`, as that chunkserver

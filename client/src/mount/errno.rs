@@ -19,6 +19,8 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::InvalidPath => Errno::EINVAL,
         ErrorCode::BadRequest => Errno::EINVAL,
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
+        ErrorCode::PermissionDenied => Errno::EACCES,
+        ErrorCode::NotPermitted => Errno::EPERM,
         ErrorCode::Unavailable => Errno::EIO,
         ErrorCode::NotEnoughReplicas => Errno::EIO,
         // A fenced or expired writer: the storage refused this mount's token.

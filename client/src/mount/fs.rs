@@ -22,7 +22,7 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow, WriteFlags,
 };
-use stampfs_proto::{FileKind, FileState, FileStatus, RemoteError};
+use stampfs_proto::{FileKind, FileState, FileStatus, RemoteError, SetTime};
 use std::ffi::OsStr;
 use std::future::Future;
 use std::io::SeekFrom;
@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::task::TaskTracker;
+use write::AttrChange;
 
 mod links;
 mod namespace;
@@ -59,6 +60,56 @@ const CAPACITY_TIMEOUT: Duration = Duration::from_secs(1);
 const ROOT_ATTR_WAIT: Duration = Duration::from_secs(1);
 /// Longest name component (`f_namemax`), as the master enforces it.
 const NAME_MAX: u32 = stampfs_proto::path::MAX_COMPONENT_LEN as u32;
+
+/// The instant `ns` nanoseconds from the Unix epoch (before it when negative).
+fn system_time(ns: i64) -> SystemTime {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    }
+}
+
+/// Nanoseconds from the Unix epoch of `t` (`EINVAL` outside about 1677 to 2262).
+fn epoch_ns(t: SystemTime) -> Result<i64, Errno> {
+    let ns = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).ok(),
+        Err(e) => i64::try_from(e.duration().as_nanos()).ok().map(|n| -n),
+    };
+    ns.ok_or(Errno::EINVAL)
+}
+
+/// The identity of the process that made `req`: its uid and gid as the kernel gives
+/// them, and its supplementary groups from `/proc/PID/status` (none when it is gone,
+/// or for the kernel's own requests, pid 0).
+fn caller_of(req: &Request) -> stampfs_proto::Caller {
+    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .take(stampfs_proto::MAX_GROUPS)
+                    .collect()
+            })
+        })
+        .unwrap_or_default();
+    stampfs_proto::Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        groups,
+    }
+}
+
+/// Mode and owner of an entry `req`'s caller creates with `mode` under `umask`.
+fn new_attr(req: &Request, mode: u32, umask: u32) -> stampfs_proto::NewAttr {
+    stampfs_proto::NewAttr {
+        mode: mode & !umask & stampfs_proto::MODE_BITS,
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
 
 /// Locks a mutex that only guards plain bookkeeping: a panic elsewhere cannot leave it
 /// half-updated in a way worth refusing service for.
@@ -90,8 +141,6 @@ pub(crate) struct Shared {
     /// Where request tasks run.
     pub(crate) rt: tokio::runtime::Handle,
     ttl: Duration,
-    uid: u32,
-    gid: u32,
     /// Inodes the kernel holds, with their paths; locked briefly, never across an await.
     inodes: Mutex<Inodes>,
     /// Recent attributes by path; locked briefly, never across an await.
@@ -119,8 +168,6 @@ impl Shared {
             client,
             rt,
             ttl,
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
             inodes: Mutex::new(Inodes::default()),
             attrs: Mutex::new(AttrCache::new(ttl)),
             handles: Mutex::new(Handles::default()),
@@ -150,25 +197,26 @@ impl Shared {
     }
 
     fn attr(&self, st: &FileStatus, size: u64) -> FileAttr {
-        let mtime = UNIX_EPOCH + Duration::from_millis(st.mtime_ms);
-        let (kind, perm, nlink) = match st.kind {
-            FileKind::Directory => (FileType::Directory, 0o755, 2),
-            FileKind::File => (FileType::RegularFile, 0o644, 1),
-            FileKind::Symlink => (FileType::Symlink, 0o777, 1),
+        let a = &st.attr;
+        let (kind, nlink) = match st.kind {
+            FileKind::Directory => (FileType::Directory, 2),
+            FileKind::File => (FileType::RegularFile, 1),
+            FileKind::Symlink => (FileType::Symlink, 1),
         };
+        let mtime = system_time(a.mtime_ns);
         FileAttr {
             ino: INodeNo(st.inode.0),
             size,
             blocks: size.div_ceil(512),
-            atime: mtime,
+            atime: system_time(a.atime_ns),
             mtime,
-            ctime: mtime,
+            ctime: system_time(a.ctime_ns),
             crtime: mtime,
             kind,
-            perm,
+            perm: (a.mode & stampfs_proto::MODE_BITS) as u16,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: a.uid,
+            gid: a.gid,
             rdev: 0,
             blksize: BLKSIZE,
             flags: 0,
@@ -213,8 +261,8 @@ impl Shared {
         if lock(&self.handles).local_size(st.inode.0).is_some() {
             return st.length;
         }
-        match self.client.open(&st.path).await {
-            Ok(r) => r.len().max(st.length),
+        match self.client.visible_length(&st.path).await {
+            Ok(len) => len.max(st.length),
             Err(e) => {
                 tracing::debug!(path = %st.path, error = %e, "visible length unknown; using the committed length");
                 st.length
@@ -397,6 +445,20 @@ impl StampFs {
         self.shared.tasks.spawn_on(fut, &self.shared.rt);
     }
 
+    /// [`StampFs::spawn`] for a namespace change: the task's requests to the master
+    /// go as the process that made `req` ([`caller_of`]), so the master checks its
+    /// permissions and the entries it creates are its own. Opens are the kernel's to
+    /// check (`default_permissions`): reads and the write lease a handle takes at its
+    /// first write go as the mount, so a file created read-only (as git creates its
+    /// objects) can still be written through the descriptor that created it.
+    fn spawn_as<F>(&self, req: &Request, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let caller = caller_of(req);
+        self.spawn(crate::client::REQUEST_CALLER.scope(caller, fut));
+    }
+
     fn handle(&self, fh: FileHandle) -> Option<Handle> {
         lock(&self.shared.handles).get(fh.0)
     }
@@ -443,25 +505,47 @@ impl fuser::Filesystem for StampFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
+        crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
+        flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // Creation time and BSD flags are not stored: refused, never dropped. The
+        // change time is the master's (Linux never sends one).
+        if crtime.is_some() || flags.is_some() {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let time = |t: Option<TimeOrNow>| -> Result<Option<SetTime>, Errno> {
+            Ok(match t {
+                None => None,
+                Some(TimeOrNow::Now) => Some(SetTime::Now),
+                Some(TimeOrNow::SpecificTime(t)) => Some(SetTime::At(epoch_ns(t)?)),
+            })
+        };
+        let change = match (time(atime), time(mtime)) {
+            (Ok(atime), Ok(mtime)) => AttrChange {
+                mode: mode.map(|m| m & stampfs_proto::MODE_BITS),
+                uid,
+                gid,
+                atime,
+                mtime,
+            },
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
         let sh = self.shared.clone();
-        self.spawn(async move {
-            match sh.setattr(ino, size).await {
+        self.spawn_as(req, async move {
+            match sh.setattr(ino, size, change).await {
                 Ok(attr) => reply.attr(&sh.ttl, &attr),
                 Err(e) => reply.error(e),
             }
@@ -470,11 +554,11 @@ impl fuser::Filesystem for StampFs {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -485,9 +569,10 @@ impl fuser::Filesystem for StampFs {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
+        let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn(async move {
-            match sh.mknod(path).await {
+        self.spawn_as(req, async move {
+            match sh.mknod(path, attr).await {
                 Ok(st) => sh.reply_entry(reply, &st, 0),
                 Err(e) => reply.error(e),
             }
@@ -496,33 +581,34 @@ impl fuser::Filesystem for StampFs {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let path = match self.shared.child_path(parent, name) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn(async move {
-            match sh.mkdir(path).await {
+        self.spawn_as(req, async move {
+            match sh.mkdir(path, attr).await {
                 Ok(st) => sh.reply_entry(reply, &st, 0),
                 Err(e) => reply.error(e),
             }
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let path = match self.shared.child_path(parent, name) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.spawn_as(req, async move {
             match sh.remove(path, "unlink").await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -530,13 +616,13 @@ impl fuser::Filesystem for StampFs {
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let path = match self.shared.child_path(parent, name) {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.spawn_as(req, async move {
             match sh.remove(path, "rmdir").await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -546,7 +632,7 @@ impl fuser::Filesystem for StampFs {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &std::path::Path,
@@ -556,9 +642,10 @@ impl fuser::Filesystem for StampFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        let attr = new_attr(req, 0o777, 0);
         let (sh, target) = (self.shared.clone(), target.to_path_buf());
-        self.spawn(async move {
-            match sh.symlink(path, &target).await {
+        self.spawn_as(req, async move {
+            match sh.symlink(path, &target, attr).await {
                 Ok(st) => {
                     let size = st.length;
                     sh.reply_entry(reply, &st, size)
@@ -599,7 +686,7 @@ impl fuser::Filesystem for StampFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -621,7 +708,7 @@ impl fuser::Filesystem for StampFs {
         }
         let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.spawn_as(req, async move {
             match sh.rename(from, to, replace).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -904,11 +991,11 @@ impl fuser::Filesystem for StampFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
@@ -917,9 +1004,10 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let append_mode = flags & libc::O_APPEND != 0;
+        let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn(async move {
-            match sh.create(path, append_mode).await {
+        self.spawn_as(req, async move {
+            match sh.create(path, append_mode, attr).await {
                 Ok((st, fh)) => {
                     let attr = sh.attr(&st, 0);
                     lock(&sh.inodes).remember(st.inode.0, &st.path);

@@ -192,7 +192,7 @@ mod tests {
             replication: 3,
             chunk_size: 1 << 20,
             state: FileState::Closed,
-            mtime_ms: 0,
+            attr: stampfs_proto::Attr::default(),
         }
     }
 

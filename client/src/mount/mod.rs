@@ -88,6 +88,10 @@ pub struct MountConfig {
     /// Mount over a directory that is not empty (hiding what it holds until the
     /// unmount), as libfuse's `-o nonempty`; refused otherwise.
     pub nonempty: bool,
+    /// Other users may use the mount (`-o allow_other`), each with their own
+    /// permissions: the kernel checks the stored modes (`default_permissions`) and
+    /// the master checks namespace changes for the calling process's identity.
+    pub allow_other: bool,
 }
 
 impl Default for MountConfig {
@@ -97,6 +101,7 @@ impl Default for MountConfig {
             drain_timeout: Duration::from_secs(30),
             fsname: "stampfs".to_string(),
             nonempty: false,
+            allow_other: false,
         }
     }
 }
@@ -150,6 +155,9 @@ impl Mount {
             fuser::MountOption::DefaultPermissions,
             fuser::MountOption::NoAtime,
         ];
+        if config.allow_other {
+            options.acl = fuser::SessionACL::All;
+        }
         // One session thread: it only queues work, and one reader keeps each open
         // file's requests in the kernel's order.
         options.n_threads = Some(1);

@@ -319,9 +319,14 @@ impl Engine {
                 self.answered(Awaiting::Drop);
                 self.on_chunks_dropped(res);
             }
-            Event::Close => match self.check() {
+            Event::Close { keep_mtime } => match self.check() {
                 Err(e) => self.close_done(Err(e)),
-                Ok(()) => self.job = Some(Job::Close { committing: false }),
+                Ok(()) => {
+                    self.job = Some(Job::Close {
+                        committing: false,
+                        keep_mtime,
+                    })
+                }
             },
             Event::Poll { backlog } => self.poll(backlog),
             Event::Ack(ack) => {
@@ -423,7 +428,10 @@ impl Engine {
             Some(Job::Flush {
                 stage: FlushStage::Drain,
                 ..
-            }) | Some(Job::Close { committing: false })
+            }) | Some(Job::Close {
+                committing: false,
+                ..
+            })
         );
         if then == Then::Return && final_drain {
             self.fail(e.duplicate());

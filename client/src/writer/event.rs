@@ -76,8 +76,11 @@ pub(crate) enum Event {
     Cut {
         offset: u64,
     },
-    /// Flush, commit the last chunk, close the file. Answered by [`Action::CloseDone`].
-    Close,
+    /// Flush, commit the last chunk, close the file (`keep_mtime`: leaving its
+    /// modification time alone). Answered by [`Action::CloseDone`].
+    Close {
+        keep_mtime: bool,
+    },
     /// The runtime is about to wait; `backlog`: more front commands are queued already
     /// (then packets stay queued on the socket, unless the window is full).
     Poll {
@@ -180,7 +183,7 @@ pub(crate) enum Action {
     Fail(Error),
     /// The flush asked for by [`Event::Flush`] is over.
     FlushDone(Result<()>),
-    /// The close asked for by [`Event::Close`] is over; the writer is finished.
+    /// The close asked for by [`Event::Close { keep_mtime: false }`] is over; the writer is finished.
     CloseDone(Result<FileStatus>),
 }
 

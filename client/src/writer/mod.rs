@@ -159,6 +159,8 @@ pub(super) enum Cmd {
         done: oneshot::Sender<Result<()>>,
     },
     Close {
+        /// Nothing was written since the open or since the times were set.
+        keep_mtime: bool,
         done: oneshot::Sender<Result<FileStatus>>,
     },
 }
@@ -201,6 +203,9 @@ pub struct FileWriter {
     /// Set once the writer has failed or closed; later calls return it.
     done: Option<Error>,
     written: u64,
+    /// Bytes were written (or the length changed) since the open or since
+    /// [`FileWriter::times_set`]: the close moves the modification time.
+    modified: bool,
     status: FileStatus,
     /// Ack-latency recording, shared with the runtime.
     clock: Arc<AckClock>,
@@ -272,6 +277,7 @@ impl FileWriter {
             pending: None,
             done: None,
             written: 0,
+            modified: false,
             status,
             clock,
             pool,
@@ -299,6 +305,14 @@ impl FileWriter {
     /// gap).
     pub fn written(&self) -> u64 {
         self.written
+    }
+
+    /// The file's times were set since the last write (`futimens` on an open file,
+    /// as `cp -p` does before `close`): unless more is written, the close leaves the
+    /// modification time as set. Flush first, so that no buffered byte reaches the
+    /// master after the times.
+    pub fn times_set(&mut self) {
+        self.modified = false;
     }
 
     /// Where the next byte goes (an append writer: the end).
@@ -396,6 +410,7 @@ impl FileWriter {
             return Err(e.duplicate());
         }
         std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
+        self.modified = true;
         let (done, rx) = oneshot::channel();
         let closed = || Error::WriterClosed {
             path: self.path.clone(),
@@ -553,7 +568,8 @@ impl FileWriter {
         }
         std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
         let (done, rx) = oneshot::channel();
-        let res = match self.raw_tx.send(Cmd::Close { done }).await {
+        let keep_mtime = !self.modified;
+        let res = match self.raw_tx.send(Cmd::Close { keep_mtime, done }).await {
             Ok(()) => rx.await.unwrap_or_else(|_| {
                 Err(Error::WriterClosed {
                     path: self.path.clone(),
@@ -596,6 +612,7 @@ impl AsyncWrite for FileWriter {
         let n = data.len().min(this.packet_size - this.buf.len());
         this.buf.extend_from_slice(&data[..n]);
         this.written += n as u64;
+        this.modified = true;
         this.pos += n as u64;
         this.end = this.end.max(this.pos);
         Poll::Ready(Ok(n))
@@ -619,9 +636,10 @@ impl AsyncWrite for FileWriter {
             ready!(this.poll_send_buf(cx)).map_err(Error::into_io)?;
             let tx = this.raw_tx.clone();
             let path = this.path.clone();
+            let keep_mtime = !this.modified;
             this.pending = Some(Box::pin(async move {
                 let (done, rx) = oneshot::channel();
-                tx.send(Cmd::Close { done })
+                tx.send(Cmd::Close { keep_mtime, done })
                     .await
                     .map_err(|_| Error::WriterClosed { path: path.clone() })?;
                 rx.await

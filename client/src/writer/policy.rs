@@ -82,7 +82,9 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::BadRequest { .. }
         | RemoteError::FrameTooLarge { .. }
         | RemoteError::MalformedFrame { .. }
-        | RemoteError::InvalidPath { .. } => true,
+        | RemoteError::InvalidPath { .. }
+        | RemoteError::PermissionDenied { .. }
+        | RemoteError::NotPermitted { .. } => true,
         RemoteError::StaleToken { .. }
         | RemoteError::ReplicaStale { .. }
         | RemoteError::ChecksumMismatch { .. }

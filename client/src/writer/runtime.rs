@@ -72,9 +72,9 @@ impl Runtime {
                             self.flush_waiter = Some(done);
                             self.engine.handle(Event::Cut { offset });
                         }
-                        Some(Cmd::Close { done }) => {
+                        Some(Cmd::Close { keep_mtime, done }) => {
                             self.close_waiter = Some(done);
-                            self.engine.handle(Event::Close);
+                            self.engine.handle(Event::Close { keep_mtime });
                         }
                     }
                 }

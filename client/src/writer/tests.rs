@@ -113,7 +113,7 @@ fn status() -> FileStatus {
         replication: 3,
         chunk_size: 1000,
         state: FileState::Closed,
-        mtime_ms: 0,
+        attr: stampfs_proto::Attr::default(),
     }
 }
 
@@ -551,7 +551,7 @@ pub(super) fn sync_sent(e: &mut Engine, a: &[Action], seq: u64, members: &[u64])
 #[test]
 fn close_drains_commits_the_acknowledged_length_and_finishes() {
     let mut e = one_in_flight();
-    let a = step(&mut e, Event::Close);
+    let a = step(&mut e, Event::Close { keep_mtime: false });
     assert!(matches!(&a[..], [Action::FlushStream]));
     step(&mut e, Event::Flushed(Ok(())));
     let a = step(&mut e, Event::Ack(ack(0, &[1, 2, 3])));
@@ -567,7 +567,7 @@ fn close_drains_commits_the_acknowledged_length_and_finishes() {
 #[test]
 fn a_close_the_master_refuses_fails_the_writer() {
     let mut e = at_rest();
-    step(&mut e, Event::Close);
+    step(&mut e, Event::Close { keep_mtime: false });
     let a = step(&mut e, Event::FileClosed(Err(Error::Remote(stale()))));
     assert!(
         matches!(&a[..], [Action::Fail(f), Action::CloseDone(Err(g))] if is_fenced(f) && is_fenced(g))

@@ -585,7 +585,7 @@ fn trash_phase(s: &mut Slice<'_>, after: Option<String>, wall_ms: u64) -> Phase 
         s.spend(1);
         last = Some(name.clone());
         let at = trash::deleted_at(name)
-            .or_else(|| st.ns.get(*ino).map(|i| i.mtime_ms))
+            .or_else(|| st.ns.get(*ino).map(|i| i.mtime_ms()))
             .unwrap_or(0);
         if trash::expired(at, st.settings.trash_ms, wall_ms) {
             s.actions.push(Action::PurgeTrash { name: name.clone() });

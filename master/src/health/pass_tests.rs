@@ -100,6 +100,7 @@ fn a_sliced_pass_visits_every_chunk_while_files_come_and_go() {
                         &Delete {
                             path: path.clone(),
                             recursive: false,
+                            caller: None,
                         },
                         NOW,
                         1,
@@ -163,6 +164,7 @@ fn a_queued_need_is_judged_again_on_the_state_of_its_slice() {
         &Append {
             path: "/f".into(),
             client: super::tests::A,
+            caller: None,
         },
         ino,
         NOW,

@@ -78,6 +78,8 @@ pub(super) fn create(st: &mut MasterState, path: &str, client: ClientId) -> Inod
             replication: None,
             chunk_size: None,
             overwrite: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
@@ -123,6 +125,7 @@ pub(super) fn file(
                     handle: *h,
                     length: 100,
                 }),
+                keep_mtime: false,
             },
             ino,
             0,
@@ -192,6 +195,7 @@ fn a_stale_replica_is_deleted_within_its_version_then_replaced() {
         &Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         },
         ino,
         0,
@@ -203,6 +207,7 @@ fn a_stale_replica_is_deleted_within_its_version_then_replaced() {
             path: "/f".into(),
             client: B,
             last: None,
+            keep_mtime: false,
         },
         ino,
         0,
@@ -270,6 +275,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
         &Append {
             path: "/f".into(),
             client: B,
+            caller: None,
         },
         ino,
         0,
@@ -281,6 +287,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
             path: "/f".into(),
             client: B,
             last: None,
+            keep_mtime: false,
         },
         ino,
         0,
@@ -576,6 +583,7 @@ fn deleted_chunks_replicas_are_ordered_deleted_at_once() {
         &Delete {
             path: "/f".into(),
             recursive: false,
+            caller: None,
         },
         0,
         1,
@@ -612,6 +620,8 @@ fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
         &stampfs_proto::Mkdir {
             path: "/d".into(),
             parents: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
@@ -622,6 +632,7 @@ fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
         &Delete {
             path: "/f".into(),
             recursive: false,
+            caller: None,
         },
         0,
         deleted_at,
@@ -673,6 +684,7 @@ fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
         &Delete {
             path: "/g".into(),
             recursive: false,
+            caller: None,
         },
         0,
         deleted_at + 1,
@@ -683,6 +695,7 @@ fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
         &Delete {
             path: trashed.clone(),
             recursive: false,
+            caller: None,
         },
         0,
         deleted_at + 2,
@@ -763,6 +776,7 @@ fn appended_without_server_3(st: &mut MasterState) -> ChunkHandle {
             &Append {
                 path: "/f".into(),
                 client: B,
+                caller: None,
             },
             ino,
             0,
@@ -787,6 +801,7 @@ fn appended_without_server_3(st: &mut MasterState) -> ChunkHandle {
                 handle: h,
                 length: 300,
             }),
+            keep_mtime: false,
         },
         ino,
         0,

@@ -356,6 +356,7 @@ impl Core {
         let path = join(&comps);
         let inode = {
             let st = self.state();
+            st.check_access(&path, req.caller.as_ref(), crate::perm::WRITE)?;
             let inode = st.ns.resolve(&comps)?;
             if st.ns.file(inode).is_none() {
                 return Err(st.not_a_file(&path, inode));

@@ -6,7 +6,7 @@
 use super::{MasterState, Pipeline, Record};
 use crate::chunk_table::{server_index, ChunkInfo};
 use crate::namespace::{FileMeta, Inode, InodeKind, WriteState};
-use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, InodeId};
+use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, InodeId, MODE_BITS};
 use std::collections::BTreeSet;
 
 impl MasterState {
@@ -21,6 +21,13 @@ impl MasterState {
         if lsn != self.last_lsn + 1 {
             return Err(format!("record {lsn} applied after {}", self.last_lsn));
         }
+        self.apply_one(rec, now_ms)?;
+        self.last_lsn = lsn;
+        Ok(())
+    }
+
+    /// What `rec` does, without the LSN bookkeeping.
+    fn apply_one(&mut self, rec: &Record, now_ms: u64) -> std::result::Result<(), String> {
         match rec {
             Record::Mkdir {
                 parent,
@@ -63,10 +70,10 @@ impl MasterState {
                 if replaces.is_some() {
                     self.remove_entry(*parent, name, *mtime_ms)?;
                 }
-                let file = Inode {
-                    parent: *parent,
-                    mtime_ms: *mtime_ms,
-                    kind: InodeKind::File(FileMeta {
+                let file = Inode::new(
+                    *parent,
+                    *mtime_ms,
+                    InodeKind::File(FileMeta {
                         replication: *replication,
                         chunk_size: *chunk_size,
                         chunks: Vec::new(),
@@ -75,7 +82,7 @@ impl MasterState {
                             granted: ChunkVersion(0),
                         },
                     }),
-                };
+                );
                 self.ns.insert(*parent, name, *inode, file)?;
                 self.leases.acquire(*inode, *client, now_ms);
             }
@@ -463,8 +470,94 @@ impl MasterState {
                     },
                 );
             }
+            Record::RenameOver {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                replaced,
+                mtime_ms,
+            } => {
+                let src = self
+                    .ns
+                    .child(*src_parent, src_name)
+                    .ok_or(format!("{src_name:?} is not in {src_parent}"))?;
+                if self.ns.child(*dst_parent, dst_name) != Some(*replaced) || src == *replaced {
+                    return Err(format!("{dst_name:?} in {dst_parent} is not {replaced}"));
+                }
+                let (src_dir, dst_dir) = match (self.ns.get(src), self.ns.get(*replaced)) {
+                    (Some(s), Some(d)) => (s.as_dir().is_some(), d.as_dir()),
+                    _ => return Err("rename over an unknown inode".into()),
+                };
+                match (src_dir, dst_dir) {
+                    (true, Some(d)) if d.children.is_empty() => {}
+                    (false, None) => {}
+                    _ => return Err(format!("{src} cannot replace {replaced}")),
+                }
+                if self.ns.is_within(*dst_parent, src) {
+                    return Err(format!("cannot move {src} into itself"));
+                }
+                self.remove_entry(*dst_parent, dst_name, *mtime_ms)?;
+                self.ns
+                    .rename(*src_parent, src_name, *dst_parent, dst_name, *mtime_ms)?;
+            }
+            Record::WithAttr { record, attr } => {
+                let created: Vec<InodeId> = match &**record {
+                    Record::Create { inode, .. } | Record::Symlink { inode, .. } => vec![*inode],
+                    Record::Mkdir { dirs, .. } => dirs.iter().map(|d| d.1).collect(),
+                    other => return Err(format!("attributes around {other:?}")),
+                };
+                if attr.mode & !MODE_BITS != 0 {
+                    return Err(format!("mode {:o} has bits past 0o7777", attr.mode));
+                }
+                self.apply_one(record, now_ms)?;
+                for ino in created {
+                    if let Some(i) = self.ns.get_mut(ino) {
+                        if !matches!(i.kind, InodeKind::Symlink(_)) {
+                            i.attr.mode = attr.mode;
+                        }
+                        i.attr.uid = attr.uid;
+                        i.attr.gid = attr.gid;
+                    }
+                }
+            }
+            Record::SetAttr {
+                inode,
+                mode,
+                uid,
+                gid,
+                atime_ns,
+                mtime_ns,
+                ctime_ns,
+            } => {
+                if mode.is_some_and(|m| m & !MODE_BITS != 0) {
+                    return Err(format!("mode {mode:?} has bits past 0o7777"));
+                }
+                let i = self
+                    .ns
+                    .get_mut(*inode)
+                    .ok_or(format!("set attributes of unknown inode {inode}"))?;
+                let a = &mut i.attr;
+                if let Some(m) = mode {
+                    a.mode = *m;
+                }
+                if let Some(u) = uid {
+                    a.uid = *u;
+                }
+                if let Some(g) = gid {
+                    a.gid = *g;
+                }
+                if let Some(t) = atime_ns {
+                    a.atime_ns = *t;
+                }
+                if let Some(t) = mtime_ns {
+                    a.mtime_ns = *t;
+                }
+                if let Some(t) = ctime_ns {
+                    a.ctime_ns = a.ctime_ns.max(*t);
+                }
+            }
         }
-        self.last_lsn = lsn;
         Ok(())
     }
 
@@ -517,7 +610,7 @@ impl MasterState {
         f: impl FnOnce(&mut FileMeta),
     ) {
         if let Some(i) = self.ns.get_mut(ino) {
-            i.mtime_ms = i.mtime_ms.max(mtime_ms);
+            i.touch(mtime_ms);
             if let InodeKind::File(meta) = &mut i.kind {
                 f(meta);
             }

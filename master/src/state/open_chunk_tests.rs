@@ -66,6 +66,8 @@ fn file_of(st: &mut MasterState, n: usize) -> (InodeId, Vec<ChunkHandle>) {
                 replication: None,
                 chunk_size: None,
                 overwrite: false,
+                attr: None,
+                caller: None,
             },
             0,
             1,
@@ -187,6 +189,7 @@ fn a_writer_moves_to_an_earlier_chunk_and_back_and_closes() {
             handle: hs[2],
             length: 700,
         }),
+        keep_mtime: false,
     };
     st.close(&close, ino, 0, 5).expect("close");
     assert!(st.open_chunks.is_empty());
@@ -224,6 +227,7 @@ fn closing_in_an_earlier_chunk_commits_it_full_and_reads_the_rest_as_committed()
             handle: hs[0],
             length: CHUNK - 1,
         }),
+        keep_mtime: false,
     };
     assert!(matches!(
         st.close(&short, ino, 0, 4),
@@ -237,6 +241,7 @@ fn closing_in_an_earlier_chunk_commits_it_full_and_reads_the_rest_as_committed()
             handle: hs[1],
             length: 10,
         }),
+        keep_mtime: false,
     };
     assert!(matches!(
         st.close(&other, ino, 0, 4),
@@ -249,6 +254,7 @@ fn closing_in_an_earlier_chunk_commits_it_full_and_reads_the_rest_as_committed()
             handle: hs[0],
             length: CHUNK,
         }),
+        keep_mtime: false,
     };
     let plan = st.close(&close, ino, 0, 4).expect("close");
     assert_eq!(plan.finalize.map(|f| f.handle), Some(hs[0]));
@@ -303,6 +309,8 @@ fn an_earlier_chunk_that_is_not_full_is_never_opened() {
                 replication: None,
                 chunk_size: None,
                 overwrite: false,
+                attr: None,
+                caller: None,
             },
             0,
             1,
@@ -562,6 +570,7 @@ fn a_move_without_committing_the_granted_chunk_is_refused() {
             handle: hs[0],
             length: CHUNK,
         }),
+        keep_mtime: false,
     };
     st.close(&close, ino, 0, 4).expect("close");
     let again = st.close(&close, ino, 0, 5).expect("the retry");

@@ -9,9 +9,31 @@ use crate::lease::Takeover;
 use crate::namespace::{self, join, Inode, InodeKind, ROOT};
 use crate::trash;
 use stampfs_proto::{
-    ClientId, Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, Rename, Symlink,
-    MAX_SYMLINK_TARGET,
+    ClientId, Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, NewAttr, Rename, SetAttr,
+    SetTime, Symlink, MAX_SYMLINK_TARGET, MODE_BITS,
 };
+
+/// How old an access time may grow before a read moves it though the entry has not
+/// changed since (Linux's `relatime`: a day).
+const RELATIME_NS: i64 = 24 * 3600 * 1_000_000_000;
+
+/// `rec` with its creator's mode and owner, when it has them (a mode with bits past
+/// `0o7777` is refused).
+fn with_attr(rec: Record, attr: Option<NewAttr>) -> Result<Record> {
+    let Some(attr) = attr else {
+        return Ok(rec);
+    };
+    if attr.mode & !MODE_BITS != 0 {
+        return Err(Error::bad_request(format!(
+            "mode {:o} has bits past 0o7777",
+            attr.mode
+        )));
+    }
+    Ok(Record::WithAttr {
+        record: Box::new(rec),
+        attr,
+    })
+}
 
 impl MasterState {
     // ------------------------------------------------------------ namespace mutations
@@ -21,9 +43,12 @@ impl MasterState {
     pub fn mkdir(&mut self, req: &Mkdir, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
         let comps = namespace::components(&req.path)?;
         let path = join(&comps);
+        let who = req.caller.as_ref();
+        self.search(&comps, who)?;
         let mut cur = ROOT;
         let mut dirs = Vec::new();
         let mut parent = ROOT;
+        let mut parent_len = 0;
         let mut next = self.ns.next_inode().0;
         for (i, name) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
@@ -44,6 +69,7 @@ impl MasterState {
                 },
                 None if last || req.parents => {
                     parent = cur;
+                    parent_len = i;
                     dirs.push((name.to_string(), InodeId(next)));
                     next += 1;
                 }
@@ -61,14 +87,17 @@ impl MasterState {
             return Err(Error::AlreadyExists { path });
         }
         let ino = dirs.last().map(|d| d.1).unwrap_or(ROOT);
-        self.commit(
+        self.require_dir_write(parent, &join(&comps[..parent_len]), who)?;
+        let attr = self.creator_attr(parent, &path, req.attr, 0o755, true, who)?;
+        let rec = with_attr(
             Record::Mkdir {
                 parent,
                 dirs,
                 mtime_ms,
             },
-            now_ms,
+            attr,
         )?;
+        self.commit(rec, now_ms)?;
         self.status(path, ino)
     }
 
@@ -83,9 +112,15 @@ impl MasterState {
         check_replication(replication).map_err(Error::bad_request)?;
         let chunk_size = req.chunk_size.unwrap_or(self.settings.chunk_size);
         check_chunk_size(chunk_size).map_err(Error::bad_request)?;
+        let who = req.caller.as_ref();
+        self.search(&comps, who)?;
         let (parent, name) = self.ns.resolve_parent(&comps)?;
+        let parent_path = join(&comps[..comps.len() - 1]);
         let replaces = match self.ns.child(parent, name) {
-            None => None,
+            None => {
+                self.require_dir_write(parent, &parent_path, who)?;
+                None
+            }
             Some(old) => {
                 let f = self
                     .ns
@@ -94,6 +129,9 @@ impl MasterState {
                 if !req.overwrite {
                     return Err(Error::AlreadyExists { path });
                 }
+                // Replacing is truncating the file and unlinking the old one.
+                self.require(old, &path, who, crate::perm::WRITE)?;
+                self.require_removable(parent, &parent_path, old, &path, who)?;
                 if f.is_recovering() {
                     return Err(Error::RecoveryInProgress { path });
                 }
@@ -106,7 +144,8 @@ impl MasterState {
             }
         };
         let inode = self.ns.next_inode();
-        self.commit(
+        let attr = self.creator_attr(parent, &path, req.attr, 0o644, false, who)?;
+        let rec = with_attr(
             Record::Create {
                 parent,
                 name: name.to_string(),
@@ -117,8 +156,9 @@ impl MasterState {
                 replaces,
                 mtime_ms,
             },
-            now_ms,
+            attr,
         )?;
+        self.commit(rec, now_ms)?;
         self.status(path, inode)
     }
 
@@ -141,12 +181,16 @@ impl MasterState {
                 "a symbolic link's target holds a NUL byte",
             ));
         }
+        let who = req.caller.as_ref();
+        self.search(&comps, who)?;
         let (parent, name) = self.ns.resolve_parent(&comps)?;
         if self.ns.child(parent, name).is_some() {
             return Err(Error::AlreadyExists { path });
         }
+        self.require_dir_write(parent, &join(&comps[..comps.len() - 1]), who)?;
+        let attr = self.creator_attr(parent, &path, req.attr, 0o777, false, who)?;
         let inode = self.ns.next_inode();
-        self.commit(
+        let rec = with_attr(
             Record::Symlink {
                 parent,
                 name: name.to_string(),
@@ -154,8 +198,9 @@ impl MasterState {
                 target: req.target.clone(),
                 mtime_ms,
             },
-            now_ms,
+            attr,
         )?;
+        self.commit(rec, now_ms)?;
         self.status(path, inode)
     }
 
@@ -182,6 +227,8 @@ impl MasterState {
             replication: req.replication,
             chunk_size: req.chunk_size,
             overwrite: false,
+            attr: req.attr,
+            caller: req.caller.clone(),
         };
         let created = self.create(&create, now_ms, mtime_ms)?;
         self.commit(
@@ -193,6 +240,133 @@ impl MasterState {
             now_ms,
         )?;
         self.status(created.path, created.inode)
+    }
+
+    /// `chmod`, `chown`, `utimensat` of the entry at `req.path` (a symbolic link's
+    /// own attributes: links are never followed); the change time becomes
+    /// `mtime_ms`, and so does a time set to [`SetTime::Now`]. A mode with bits past
+    /// `0o7777` is refused, and so is a link's mode (it is always `0o777`). A request
+    /// that sets nothing changes nothing and answers the status.
+    pub fn set_attr(&mut self, req: &SetAttr, now_ms: u64, mtime_ms: u64) -> Result<FileStatus> {
+        let comps = namespace::components(&req.path)?;
+        let path = join(&comps);
+        let who = req.caller.as_ref();
+        self.search(&comps, who)?;
+        let ino = self.ns.resolve(&comps)?;
+        if let Some(m) = req.mode {
+            if m & !MODE_BITS != 0 {
+                return Err(Error::bad_request(format!(
+                    "mode {m:o} has bits past 0o7777 (the kind of an entry cannot change)"
+                )));
+            }
+            if self.ns.get(ino).and_then(Inode::as_symlink).is_some() {
+                return Err(Error::NotSupported {
+                    reason: format!("{path} is a symbolic link, whose mode is always 0777"),
+                });
+            }
+        }
+        let mode = self.permitted_mode(ino, &path, req, who)?;
+        let now = namespace::ms_to_ns(mtime_ms);
+        let at = |t: Option<SetTime>| {
+            t.map(|t| match t {
+                SetTime::Now => now,
+                SetTime::At(ns) => ns,
+            })
+        };
+        let nothing = req.mode.is_none()
+            && req.uid.is_none()
+            && req.gid.is_none()
+            && req.atime.is_none()
+            && req.mtime.is_none();
+        if !nothing {
+            self.commit(
+                Record::SetAttr {
+                    inode: ino,
+                    mode,
+                    uid: req.uid,
+                    gid: req.gid,
+                    atime_ns: at(req.atime),
+                    mtime_ns: at(req.mtime),
+                    ctime_ns: Some(now),
+                },
+                now_ms,
+            )?;
+        }
+        self.status(path, ino)
+    }
+
+    /// The mode a `setattr` of `ino` stores (`None`: unchanged), once the caller may
+    /// do what it asks: `chmod` by the owner or root (a non-member owner's set-gid on a
+    /// file dropped), `chown` by root or, for the group only, the owner; a change of
+    /// owner or group drops a file's set-uid (and group-executable set-gid) bits;
+    /// explicit times by the owner or root, the current time also by a writer.
+    fn permitted_mode(
+        &self,
+        ino: InodeId,
+        path: &str,
+        req: &SetAttr,
+        who: Option<&stampfs_proto::Caller>,
+    ) -> Result<Option<u32>> {
+        let Some(inode) = self.ns.get(ino) else {
+            return Err(Error::NotFound { path: path.into() });
+        };
+        let refused = |reason: &str| Error::NotPermitted {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        };
+        let cur = inode.attr;
+        let is_dir = inode.as_dir().is_some();
+        let is_file = inode.as_file().is_some();
+        let mut mode = match req.mode {
+            Some(m) => Some(crate::perm::chmod(&cur, is_dir, m, who).map_err(refused)?),
+            None => None,
+        };
+        if req.uid.is_some() || req.gid.is_some() {
+            let base = stampfs_proto::Attr {
+                mode: mode.unwrap_or(cur.mode),
+                ..cur
+            };
+            let m = crate::perm::chown(&base, is_file, req.uid, req.gid, who).map_err(refused)?;
+            if m != base.mode || mode.is_some() {
+                mode = Some(m);
+            }
+        }
+        if req.atime.is_some() || req.mtime.is_some() {
+            let explicit = [req.atime, req.mtime]
+                .iter()
+                .any(|t| matches!(t, Some(SetTime::At(_))));
+            crate::perm::set_times(&cur, explicit, who).map_err(|reason| {
+                if explicit || crate::perm::owns(&cur, who) {
+                    refused(reason)
+                } else {
+                    Error::PermissionDenied {
+                        path: path.to_string(),
+                        reason: reason.to_string(),
+                    }
+                }
+            })?;
+        }
+        Ok(mode)
+    }
+
+    /// Whether a read of `ino` at `mtime_ms` moves its access time, by the rules of
+    /// Linux's `relatime`: when the access time is not after the modification or
+    /// change time, or is a day old. Returns the record that does it.
+    pub fn access(&self, ino: InodeId, mtime_ms: u64) -> Option<Record> {
+        let a = self.ns.get(ino)?.attr;
+        let now = namespace::ms_to_ns(mtime_ms);
+        let stale = a.atime_ns <= a.mtime_ns
+            || a.atime_ns <= a.ctime_ns
+            || now.saturating_sub(a.atime_ns) >= RELATIME_NS;
+        (stale && now > a.atime_ns).then_some(Record::SetAttr {
+            inode: ino,
+            mode: None,
+            uid: None,
+            gid: None,
+            atime_ns: Some(now),
+            mtime_ns: None,
+            ctime_ns: None,
+        })
     }
 
     pub(super) fn conflict(
@@ -219,12 +393,29 @@ impl MasterState {
         if src.is_empty() {
             return Err(Error::bad_request("cannot rename /"));
         }
+        let who = req.caller.as_ref();
+        self.search(&src, who)?;
+        self.search(&dst, who)?;
         let ino = self.ns.resolve(&src)?;
-        if dst.is_empty() || self.ns.resolve(&dst).is_ok() {
+        if dst.is_empty() {
             return Err(Error::AlreadyExists { path: join(&dst) });
         }
         let (src_parent, src_name) = self.ns.resolve_parent(&src)?;
         let (dst_parent, dst_name) = self.ns.resolve_parent(&dst)?;
+        let replaced = match self.ns.child(dst_parent, dst_name) {
+            None => None,
+            Some(_) if !req.replace => return Err(Error::AlreadyExists { path: join(&dst) }),
+            // The same entry under both names: rename(2) does nothing.
+            Some(old) if old == ino => return Ok(()),
+            Some(old) => Some(self.check_replaceable(ino, old, &dst)?),
+        };
+        let (src_dir, dst_dir) = (join(&src[..src.len() - 1]), join(&dst[..dst.len() - 1]));
+        self.require_removable(src_parent, &src_dir, ino, &join(&src), who)?;
+        self.require_dir_write(dst_parent, &dst_dir, who)?;
+        if src_parent != dst_parent && self.ns.get(ino).and_then(Inode::as_dir).is_some() {
+            // Its ".." changes.
+            self.require(ino, &join(&src), who, crate::perm::WRITE)?;
+        }
         if self.ns.is_within(dst_parent, ino) {
             return Err(Error::bad_request(format!(
                 "cannot move {} into itself ({})",
@@ -232,17 +423,41 @@ impl MasterState {
                 join(&dst)
             )));
         }
-        self.commit(
-            Record::Rename {
+        let rec = match replaced {
+            None => Record::Rename {
                 src_parent,
                 src_name: src_name.to_string(),
                 dst_parent,
                 dst_name: dst_name.to_string(),
                 mtime_ms,
             },
-            now_ms,
-        )?;
+            Some(replaced) => {
+                self.require_removable(dst_parent, &dst_dir, replaced, &join(&dst), who)?;
+                Record::RenameOver {
+                    src_parent,
+                    src_name: src_name.to_string(),
+                    dst_parent,
+                    dst_name: dst_name.to_string(),
+                    replaced,
+                    mtime_ms,
+                }
+            }
+        };
+        self.commit(rec, now_ms)?;
         Ok(())
+    }
+
+    /// Whether `src` may replace `old` (at `dst`) in a rename: a directory only an
+    /// empty directory, anything else only what is not a directory (rename(2)).
+    fn check_replaceable(&self, src: InodeId, old: InodeId, dst: &[&str]) -> Result<InodeId> {
+        let path = join(dst);
+        let src_dir = self.ns.get(src).and_then(Inode::as_dir).is_some();
+        match (src_dir, self.ns.get(old).and_then(Inode::as_dir)) {
+            (true, None) => Err(Error::NotADirectory { path }),
+            (false, Some(_)) => Err(Error::IsADirectory { path }),
+            (true, Some(d)) if !d.children.is_empty() => Err(Error::DirectoryNotEmpty { path }),
+            _ => Ok(old),
+        }
     }
 
     pub fn delete(&mut self, req: &Delete, now_ms: u64, mtime_ms: u64) -> Result<()> {
@@ -250,6 +465,8 @@ impl MasterState {
         if comps.is_empty() {
             return Err(Error::bad_request("cannot delete /"));
         }
+        let who = req.caller.as_ref();
+        self.search(&comps, who)?;
         let ino = self.ns.resolve(&comps)?;
         if let Some(d) = self.ns.get(ino).and_then(Inode::as_dir) {
             if !d.children.is_empty() && !req.recursive {
@@ -257,6 +474,9 @@ impl MasterState {
             }
         }
         let (parent, name) = self.ns.resolve_parent(&comps)?;
+        let path = join(&comps);
+        self.require_removable(parent, &join(&comps[..comps.len() - 1]), ino, &path, who)?;
+        self.require_subtree_removable(ino, &path, who)?;
         let in_trash = comps.first() == Some(&trash::DIR);
         if self.settings.trash_ms > 0 && !in_trash {
             if let Some(bin) = self.trash_dir(now_ms, mtime_ms)? {

@@ -507,6 +507,8 @@ mod tests {
                 replication: None,
                 chunk_size: None,
                 overwrite: false,
+                attr: None,
+                caller: None,
             },
             0,
             1,
@@ -645,6 +647,7 @@ mod tests {
                 handle: h,
                 length: len,
             }),
+            keep_mtime: false,
         };
         assert!(matches!(
             st.close(&close(10), ino, 1_000, 2),
@@ -653,6 +656,7 @@ mod tests {
         let append = |client| Append {
             path: "/f".into(),
             client,
+            caller: None,
         };
         assert!(matches!(
             st.append_gate("/f", 1_000),
@@ -1012,12 +1016,14 @@ mod tests {
         let snap = st.encode_snapshot().expect("snapshot");
         let from_ckpt = MasterState::decode_snapshot(settings(), &snap, 0).expect("decode");
         assert!(from_ckpt.same_persisted(&st));
-        // A format-2 checkpoint (before pipelines) is read with none known.
+        // A format-2 checkpoint (before pipelines) is read with none known (and with
+        // what formats before 6 kept of the namespace).
+        let v5_ns = crate::namespace::v5::Namespace::downgrade(&st.ns);
         let v2 = bincode::encode_to_vec(
             (
                 2u32,
                 st.last_lsn,
-                &st.ns,
+                &v5_ns,
                 &st.chunks,
                 &st.servers,
                 st.next_server_id().0,
@@ -1027,7 +1033,7 @@ mod tests {
         .expect("v2");
         let old = MasterState::decode_snapshot(settings(), &v2, 0).expect("decode v2");
         assert!(old.pipelines.is_empty());
-        assert_eq!(old.ns, st.ns);
+        assert_eq!(old.ns, v5_ns.upgrade());
         // A pipeline record naming a chunkserver twice, or one never registered, is
         // refused.
         for servers in [vec![ids[0], ids[0]], vec![ChunkserverId(77)]] {
@@ -1048,6 +1054,7 @@ mod tests {
                     handle: h,
                     length: 0,
                 }),
+                keep_mtime: false,
             },
             ino,
             0,
@@ -1175,6 +1182,7 @@ mod tests {
                     handle: h,
                     length: 10,
                 }),
+                keep_mtime: false,
             },
             ino,
             0,
@@ -1192,6 +1200,7 @@ mod tests {
                 &Append {
                     path: "/f".into(),
                     client: B,
+                    caller: None,
                 },
                 ino,
                 0,

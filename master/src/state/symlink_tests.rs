@@ -12,6 +12,8 @@ fn link(st: &mut MasterState, path: &str, target: &str) -> Result<FileStatus> {
         &Symlink {
             path: path.into(),
             target: target.into(),
+            attr: None,
+            caller: None,
         },
         0,
         7,
@@ -25,6 +27,8 @@ fn a_link_holds_its_target_as_given_and_is_listed_as_a_link() {
         &Mkdir {
             path: "/d".into(),
             parents: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
@@ -60,6 +64,8 @@ fn a_link_holds_its_target_as_given_and_is_listed_as_a_link() {
         &Rename {
             src: "/d/rel".into(),
             dst: "/d/moved".into(),
+            caller: None,
+            replace: false,
         },
         0,
         8,
@@ -73,6 +79,7 @@ fn a_link_holds_its_target_as_given_and_is_listed_as_a_link() {
         &Delete {
             path: "/d/moved".into(),
             recursive: false,
+            caller: None,
         },
         0,
         9,
@@ -118,6 +125,8 @@ fn the_master_never_follows_a_link() {
         &Mkdir {
             path: "/d".into(),
             parents: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
@@ -135,6 +144,7 @@ fn the_master_never_follows_a_link() {
             &Append {
                 path: "/to-d".into(),
                 client: A,
+                caller: None,
             },
             st.resolve_path("/to-d").expect("resolve"),
             0,
@@ -153,6 +163,8 @@ fn the_master_never_follows_a_link() {
                 replication: None,
                 chunk_size: None,
                 overwrite: true,
+                attr: None,
+                caller: None,
             },
             0,
             1,
@@ -175,5 +187,5 @@ fn links_survive_replay_and_checkpoints() {
     let snap = st.encode_snapshot().expect("snapshot");
     let from_ckpt = MasterState::decode_snapshot(Settings::for_tests(), &snap, 0).expect("decode");
     assert_eq!(from_ckpt.read_link("/l").expect("readlink"), "target/of/l");
-    assert_eq!(from_ckpt.stat("/l").expect("stat").mtime_ms, 7);
+    assert_eq!(from_ckpt.stat("/l").expect("stat").attr.mtime_ns, 7_000_000);
 }

@@ -51,6 +51,8 @@ fn create(st: &mut MasterState, path: &str, client: ClientId) -> InodeId {
             replication: None,
             chunk_size: None,
             overwrite: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
@@ -84,6 +86,8 @@ fn namespace_operations_validate_and_replay() {
     let mk = |path: &str, parents| Mkdir {
         path: path.into(),
         parents,
+        attr: None,
+        caller: None,
     };
     assert!(matches!(
         st.mkdir(&mk("/a/b", false), 0, 1),
@@ -108,7 +112,9 @@ fn namespace_operations_validate_and_replay() {
                 client: B,
                 replication: None,
                 chunk_size: None,
-                overwrite: true
+                overwrite: true,
+                attr: None,
+                caller: None,
             },
             0,
             1
@@ -122,7 +128,9 @@ fn namespace_operations_validate_and_replay() {
                 client: B,
                 replication: None,
                 chunk_size: None,
-                overwrite: false
+                overwrite: false,
+                attr: None,
+                caller: None,
             },
             0,
             1
@@ -136,7 +144,9 @@ fn namespace_operations_validate_and_replay() {
                 client: B,
                 replication: Some(0),
                 chunk_size: None,
-                overwrite: false
+                overwrite: false,
+                attr: None,
+                caller: None,
             },
             0,
             1
@@ -155,6 +165,8 @@ fn namespace_operations_validate_and_replay() {
         &Rename {
             src: "/a/f".into(),
             dst: "/a/b/g".into(),
+            caller: None,
+            replace: false,
         },
         0,
         2,
@@ -164,7 +176,9 @@ fn namespace_operations_validate_and_replay() {
         st.rename(
             &Rename {
                 src: "/a".into(),
-                dst: "/a/b/x".into()
+                dst: "/a/b/x".into(),
+                caller: None,
+                replace: false,
             },
             0,
             2
@@ -175,7 +189,9 @@ fn namespace_operations_validate_and_replay() {
         st.rename(
             &Rename {
                 src: "/a/b".into(),
-                dst: "/a/b/c".into()
+                dst: "/a/b/c".into(),
+                caller: None,
+                replace: false,
             },
             0,
             2
@@ -186,7 +202,8 @@ fn namespace_operations_validate_and_replay() {
         st.delete(
             &Delete {
                 path: "/a".into(),
-                recursive: false
+                recursive: false,
+                caller: None,
             },
             0,
             3
@@ -201,6 +218,7 @@ fn namespace_operations_validate_and_replay() {
         &Delete {
             path: "/a".into(),
             recursive: true,
+            caller: None,
         },
         0,
         3,
@@ -396,6 +414,7 @@ fn append_close_and_pipeline_recovery_bump_versions() {
             handle: h,
             length: len,
         }),
+        keep_mtime: false,
     };
     assert!(matches!(
         st.close(&close(B, 10), ino, 0, 2),
@@ -415,6 +434,7 @@ fn append_close_and_pipeline_recovery_bump_versions() {
             &Append {
                 path: "/f".into(),
                 client: B,
+                caller: None,
             },
             ino,
             0,
@@ -434,6 +454,7 @@ fn append_close_and_pipeline_recovery_bump_versions() {
             &Append {
                 path: "/f".into(),
                 client: A,
+                caller: None,
             },
             ino,
             1_000,
@@ -523,6 +544,7 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
                     handle: p.bump.handle,
                     length: 1,
                 }),
+                keep_mtime: false,
             },
             ino,
             0,
@@ -530,7 +552,16 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
         )
         .expect("close");
         let a = st
-            .append(&Append { path, client: B }, ino, 0, 1)
+            .append(
+                &Append {
+                    path,
+                    client: B,
+                    caller: None,
+                },
+                ino,
+                0,
+                1,
+            )
             .expect("append");
         assert_eq!(a.bump.expect("bump").version, ChunkVersion(2));
     }
@@ -538,6 +569,7 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
         &Delete {
             path: "/f4".into(),
             recursive: false,
+            caller: None,
         },
         0,
         1,
@@ -620,6 +652,7 @@ fn a_format_1_checkpoint_is_still_read() {
             path: "/f".into(),
             client: A,
             last: None,
+            keep_mtime: false,
         },
         ino,
         0,
@@ -630,15 +663,34 @@ fn a_format_1_checkpoint_is_still_read() {
         &Mkdir {
             path: "/d".into(),
             parents: false,
+            attr: None,
+            caller: None,
         },
         0,
         1,
     )
     .expect("mkdir");
+    assert_eq!(
+        st.encode_snapshot().expect("snapshot")[0],
+        SNAPSHOT_FORMAT as u8
+    );
+    // What formats before 6 kept of the namespace: no attributes but the
+    // modification time.
+    st.ns = crate::namespace::v5::Namespace::downgrade(&st.ns).upgrade();
     // Without open files formats 1 and 2 differ only in the leading number (one
-    // varint byte).
-    let mut snap = st.encode_snapshot().expect("snapshot");
-    assert_eq!(snap[0], SNAPSHOT_FORMAT as u8);
+    // varint byte), and 2 to 5 share the namespace's layout.
+    let mut snap = bincode::encode_to_vec(
+        (
+            2u32,
+            st.last_lsn,
+            crate::namespace::v5::Namespace::downgrade(&st.ns),
+            &st.chunks,
+            &st.servers,
+            st.next_server_id().0,
+        ),
+        bincode::config::standard(),
+    )
+    .expect("v2");
     snap[0] = 1;
     let back = MasterState::decode_snapshot(settings(), &snap, 0).expect("format 1");
     assert!(back.same_persisted(&st));

@@ -227,6 +227,7 @@ impl MasterState {
         now_ms: u64,
         mtime_ms: u64,
     ) -> Result<AppendPlan> {
+        self.check_access(&req.path, req.caller.as_ref(), crate::perm::WRITE)?;
         let (path, f) = self.locked_file(&req.path, expect)?;
         if f.is_recovering() {
             return Err(Error::RecoveryInProgress { path });
@@ -650,7 +651,8 @@ impl MasterState {
             Record::Close {
                 inode: expect,
                 last: req.last,
-                mtime_ms,
+                // Zero leaves the modification time where it is (it only moves up).
+                mtime_ms: if req.keep_mtime { 0 } else { mtime_ms },
             },
             now_ms,
         )?;

@@ -177,7 +177,13 @@ pub async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 pub async fn wait_closed(c: &mut RpcClient, path: &str) -> FileStatus {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let st = c.call(Stat { path: path.into() }).await.expect("stat");
+        let st = c
+            .call(Stat {
+                path: path.into(),
+                caller: None,
+            })
+            .await
+            .expect("stat");
         if st.state == FileState::Closed {
             return st;
         }
@@ -220,6 +226,8 @@ pub async fn create_with_chunk(c: &mut RpcClient, path: &str) -> WriteGrant {
         replication: None,
         chunk_size: Some(CHUNK),
         overwrite: false,
+        attr: None,
+        caller: None,
     })
     .await
     .expect("create");

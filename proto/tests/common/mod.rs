@@ -301,6 +301,12 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
                 length,
             })
             .boxed(),
+        (s(), s())
+            .prop_map(|(path, reason)| RemoteError::PermissionDenied { path, reason })
+            .boxed(),
+        (s(), s())
+            .prop_map(|(path, reason)| RemoteError::NotPermitted { path, reason })
+            .boxed(),
     ]
     .boxed()
 }
@@ -352,8 +358,8 @@ prop_compose! {
     pub fn arb_file_status()(path in arb_string(), inode in arb_inode(), kind in arb_file_kind(),
                              length in arb_u64(), replication in any::<u8>(),
                              chunk_size in arb_u64(), state in arb_file_state(),
-                             mtime_ms in arb_u64()) -> FileStatus {
-        FileStatus { path, inode, kind, length, replication, chunk_size, state, mtime_ms }
+                             attr in arb_attr()) -> FileStatus {
+        FileStatus { path, inode, kind, length, replication, chunk_size, state, attr }
     }
 }
 
@@ -399,8 +405,46 @@ prop_compose! {
 // ---------------------------------------------------------------- client → master
 
 prop_compose! {
-    pub fn arb_mkdir()(path in arb_string(), parents in any::<bool>()) -> Mkdir {
-        Mkdir { path, parents }
+    pub fn arb_new_attr()(mode in any::<u32>(), uid in any::<u32>(), gid in any::<u32>())
+        -> NewAttr {
+        NewAttr { mode, uid, gid }
+    }
+}
+
+prop_compose! {
+    pub fn arb_attr()(mode in any::<u32>(), uid in any::<u32>(), gid in any::<u32>(),
+                      atime_ns in any::<i64>(), mtime_ns in any::<i64>(),
+                      ctime_ns in any::<i64>()) -> Attr {
+        Attr { mode, uid, gid, atime_ns, mtime_ns, ctime_ns }
+    }
+}
+
+prop_compose! {
+    pub fn arb_caller()(uid in any::<u32>(), gid in any::<u32>(),
+                        groups in prop::collection::vec(any::<u32>(), 0..8)) -> Caller {
+        Caller { uid, gid, groups }
+    }
+}
+
+pub fn arb_set_time() -> impl Strategy<Value = SetTime> {
+    prop_oneof![Just(SetTime::Now), any::<i64>().prop_map(SetTime::At)]
+}
+
+prop_compose! {
+    pub fn arb_set_attr()(path in arb_string(), mode in any::<Option<u32>>(),
+                          uid in any::<Option<u32>>(), gid in any::<Option<u32>>(),
+                          atime in prop::option::of(arb_set_time()),
+                          mtime in prop::option::of(arb_set_time()),
+        caller in prop::option::of(arb_caller())) -> SetAttr {
+        SetAttr { path, mode, uid, gid, atime, mtime, caller }
+    }
+}
+
+prop_compose! {
+    pub fn arb_mkdir()(path in arb_string(), parents in any::<bool>(),
+                       attr in prop::option::of(arb_new_attr()),
+        caller in prop::option::of(arb_caller())) -> Mkdir {
+        Mkdir { path, parents, attr, caller }
     }
 }
 
@@ -408,16 +452,20 @@ prop_compose! {
     pub fn arb_create()(path in arb_string(), client in arb_client(),
                         replication in any::<Option<u8>>(),
                         chunk_size in prop::option::of(arb_u64()),
-                        overwrite in any::<bool>()) -> Create {
-        Create { path, client, replication, chunk_size, overwrite }
+                        overwrite in any::<bool>(),
+                        attr in prop::option::of(arb_new_attr()),
+        caller in prop::option::of(arb_caller())) -> Create {
+        Create { path, client, replication, chunk_size, overwrite, attr, caller }
     }
 }
 
 prop_compose! {
     pub fn arb_make_file()(path in arb_string(), client in arb_client(),
                            replication in any::<Option<u8>>(),
-                           chunk_size in prop::option::of(arb_u64())) -> MakeFile {
-        MakeFile { path, client, replication, chunk_size }
+                           chunk_size in prop::option::of(arb_u64()),
+                           attr in prop::option::of(arb_new_attr()),
+        caller in prop::option::of(arb_caller())) -> MakeFile {
+        MakeFile { path, client, replication, chunk_size, attr, caller }
     }
 }
 
@@ -437,8 +485,10 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_symlink()(path in arb_string(), target in arb_string()) -> Symlink {
-        Symlink { path, target }
+    pub fn arb_symlink()(path in arb_string(), target in arb_string(),
+                         attr in prop::option::of(arb_new_attr()),
+        caller in prop::option::of(arb_caller())) -> Symlink {
+        Symlink { path, target, attr, caller }
     }
 }
 
@@ -451,8 +501,9 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_append()(path in arb_string(), client in arb_client()) -> Append {
-        Append { path, client }
+    pub fn arb_append()(path in arb_string(), client in arb_client(),
+        caller in prop::option::of(arb_caller())) -> Append {
+        Append { path, client, caller }
     }
 }
 
@@ -480,8 +531,9 @@ prop_compose! {
 
 prop_compose! {
     pub fn arb_close()(path in arb_string(), client in arb_client(),
-                       last in prop::option::of(arb_chunk_commit())) -> Close {
-        Close { path, client, last }
+                       last in prop::option::of(arb_chunk_commit()),
+                       keep_mtime in any::<bool>()) -> Close {
+        Close { path, client, last, keep_mtime }
     }
 }
 
@@ -492,38 +544,45 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_get_locations()(path in arb_string(), client in arb_client()) -> GetLocations {
-        GetLocations { path, client }
+    pub fn arb_get_locations()(path in arb_string(), client in arb_client(),
+                               access in any::<bool>(),
+        caller in prop::option::of(arb_caller())) -> GetLocations {
+        GetLocations { path, client, access, caller }
     }
 }
 
 prop_compose! {
-    pub fn arb_list()(path in arb_string()) -> List {
-        List { path }
+    pub fn arb_list()(path in arb_string(),
+        caller in prop::option::of(arb_caller())) -> List {
+        List { path, caller }
     }
 }
 
 prop_compose! {
-    pub fn arb_stat()(path in arb_string()) -> Stat {
-        Stat { path }
+    pub fn arb_stat()(path in arb_string(),
+        caller in prop::option::of(arb_caller())) -> Stat {
+        Stat { path, caller }
     }
 }
 
 prop_compose! {
-    pub fn arb_rename()(src in arb_string(), dst in arb_string()) -> Rename {
-        Rename { src, dst }
+    pub fn arb_rename()(src in arb_string(), dst in arb_string(), replace in any::<bool>(),
+        caller in prop::option::of(arb_caller())) -> Rename {
+        Rename { src, dst, replace, caller }
     }
 }
 
 prop_compose! {
-    pub fn arb_delete()(path in arb_string(), recursive in any::<bool>()) -> Delete {
-        Delete { path, recursive }
+    pub fn arb_delete()(path in arb_string(), recursive in any::<bool>(),
+        caller in prop::option::of(arb_caller())) -> Delete {
+        Delete { path, recursive, caller }
     }
 }
 
 prop_compose! {
-    pub fn arb_recover_lease()(path in arb_string(), client in arb_client(), accept_loss in any::<bool>()) -> RecoverLease {
-        RecoverLease { path, client, accept_loss }
+    pub fn arb_recover_lease()(path in arb_string(), client in arb_client(), accept_loss in any::<bool>(),
+        caller in prop::option::of(arb_caller())) -> RecoverLease {
+        RecoverLease { path, client, accept_loss, caller }
     }
 }
 
@@ -725,8 +784,9 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             .boxed(),
         arb_symlink().prop_map(MasterRequest::Symlink).boxed(),
         arb_string()
-            .prop_map(|path| MasterRequest::ReadLink(ReadLink { path }))
+            .prop_map(|path| MasterRequest::ReadLink(ReadLink { path, caller: None }))
             .boxed(),
+        arb_set_attr().prop_map(MasterRequest::SetAttr).boxed(),
     ]
     .boxed()
 }
@@ -761,6 +821,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::DropChunks(_) => "DropChunks",
         MasterRequest::Symlink(_) => "Symlink",
         MasterRequest::ReadLink(_) => "ReadLink",
+        MasterRequest::SetAttr(_) => "SetAttr",
     }
 }
 
@@ -1010,5 +1071,7 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::NotSupported { .. } => "NotSupported",
         RemoteError::ReplicaShort { .. } => "ReplicaShort",
         RemoteError::ReplicaFinalized { .. } => "ReplicaFinalized",
+        RemoteError::PermissionDenied { .. } => "PermissionDenied",
+        RemoteError::NotPermitted { .. } => "NotPermitted",
     }
 }

@@ -10,6 +10,7 @@ impl Shared {
         &self,
         path: String,
         target: &std::path::Path,
+        attr: stampfs_proto::NewAttr,
     ) -> Result<FileStatus, Errno> {
         // The master keeps UTF-8 text; a target of other bytes cannot be stored.
         let target = target.to_str().ok_or(Errno::EINVAL)?;
@@ -18,7 +19,7 @@ impl Shared {
         }
         let st = self
             .client
-            .symlink(&path, target)
+            .symlink_with(&path, target, attr)
             .await
             .map_err(|e| errno_for(&e, "symlink", &path))?;
         self.invalidate(&path);

@@ -1,15 +1,19 @@
-//! The mount's namespace mutations: `mkdir`, `unlink`/`rmdir`, `rename` (POSIX
-//! replace semantics over the master's refusing rename) and the creation of empty
+//! The mount's namespace mutations: `mkdir`, `unlink`/`rmdir`, `rename` (rename(2)'s
+//! replacing one at the master, or `RENAME_NOREPLACE`) and the creation of empty
 //! files (`create`, `mknod`), each invalidating the attribute cache it changes.
 
 use super::*;
 
 impl Shared {
     #[tracing::instrument(skip_all, fields(%path))]
-    pub(super) async fn mkdir(&self, path: String) -> Result<FileStatus, Errno> {
+    pub(super) async fn mkdir(
+        &self,
+        path: String,
+        attr: stampfs_proto::NewAttr,
+    ) -> Result<FileStatus, Errno> {
         let st = self
             .client
-            .mkdir(&path, false)
+            .mkdir_with(&path, false, attr)
             .await
             .map_err(|e| errno_for(&e, "mkdir", &path))?;
         self.invalidate(&path);
@@ -30,37 +34,10 @@ impl Shared {
         to: String,
         replace: bool,
     ) -> Result<(), Errno> {
-        let first = self.client.rename(&from, &to).await;
-        let res = match first {
-            Err(Error::Remote(RemoteError::AlreadyExists { .. })) if replace => {
-                // POSIX rename replaces its target; the master's refuses. Remove the
-                // target (a file, or an empty directory of the same kind) and retry.
-                let src = self
-                    .client
-                    .stat(&from)
-                    .await
-                    .map_err(|e| errno_for(&e, "rename", &from))?;
-                let dst = self
-                    .client
-                    .stat(&to)
-                    .await
-                    .map_err(|e| errno_for(&e, "rename", &to))?;
-                // Only a directory replaces a directory; files and links replace files
-                // and links (rename(2)).
-                let dir = |k: FileKind| k == FileKind::Directory;
-                match (dir(src.kind), dir(dst.kind)) {
-                    (true, false) => return Err(Errno::ENOTDIR),
-                    (false, true) => return Err(Errno::EISDIR),
-                    _ => {}
-                }
-                self.client
-                    .delete(&to, false)
-                    .await
-                    .map_err(|e| errno_for(&e, "rename", &to))?;
-                self.invalidate(&to);
-                self.client.rename(&from, &to).await
-            }
-            other => other,
+        let res = if replace {
+            self.client.rename_replacing(&from, &to).await
+        } else {
+            self.client.rename(&from, &to).await
         };
         res.map_err(|e| errno_for(&e, "rename", &from))?;
         lock(&self.inodes).renamed(&from, &to);
@@ -76,10 +53,15 @@ impl Shared {
         &self,
         path: String,
         append_mode: bool,
+        attr: stampfs_proto::NewAttr,
     ) -> Result<(FileStatus, u64), Errno> {
+        let opts = CreateOptions {
+            attr: Some(attr),
+            ..CreateOptions::default()
+        };
         let st = self
             .client
-            .make_file(&path, CreateOptions::default())
+            .make_file(&path, opts)
             .await
             .map_err(|e| errno_for(&e, "create", &path))?;
         let handle = WriteHandle::created(st.inode.0, st.path.clone(), append_mode);
@@ -89,10 +71,18 @@ impl Shared {
     }
 
     #[tracing::instrument(skip_all, fields(%path))]
-    pub(super) async fn mknod(&self, path: String) -> Result<FileStatus, Errno> {
+    pub(super) async fn mknod(
+        &self,
+        path: String,
+        attr: stampfs_proto::NewAttr,
+    ) -> Result<FileStatus, Errno> {
+        let opts = CreateOptions {
+            attr: Some(attr),
+            ..CreateOptions::default()
+        };
         let st = self
             .client
-            .make_file(&path, CreateOptions::default())
+            .make_file(&path, opts)
             .await
             .map_err(|e| errno_for(&e, "mknod", &path))?;
         lock(&self.attrs).put(st.clone(), 0, Instant::now());

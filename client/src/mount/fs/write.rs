@@ -13,21 +13,87 @@
 use super::*;
 use crate::writer::WriteMode;
 
+/// What a `setattr` changes besides the size.
+#[derive(Debug, Default)]
+pub(super) struct AttrChange {
+    pub(super) mode: Option<u32>,
+    pub(super) uid: Option<u32>,
+    pub(super) gid: Option<u32>,
+    pub(super) atime: Option<SetTime>,
+    pub(super) mtime: Option<SetTime>,
+}
+
+impl AttrChange {
+    fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+    }
+}
+
 impl Shared {
-    /// `setattr`: only the size is stored (modes, owners and times are not yet:
-    /// accepted and ignored, issue 17).
+    /// `setattr`: the size through a writer (see [`Shared::set_size`]), then mode,
+    /// owner and times at the master. Times set while this mount writes the file
+    /// flush its writer first and keep the close from moving the modification time
+    /// ([`FileWriter::times_set`]): `cp -p` sets them on the open file before `close`.
     #[tracing::instrument(skip_all, fields(ino = ino.0, size = ?size))]
-    pub(super) async fn setattr(&self, ino: INodeNo, size: Option<u64>) -> Result<FileAttr, Errno> {
+    pub(super) async fn setattr(
+        &self,
+        ino: INodeNo,
+        size: Option<u64>,
+        change: AttrChange,
+    ) -> Result<FileAttr, Errno> {
         let path = self.path_of(ino)?;
-        let (st, fetched) = self.status_and_size(&path).await?;
-        let current = self.shown_size(&st, fetched);
-        match size {
-            Some(requested) if requested != current => {
-                self.set_size(ino.0, &path, requested).await?;
-                Ok(self.attr(&st, requested))
-            }
-            _ => Ok(self.attr(&st, current)),
+        let (mut st, fetched) = self.status_and_size(&path).await?;
+        let mut current = self.shown_size(&st, fetched);
+        if let Some(requested) = size.filter(|r| *r != current) {
+            self.set_size(ino.0, &path, requested).await?;
+            current = requested;
         }
+        if change.is_empty() {
+            return Ok(self.attr(&st, current));
+        }
+        let times = change.atime.is_some() || change.mtime.is_some();
+        let writers: Vec<_> = if times {
+            lock(&self.handles)
+                .writers()
+                .into_iter()
+                .map(|(_, w)| w)
+                .filter(|w| w.ino == ino.0)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut held = Vec::new();
+        for h in &writers {
+            let mut state = h.state.lock().await;
+            if let Some(w) = state.writer.as_mut() {
+                w.hflush()
+                    .await
+                    .map_err(|e| errno_for(&e, "utimensat", &path))?;
+            }
+            held.push(state);
+        }
+        let req = stampfs_proto::SetAttr {
+            path: path.clone(),
+            mode: change.mode,
+            uid: change.uid,
+            gid: change.gid,
+            atime: change.atime,
+            mtime: change.mtime,
+            caller: None,
+        };
+        let res = self.client.set_attr(req).await;
+        self.invalidate(&path);
+        st = res.map_err(|e| errno_for(&e, "setattr", &path))?;
+        for state in &mut held {
+            if let Some(w) = state.writer.as_mut() {
+                w.times_set();
+            }
+        }
+        Ok(self.attr(&st, current))
     }
 
     /// Sets the size of `ino` to `requested`: through the writer of a handle of this

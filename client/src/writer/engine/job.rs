@@ -90,6 +90,8 @@ pub(super) enum Job {
     /// Draining, then (`committing`) waiting for the master's `Close`.
     Close {
         committing: bool,
+        /// The close leaves the modification time alone.
+        keep_mtime: bool,
     },
     /// A shrink of the file to file offset `at`, in its last chunk.
     Cut {
@@ -185,11 +187,16 @@ impl Engine {
                     }
                 },
             },
-            Job::Close { committing: true } => {
+            Job::Close {
+                committing: true, ..
+            } => {
                 // The master answered (`FileClosed` completes the job).
                 Progress::Done
             }
-            Job::Close { committing } => match self.step_drain() {
+            Job::Close {
+                committing,
+                keep_mtime,
+            } => match self.step_drain() {
                 Ok(Progress::Done) => {
                     *committing = true;
                     let last = self.chunk.as_ref().map(Chunk::commit);
@@ -198,6 +205,7 @@ impl Engine {
                         path: self.path.clone(),
                         client: self.client,
                         last,
+                        keep_mtime: *keep_mtime,
                     };
                     self.ask(Awaiting::FileClose, Action::CloseFile(req));
                     Progress::Continue

@@ -63,7 +63,7 @@ fn a_write_below_the_end_goes_in_place_and_leaves_the_length_alone() {
     step(&mut e, Event::Ack(ack(1, &[1, 2, 3])));
     // The furthest byte sent and acknowledged is still 110: that is what is committed.
     assert_eq!(e.offsets(), Some((110, 110)));
-    let a = step(&mut e, Event::Close);
+    let a = step(&mut e, Event::Close { keep_mtime: false });
     let close = a.iter().find_map(|a| match a {
         Action::CloseFile(c) => Some(c),
         _ => None,
@@ -247,7 +247,7 @@ fn an_overwriter_moves_to_the_chunk_that_holds_a_write_and_back() {
     // Packet 1 was the sync of chunk 0.
     step(&mut e, Event::Ack(ack(2, &[1, 2])));
     assert_eq!(e.offsets(), Some((105, 105)));
-    let a = step(&mut e, Event::Close);
+    let a = step(&mut e, Event::Close { keep_mtime: false });
     let close = a.iter().find_map(|a| match a {
         Action::CloseFile(c) => Some(c),
         _ => None,

@@ -45,7 +45,7 @@ fn stale_token_in_a_set_up_reply_fences_the_writer_and_nothing_follows() {
         }
     )
     .is_empty());
-    let a = step(&mut e, Event::Close);
+    let a = step(&mut e, Event::Close { keep_mtime: false });
     assert!(matches!(&a[..], [Action::CloseDone(Err(f))] if is_fenced(f)));
     assert!(e.is_finished());
 }
