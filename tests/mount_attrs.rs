@@ -307,3 +307,113 @@ fn cp_rsync_and_tar_see_the_tree_the_source_has() {
         "tar c of the mount differs from tar c of the source"
     );
 }
+
+/// setxattr(2) on `path`; the errno on failure.
+fn set_xattr(path: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: valid NUL-terminated strings and a buffer of `value.len()` bytes.
+    let rc = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+/// getxattr(2) of `path`; the errno on failure.
+fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    let mut buf = vec![0u8; 70_000];
+    // SAFETY: valid NUL-terminated strings and a buffer of `buf.len()` bytes.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(rc as usize);
+    Ok(buf)
+}
+
+/// listxattr(2) of `path`, the names.
+fn list_xattr(path: &Path) -> Vec<String> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a valid NUL-terminated string and a buffer of `buf.len()` bytes.
+    let rc = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(rc >= 0, "listxattr: {}", std::io::Error::last_os_error());
+    buf.truncate(rc as usize);
+    buf.split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}
+
+#[test]
+fn user_extended_attributes_are_stored_by_the_master() {
+    if !fuse_or_skip("user_extended_attributes_are_stored_by_the_master") {
+        return;
+    }
+    let mut c = TestCluster::start();
+    let m = MountGuard::start(&c);
+    sh_in(&m.root, "printf data > f; mkdir d");
+    let f = m.path("f");
+    set_xattr(&f, "user.color", b"blue", 0).expect("setxattr");
+    set_xattr(&m.path("d"), "user.dir", b"", 0).expect("setxattr on a directory");
+    assert_eq!(get_xattr(&f, "user.color"), Ok(b"blue".to_vec()));
+    assert_eq!(get_xattr(&m.path("d"), "user.dir"), Ok(Vec::new()));
+    assert_eq!(list_xattr(&f), vec!["user.color"]);
+    // setxattr(2)'s flags and errors.
+    assert_eq!(
+        set_xattr(&f, "user.color", b"red", libc::XATTR_CREATE),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(
+        set_xattr(&f, "user.none", b"x", libc::XATTR_REPLACE),
+        Err(libc::ENODATA)
+    );
+    assert_eq!(get_xattr(&f, "user.none"), Err(libc::ENODATA));
+    set_xattr(&f, "user.color", b"red", libc::XATTR_REPLACE).expect("replace");
+    assert_eq!(set_xattr(&f, "security.x", b"x", 0), Err(libc::EOPNOTSUPP));
+    assert_eq!(get_xattr(&f, "security.capability"), Err(libc::ENODATA));
+    assert_eq!(
+        set_xattr(&f, "user.big", &vec![1u8; 70_000], 0),
+        Err(libc::E2BIG)
+    );
+    assert_eq!(
+        set_xattr(&f, "user.near", &vec![1u8; 65_530], 0),
+        Err(libc::E2BIG),
+        "past the entry's limit"
+    );
+    // cp -a keeps them; the file's bytes are untouched.
+    sh_in(&m.root, "cp -a f g");
+    assert_eq!(get_xattr(&m.path("g"), "user.color"), Ok(b"red".to_vec()));
+    assert_eq!(std::fs::read(m.path("g")).expect("g"), b"data");
+    // Kept across a remount and a master restart; removable.
+    drop(m);
+    c.master.restart();
+    c.wait_live(3);
+    let m = MountGuard::start(&c);
+    let f = m.path("f");
+    assert_eq!(get_xattr(&f, "user.color"), Ok(b"red".to_vec()));
+    let p = std::ffi::CString::new(f.as_os_str().as_encoded_bytes()).expect("path");
+    for (name, want) in [("user.color", 0), ("user.color", -1)] {
+        let n = std::ffi::CString::new(name).expect("name");
+        // SAFETY: valid NUL-terminated strings.
+        let rc = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
+        assert_eq!(rc, want, "removexattr {name}");
+    }
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENODATA)
+    );
+    assert!(list_xattr(&f).is_empty());
+}

@@ -14,9 +14,9 @@ use crate::error::{Error, Result};
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
     Caller, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Delete, FileLocations,
-    FileStatus, GetLocations, List, MasterRequest, Mkdir, NewAttr, Read, ReadLink, RecoverLease,
-    RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo, RpcClient, SetAttr, Stat,
-    Symlink,
+    FileStatus, GetLocations, GetXattr, List, ListXattr, MasterRequest, Mkdir, NewAttr, Read,
+    ReadLink, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo,
+    RpcClient, SetAttr, SetXattr, Stat, Symlink, XattrSet,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -476,6 +476,46 @@ impl Client {
             req.caller = self.caller();
         }
         self.call(req).await
+    }
+
+    /// The value of the extended attribute `name` (`user.*`) of `path`; `None`
+    /// without one.
+    pub async fn get_xattr(&self, path: &str, name: &str) -> Result<Option<Vec<u8>>> {
+        self.call(GetXattr {
+            path: normalized(path)?,
+            name: name.to_string(),
+            caller: self.caller(),
+        })
+        .await
+    }
+
+    /// The names of the extended attributes of `path`, sorted.
+    pub async fn list_xattr(&self, path: &str) -> Result<Vec<String>> {
+        self.call(ListXattr {
+            path: normalized(path)?,
+            caller: self.caller(),
+        })
+        .await
+    }
+
+    /// Sets (`Some`) or removes (`None`) the extended attribute `name` of `path`, as
+    /// `how` says; whether it existed before (`false` for a removal or a
+    /// [`XattrSet::Replace`]: nothing was done).
+    pub async fn set_xattr(
+        &self,
+        path: &str,
+        name: &str,
+        value: Option<Vec<u8>>,
+        how: XattrSet,
+    ) -> Result<bool> {
+        self.call(SetXattr {
+            path: normalized(path)?,
+            name: name.to_string(),
+            value,
+            how,
+            caller: self.caller(),
+        })
+        .await
     }
 
     /// The target of the symbolic link at `path`.

@@ -45,6 +45,13 @@ pub enum Error {
     /// Reserved to the owner or root (`EPERM`).
     #[error("operation not permitted: {path}: {reason}")]
     NotPermitted { path: String, reason: String },
+    /// The entry's extended attributes would hold too many bytes (`E2BIG`).
+    #[error("extended attributes of {path} would hold {bytes} bytes, past {max}")]
+    XattrTooBig {
+        path: String,
+        bytes: usize,
+        max: usize,
+    },
     #[error("invalid configuration: {field}: {reason}")]
     Config { field: &'static str, reason: String },
     #[error("{what}: {source}")]
@@ -118,6 +125,7 @@ impl Error {
             Error::NotSupported { .. } => ErrorCode::NotSupported,
             Error::PermissionDenied { .. } => ErrorCode::PermissionDenied,
             Error::NotPermitted { .. } => ErrorCode::NotPermitted,
+            Error::XattrTooBig { .. } => ErrorCode::XattrTooBig,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::Io { .. } => ErrorCode::Io,
             Error::CorruptLog { .. } => ErrorCode::Internal,
@@ -176,6 +184,11 @@ impl Error {
             Error::NotPermitted { path, reason } => RemoteError::NotPermitted {
                 path: path.clone(),
                 reason: reason.clone(),
+            },
+            Error::XattrTooBig { path, bytes, max } => RemoteError::XattrTooBig {
+                path: path.clone(),
+                bytes: *bytes as u64,
+                max: *max as u64,
             },
             Error::Io { .. } => RemoteError::Io {
                 reason: self.to_string(),

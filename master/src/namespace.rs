@@ -97,6 +97,9 @@ pub struct Inode {
     pub parent: InodeId,
     pub attr: Attr,
     pub kind: InodeKind,
+    /// Extended attributes (`user.*`), by name; `None` without any (one pointer, not
+    /// an empty map, on every inode).
+    pub xattrs: Option<Box<BTreeMap<String, Vec<u8>>>>,
 }
 
 /// Nanoseconds of a wall-clock time in milliseconds (saturating).
@@ -133,6 +136,7 @@ impl Inode {
                 ctime_ns: t,
             },
             kind,
+            xattrs: None,
         }
     }
 

@@ -476,6 +476,9 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::Symlink(r) => reply(id, core.symlink(r).await),
         MasterRequest::ReadLink(r) => reply(id, core.read_link(r).await),
         MasterRequest::SetAttr(r) => reply(id, core.set_attr(r).await),
+        MasterRequest::GetXattr(r) => reply(id, core.get_xattr(r).await),
+        MasterRequest::ListXattr(r) => reply(id, core.list_xattr(r).await),
+        MasterRequest::SetXattr(r) => reply(id, core.set_xattr(r).await),
     }
 }
 

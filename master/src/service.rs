@@ -32,9 +32,10 @@ use crate::oplog::{self, lock, DirLock, Oplog};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
-    Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, Heartbeat, HeartbeatReply,
-    InodeId, LeaseTerms, List, MakeFile, Mkdir, OpenChunk, ReadLink, Register, RegisterReply,
-    RemoteError, Rename, RenewLease, SetAttr, Signed, Stat, Symlink, UpdatePipeline, WriteGrant,
+    Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, GetXattr, Heartbeat,
+    HeartbeatReply, InodeId, LeaseTerms, List, ListXattr, MakeFile, Mkdir, OpenChunk, ReadLink,
+    Register, RegisterReply, RemoteError, Rename, RenewLease, SetAttr, SetXattr, Signed, Stat,
+    Symlink, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -448,6 +449,22 @@ impl Core {
             st.list(&req.path)
         })
         .await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, name = %req.name))]
+    pub async fn get_xattr(&self, req: GetXattr) -> Result<Option<Vec<u8>>> {
+        self.read(|st, _| st.get_xattr(&req)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn list_xattr(&self, req: ListXattr) -> Result<Vec<String>> {
+        self.read(|st, _| st.list_xattr(&req)).await
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path, name = %req.name))]
+    pub async fn set_xattr(&self, req: SetXattr) -> Result<bool> {
+        self.mutate_durable(|st, now, mt| st.set_xattr(&req, now, mt))
+            .await
     }
 
     /// `chmod`, `chown`, `utimensat`.

@@ -41,6 +41,7 @@ mod ops;
 mod recovery;
 mod report;
 mod write;
+mod xattr;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 pub use report::{ReportApply, REPORT_BATCH};
@@ -50,7 +51,8 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 /// files), format 2 (no granted pipelines), format 3 (no chunks opened before the
 /// last), format 4 (no symbolic links: the same layout, which a master that knows
 /// no links cannot read once one is in it) and format 5 (no attributes: an inode
-/// held its modification time in milliseconds only) are still read and upgraded.
+/// held its modification time in milliseconds only, and no extended attributes) are
+/// still read and upgraded.
 const SNAPSHOT_FORMAT: u32 = 6;
 
 /// One durable state change. Records carry results (minted ids, versions), never
@@ -221,6 +223,14 @@ pub enum Record {
         dst_parent: InodeId,
         dst_name: String,
         replaced: InodeId,
+        mtime_ms: u64,
+    },
+    /// Sets (`value`) or removes (`None`) the extended attribute `name` of `inode`;
+    /// the change time moves up to `mtime_ms`.
+    SetXattr {
+        inode: InodeId,
+        name: String,
+        value: Option<Vec<u8>>,
         mtime_ms: u64,
     },
     /// `chmod`, `chown`, `utimensat` of `inode`, or a read's access time: each given
@@ -913,3 +923,6 @@ mod symlink_tests;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod xattr_tests;

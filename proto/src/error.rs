@@ -38,6 +38,7 @@ pub enum ErrorCode {
     ReplicaFinalized = 24,
     PermissionDenied = 25,
     NotPermitted = 26,
+    XattrTooBig = 27,
 }
 
 /// A typed error carried in a reply frame.
@@ -124,6 +125,9 @@ pub enum RemoteError {
     /// The operation is reserved to the entry's owner or root (`EPERM`).
     #[error("operation not permitted: {path}: {reason}")]
     NotPermitted { path: String, reason: String },
+    /// The extended attributes of `path` would hold `bytes`, past `max` (`E2BIG`).
+    #[error("extended attributes of {path} would hold {bytes} bytes, past {max}")]
+    XattrTooBig { path: String, bytes: u64, max: u64 },
 }
 
 impl RemoteError {
@@ -156,6 +160,7 @@ impl RemoteError {
             RemoteError::ReplicaFinalized { .. } => ErrorCode::ReplicaFinalized,
             RemoteError::PermissionDenied { .. } => ErrorCode::PermissionDenied,
             RemoteError::NotPermitted { .. } => ErrorCode::NotPermitted,
+            RemoteError::XattrTooBig { .. } => ErrorCode::XattrTooBig,
         }
     }
 }

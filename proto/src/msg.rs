@@ -129,6 +129,51 @@ pub struct Caller {
 /// The most supplementary groups a [`Caller`] may name (Linux's `NGROUPS_MAX`).
 pub const MAX_GROUPS: usize = 65_536;
 
+/// The longest extended attribute name, `user.` included (Linux's `XATTR_NAME_MAX`).
+pub const MAX_XATTR_NAME: usize = 255;
+/// The most bytes the extended attributes of one entry may hold, names and values
+/// together (Linux's `XATTR_SIZE_MAX` for one value).
+pub const MAX_XATTR_BYTES: usize = 64 << 10;
+
+/// The value of the extended attribute `name` (in the `user.` namespace, the only one
+/// stampfs stores) of the entry at `path`; `None` when it has none of that name.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct GetXattr {
+    pub path: String,
+    pub name: String,
+    pub caller: Option<Caller>,
+}
+
+/// The names of the extended attributes of the entry at `path`, sorted.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ListXattr {
+    pub path: String,
+    pub caller: Option<Caller>,
+}
+
+/// How a [`SetXattr`] with a value treats an existing attribute (setxattr(2)'s flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum XattrSet {
+    /// Create it or replace it.
+    Any,
+    /// Only create: an existing one is `AlreadyExists` (`XATTR_CREATE`).
+    Create,
+    /// Only replace: without one nothing is set (`XATTR_REPLACE`).
+    Replace,
+}
+
+/// Sets (`value`) or removes (`None`) the extended attribute `name` of the entry at
+/// `path`. Answers whether the attribute existed before: `false` for a removal or a
+/// [`XattrSet::Replace`] means nothing was done (`ENODATA`).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct SetXattr {
+    pub path: String,
+    pub name: String,
+    pub value: Option<Vec<u8>>,
+    pub how: XattrSet,
+    pub caller: Option<Caller>,
+}
+
 /// A time [`SetAttr`] sets: the master's clock, or a given instant in nanoseconds
 /// since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Encode, Decode)]
@@ -670,6 +715,12 @@ pub enum MasterRequest {
     ReadLink(ReadLink),
     /// After every older variant, so that each keeps its wire index.
     SetAttr(SetAttr),
+    /// After every older variant, so that each keeps its wire index.
+    GetXattr(GetXattr),
+    /// After every older variant, so that each keeps its wire index.
+    ListXattr(ListXattr),
+    /// After every older variant, so that each keeps its wire index.
+    SetXattr(SetXattr),
 }
 
 // ---------------------------------------------------------------- → chunkserver

@@ -67,6 +67,9 @@ rpc! {
     MasterRequest::Symlink(Symlink) -> FileStatus;
     MasterRequest::ReadLink(ReadLink) -> String;
     MasterRequest::SetAttr(SetAttr) -> FileStatus;
+    MasterRequest::GetXattr(GetXattr) -> Option<Vec<u8>>;
+    MasterRequest::ListXattr(ListXattr) -> Vec<String>;
+    MasterRequest::SetXattr(SetXattr) -> bool;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -125,15 +125,19 @@ fn create_request_frame() {
                 uid: 1000,
                 gid: 100,
             }),
-            caller: None,
+            caller: Some(Caller {
+                uid: 1000,
+                gid: 100,
+                groups: vec![100],
+            }),
         },
         Bytes::new(),
     )
     .expect("frame");
     let expected = concat!(
-        "00000022",       // len 34 = 4 + hlen
-        "5b533879",       // crc32 of the body
-        "0000001e",       // hlen 30
+        "00000029",       // len 41 = 4 + hlen
+        "5f0c2d9b",       // crc32 of the body
+        "00000025",       // hlen 37
         "01",             // request id 1
         "01",             // MasterRequest::Create (index 1)
         "07",             // path: 7 bytes
@@ -146,6 +150,10 @@ fn create_request_frame() {
         "fba401",         //   mode 0o644 = 420
         "fbe803",         //   uid 1000
         "64",             //   gid 100
+        "01",             // caller: Some
+        "fbe803",         //   uid 1000
+        "64",             //   gid 100
+        "0164",           //   groups: [100]
     );
     check(&frame, expected);
     let (id, req): (u64, MasterRequest) = parse_request(&frame).expect("parse");

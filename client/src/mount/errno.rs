@@ -21,6 +21,7 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
         ErrorCode::PermissionDenied => Errno::EACCES,
         ErrorCode::NotPermitted => Errno::EPERM,
+        ErrorCode::XattrTooBig => Errno::E2BIG,
         ErrorCode::Unavailable => Errno::EIO,
         ErrorCode::NotEnoughReplicas => Errno::EIO,
         // A fenced or expired writer: the storage refused this mount's token.

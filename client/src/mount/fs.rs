@@ -28,16 +28,19 @@ use std::future::Future;
 use std::io::SeekFrom;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::task::TaskTracker;
 use write::AttrChange;
 
+mod attrs;
 mod links;
 mod namespace;
 mod read;
 mod write;
+mod xattr;
 
+use attrs::{caller_of, epoch_ns, new_attr, system_time};
 use read::read_from;
 
 /// `st_blksize`: tools size their buffers from it (`cp` then writes 1 MiB at a time).
@@ -60,56 +63,6 @@ const CAPACITY_TIMEOUT: Duration = Duration::from_secs(1);
 const ROOT_ATTR_WAIT: Duration = Duration::from_secs(1);
 /// Longest name component (`f_namemax`), as the master enforces it.
 const NAME_MAX: u32 = stampfs_proto::path::MAX_COMPONENT_LEN as u32;
-
-/// The instant `ns` nanoseconds from the Unix epoch (before it when negative).
-fn system_time(ns: i64) -> SystemTime {
-    let d = Duration::from_nanos(ns.unsigned_abs());
-    if ns >= 0 {
-        UNIX_EPOCH + d
-    } else {
-        UNIX_EPOCH - d
-    }
-}
-
-/// Nanoseconds from the Unix epoch of `t` (`EINVAL` outside about 1677 to 2262).
-fn epoch_ns(t: SystemTime) -> Result<i64, Errno> {
-    let ns = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_nanos()).ok(),
-        Err(e) => i64::try_from(e.duration().as_nanos()).ok().map(|n| -n),
-    };
-    ns.ok_or(Errno::EINVAL)
-}
-
-/// The identity of the process that made `req`: its uid and gid as the kernel gives
-/// them, and its supplementary groups from `/proc/PID/status` (none when it is gone,
-/// or for the kernel's own requests, pid 0).
-fn caller_of(req: &Request) -> stampfs_proto::Caller {
-    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|n| n.parse().ok())
-                    .take(stampfs_proto::MAX_GROUPS)
-                    .collect()
-            })
-        })
-        .unwrap_or_default();
-    stampfs_proto::Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        groups,
-    }
-}
-
-/// Mode and owner of an entry `req`'s caller creates with `mode` under `umask`.
-fn new_attr(req: &Request, mode: u32, umask: u32) -> stampfs_proto::NewAttr {
-    stampfs_proto::NewAttr {
-        mode: mode & !umask & stampfs_proto::MODE_BITS,
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
 
 /// Locks a mutex that only guards plain bookkeeping: a panic elsewhere cannot leave it
 /// half-updated in a way worth refusing service for.
@@ -948,41 +901,92 @@ impl fuser::Filesystem for StampFs {
         }
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        // stampfs stores no extended attributes.
-        reply.error(Errno::NO_XATTR);
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(xattr::USER)) else {
+            // Only user.* is stored: nothing to ask the master for.
+            return reply.error(Errno::NO_XATTR);
+        };
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let (sh, name) = (self.shared.clone(), name.to_string());
+        self.spawn(async move {
+            match sh.getxattr(path, name).await {
+                Ok(v) => xattr::reply_sized(reply, size, &v),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let sh = self.shared.clone();
+        self.spawn(async move {
+            match sh.listxattr(path).await {
+                Ok(v) => xattr::reply_sized(reply, size, &v),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EOPNOTSUPP);
+        let Some(name) = name.to_str().filter(|n| n.starts_with(xattr::USER)) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        let how = match xattr::how(flags) {
+            Ok(h) => h,
+            Err(e) => return reply.error(e),
+        };
+        if name.len() > stampfs_proto::MAX_XATTR_NAME {
+            return reply.error(Errno::ERANGE);
+        }
+        if value.len() > stampfs_proto::MAX_XATTR_BYTES {
+            return reply.error(Errno::E2BIG);
+        }
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let (sh, name, value) = (self.shared.clone(), name.to_string(), value.to_vec());
+        self.spawn_as(req, async move {
+            match sh.setxattr(path, name, Some(value), how).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::NO_XATTR);
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(xattr::USER)) else {
+            return reply.error(Errno::NO_XATTR);
+        };
+        let path = match self.shared.path_of(ino) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let (sh, name) = (self.shared.clone(), name.to_string());
+        self.spawn_as(req, async move {
+            match sh
+                .setxattr(path, name, None, stampfs_proto::XattrSet::Any)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

@@ -84,7 +84,8 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::MalformedFrame { .. }
         | RemoteError::InvalidPath { .. }
         | RemoteError::PermissionDenied { .. }
-        | RemoteError::NotPermitted { .. } => true,
+        | RemoteError::NotPermitted { .. }
+        | RemoteError::XattrTooBig { .. } => true,
         RemoteError::StaleToken { .. }
         | RemoteError::ReplicaStale { .. }
         | RemoteError::ChecksumMismatch { .. }

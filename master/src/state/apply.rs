@@ -501,6 +501,30 @@ impl MasterState {
                 self.ns
                     .rename(*src_parent, src_name, *dst_parent, dst_name, *mtime_ms)?;
             }
+            Record::SetXattr {
+                inode,
+                name,
+                value,
+                mtime_ms,
+            } => {
+                let i = self
+                    .ns
+                    .get_mut(*inode)
+                    .ok_or(format!("extended attribute of unknown inode {inode}"))?;
+                let map = i.xattrs.get_or_insert_with(Default::default);
+                match value {
+                    Some(v) => {
+                        map.insert(name.clone(), v.clone());
+                    }
+                    None => {
+                        map.remove(name);
+                    }
+                }
+                if map.is_empty() {
+                    i.xattrs = None;
+                }
+                i.changed(*mtime_ms);
+            }
             Record::WithAttr { record, attr } => {
                 let created: Vec<InodeId> = match &**record {
                     Record::Create { inode, .. } | Record::Symlink { inode, .. } => vec![*inode],

@@ -307,6 +307,9 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
         (s(), s())
             .prop_map(|(path, reason)| RemoteError::NotPermitted { path, reason })
             .boxed(),
+        (s(), arb_u64(), arb_u64())
+            .prop_map(|(path, bytes, max)| RemoteError::XattrTooBig { path, bytes, max })
+            .boxed(),
     ]
     .boxed()
 }
@@ -787,6 +790,35 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             .prop_map(|path| MasterRequest::ReadLink(ReadLink { path, caller: None }))
             .boxed(),
         arb_set_attr().prop_map(MasterRequest::SetAttr).boxed(),
+        (arb_string(), arb_string(), prop::option::of(arb_caller()))
+            .prop_map(|(path, name, caller)| {
+                MasterRequest::GetXattr(GetXattr { path, name, caller })
+            })
+            .boxed(),
+        (arb_string(), prop::option::of(arb_caller()))
+            .prop_map(|(path, caller)| MasterRequest::ListXattr(ListXattr { path, caller }))
+            .boxed(),
+        (
+            arb_string(),
+            arb_string(),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..64)),
+            prop_oneof![
+                Just(XattrSet::Any),
+                Just(XattrSet::Create),
+                Just(XattrSet::Replace)
+            ],
+            prop::option::of(arb_caller()),
+        )
+            .prop_map(|(path, name, value, how, caller)| {
+                MasterRequest::SetXattr(SetXattr {
+                    path,
+                    name,
+                    value,
+                    how,
+                    caller,
+                })
+            })
+            .boxed(),
     ]
     .boxed()
 }
@@ -822,6 +854,9 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::Symlink(_) => "Symlink",
         MasterRequest::ReadLink(_) => "ReadLink",
         MasterRequest::SetAttr(_) => "SetAttr",
+        MasterRequest::GetXattr(_) => "GetXattr",
+        MasterRequest::ListXattr(_) => "ListXattr",
+        MasterRequest::SetXattr(_) => "SetXattr",
     }
 }
 
@@ -1073,5 +1108,6 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::ReplicaFinalized { .. } => "ReplicaFinalized",
         RemoteError::PermissionDenied { .. } => "PermissionDenied",
         RemoteError::NotPermitted { .. } => "NotPermitted",
+        RemoteError::XattrTooBig { .. } => "XattrTooBig",
     }
 }
