@@ -417,13 +417,8 @@ pub async fn chmod(args: ChmodArgs) -> Result<()> {
     let client = connect(&args.master).await?;
     client
         .set_attr(stampfs_proto::SetAttr {
-            path: args.path.clone(),
             mode: Some(mode),
-            uid: None,
-            gid: None,
-            atime: None,
-            mtime: None,
-            caller: None,
+            ..stampfs_proto::SetAttr::new(&args.path)
         })
         .await
         .with_context(|| format!("cannot change the mode of {}", args.path))?;
@@ -455,13 +450,9 @@ pub async fn chown(args: ChownArgs) -> Result<()> {
     let client = connect(&args.master).await?;
     client
         .set_attr(stampfs_proto::SetAttr {
-            path: args.path.clone(),
-            mode: None,
             uid,
             gid,
-            atime: None,
-            mtime: None,
-            caller: None,
+            ..stampfs_proto::SetAttr::new(&args.path)
         })
         .await
         .with_context(|| format!("cannot change the owner of {}", args.path))?;

@@ -10,29 +10,12 @@
 
 mod common;
 
-use common::mount::{fuse_or_skip, MountGuard};
+use common::mount::{fuse_or_skip, sh_in, MountGuard};
 use common::TestCluster;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-
-/// Runs a shell command in `dir`; its stdout.
-fn sh_in(dir: &Path, script: &str) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// What a tree copy must keep of an entry: kind, permission bits, owner,
 /// modification time to the nanosecond, and the contents (a file's bytes, a link's

@@ -120,13 +120,8 @@ fn the_master_checks_permissions_for_the_callers_identity() {
         let root = Client::connect(&c.master.addr).await.expect("connect");
         root.mkdir("/pub", false).await.expect("mkdir");
         root.set_attr(SetAttr {
-            path: "/pub".into(),
             mode: Some(0o1777),
-            uid: None,
-            gid: None,
-            atime: None,
-            mtime: None,
-            caller: None,
+            ..SetAttr::new("/pub")
         })
         .await
         .expect("chmod 1777");
@@ -173,25 +168,15 @@ fn the_master_checks_permissions_for_the_callers_identity() {
         assert!(not_permitted(bob.delete("/pub/a", false).await));
         let chmod = |who: Client, mode| async move {
             who.set_attr(SetAttr {
-                path: "/pub/a".into(),
                 mode: Some(mode),
-                uid: None,
-                gid: None,
-                atime: None,
-                mtime: None,
-                caller: None,
+                ..SetAttr::new("/pub/a")
             })
             .await
         };
         assert!(not_permitted(chmod(bob.clone(), 0o666).await.map(|_| ())));
         let touch = bob.set_attr(SetAttr {
-            path: "/pub/a".into(),
-            mode: None,
-            uid: None,
-            gid: None,
-            atime: None,
             mtime: Some(SetTime::At(0)),
-            caller: None,
+            ..SetAttr::new("/pub/a")
         });
         assert!(not_permitted(touch.await.map(|_| ())));
         // Nor create a file owned by Alice.

@@ -7,26 +7,13 @@
 
 mod common;
 
-use common::mount::{fuse_or_skip, MountGuard};
+use common::mount::{fuse_or_skip, sh_in, MountGuard};
 use common::{wait_for, TestCluster};
 use std::os::unix::fs::symlink;
-use std::process::Command;
 
 /// Runs a shell command in the mount; its stdout.
 fn sh(m: &MountGuard, script: &str) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(&m.root)
-        .output()
-        .expect("sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    sh_in(&m.root, script)
 }
 
 #[test]

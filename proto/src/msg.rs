@@ -197,6 +197,22 @@ pub struct SetAttr {
     pub caller: Option<Caller>,
 }
 
+impl SetAttr {
+    /// A change of nothing yet at `path`: set the fields to change
+    /// (`SetAttr { mode: Some(0o755), ..SetAttr::new(path) }`).
+    pub fn new(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            mode: None,
+            uid: None,
+            gid: None,
+            atime: None,
+            mtime: None,
+            caller: None,
+        }
+    }
+}
+
 /// One replica of a chunk as the master knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
 pub struct ReplicaLocation {

@@ -1,7 +1,7 @@
 //! `MountGuard`: `stampfs mount --foreground` of a [`TestCluster`] as a child process,
 //! waited for until the kernel lists the mount, unmounted and reaped on drop; and
 //! [`fuse_or_skip`], the rule for tests that need FUSE (a failure in CI, `SKIPPED:`
-//! elsewhere).
+//! elsewhere); [`sh_in`], a shell script run where a test says.
 
 use super::TestCluster;
 use nix::sys::signal::{kill, Signal};
@@ -27,6 +27,23 @@ pub fn fuse_or_skip(test: &str) -> bool {
     // Straight to stderr, past the test harness's capture, so a skip is never silent.
     let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
     false
+}
+
+/// Runs a shell script in `dir` and asserts it succeeded; its stdout.
+pub fn sh_in(dir: &std::path::Path, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Whether `path` is a FUSE mount point, from /proc/self/mountinfo.

@@ -15,15 +15,7 @@ const OWNER: NewAttr = NewAttr {
 const MS: i64 = 1_000_000;
 
 fn set(path: &str) -> SetAttr {
-    SetAttr {
-        path: path.into(),
-        mode: None,
-        uid: None,
-        gid: None,
-        atime: None,
-        mtime: None,
-        caller: None,
-    }
+    SetAttr::new(path)
 }
 
 fn create(st: &mut MasterState, path: &str, attr: Option<NewAttr>, at_ms: u64) -> FileStatus {

@@ -97,13 +97,8 @@ fn rename(st: &mut MasterState, src: &str, dst: &str, who: Option<Caller>) -> Re
 
 fn set(path: &str, who: Option<Caller>) -> SetAttr {
     SetAttr {
-        path: path.into(),
-        mode: None,
-        uid: None,
-        gid: None,
-        atime: None,
-        mtime: None,
         caller: who,
+        ..SetAttr::new(path)
     }
 }
 
