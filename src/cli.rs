@@ -321,10 +321,9 @@ pub struct MountArgs {
     /// unmount (libfuse's `-o nonempty`).
     #[arg(long)]
     pub nonempty: bool,
-    /// Let users other than the one who mounted use the mount, each with their own
-    /// permissions (checked by the kernel on the stored modes, and by the master).
-    /// As root nothing else is needed; another user needs `user_allow_other` in
-    /// /etc/fuse.conf. Identities are not authenticated yet.
+    /// Let users other than root use the mount, each with their own permissions
+    /// (checked by the kernel on the stored modes, and by the master). Only for a
+    /// mount run as root. Identities are not authenticated yet.
     #[arg(long)]
     pub allow_other: bool,
     /// Serve in this process until SIGINT/SIGTERM or `umount`, logging on stderr (or

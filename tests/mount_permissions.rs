@@ -90,6 +90,19 @@ fn other_users_of_the_mount_get_their_own_permissions() {
         ),
         "1234:1234 600\n1234:1234 755\n"
     );
+    // A file created read-only is still written and truncated through the descriptor
+    // that created it (as git writes its objects; dd's ftruncate).
+    assert_eq!(
+        ok_as(
+            &m,
+            1234,
+            "set -e; umask 0222; printf object > pub/ro
+             dd if=/dev/null of=pub/ro-dd bs=1 seek=10 2>/dev/null
+             stat -c '%s %a' pub/ro pub/ro-dd; cat pub/ro"
+        ),
+        "6 444\n10 444\nobject"
+    );
+    refused_as(&m, 1234, "printf more >> pub/ro", DENIED);
     // ...which another user may not read, remove, rename, chmod or touch -d.
     refused_as(&m, 1235, "cat pub/mine", DENIED);
     refused_as(&m, 1235, "rm -f pub/mine", EPERM);
@@ -102,6 +115,11 @@ fn other_users_of_the_mount_get_their_own_permissions() {
     ok_as(&m, 1234, "printf shared > pub/shared; chmod 666 pub/shared");
     ok_as(&m, 1235, "touch pub/shared");
     refused_as(&m, 1235, "touch -d 2000-01-01 pub/shared", EPERM);
+    // Another user's write to a set-uid file clears the bit (the kernel asks for that
+    // as the writer) and goes through.
+    ok_as(&m, 1234, "printf s > pub/suid; chmod 4666 pub/suid");
+    ok_as(&m, 1235, "printf x >> pub/suid");
+    assert_eq!(ok_as(&m, 0, "stat -c %a pub/suid; cat pub/suid"), "666\nsx");
     // The owner and root may.
     ok_as(&m, 1234, "chmod 644 pub/mine; mv pub/mine pub/mine2");
     assert_eq!(ok_as(&m, 1235, "cat pub/mine2"), "mine");

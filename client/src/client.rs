@@ -258,6 +258,11 @@ impl Client {
         }
     }
 
+    /// This handle's own caller, whatever task it runs in.
+    pub(crate) fn own_caller(&self) -> Option<Caller> {
+        self.caller.as_deref().cloned()
+    }
+
     /// Who the next namespace request is sent as: the FUSE request a mount task
     /// serves, else this handle's caller.
     pub(crate) fn caller(&self) -> Option<Caller> {

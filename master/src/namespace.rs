@@ -148,12 +148,16 @@ impl Inode {
         Self::new(parent, mtime_ms, InodeKind::Symlink(target))
     }
 
-    /// The contents changed at `mtime_ms`: the modification and change times move up
-    /// to it (never back: an earlier clock reading leaves them).
+    /// The contents changed at `mtime_ms`: the modification and change times become
+    /// it, as a write sets them on Linux (also back from a future time `touch -d`
+    /// set, which `make` relies on). Zero changes nothing (a close that keeps them).
     pub fn touch(&mut self, mtime_ms: u64) {
+        if mtime_ms == 0 {
+            return;
+        }
         let t = ms_to_ns(mtime_ms);
-        self.attr.mtime_ns = self.attr.mtime_ns.max(t);
-        self.attr.ctime_ns = self.attr.ctime_ns.max(t);
+        self.attr.mtime_ns = t;
+        self.attr.ctime_ns = t;
     }
 
     /// The modification time in whole milliseconds (zero before the epoch).
@@ -162,9 +166,11 @@ impl Inode {
     }
 
     /// The entry itself changed at `ms` (renamed, its attributes set): the change time
-    /// moves up to it.
+    /// becomes it (zero changes nothing).
     pub fn changed(&mut self, ms: u64) {
-        self.attr.ctime_ns = self.attr.ctime_ns.max(ms_to_ns(ms));
+        if ms != 0 {
+            self.attr.ctime_ns = ms_to_ns(ms);
+        }
     }
 
     pub fn as_file(&self) -> Option<&FileMeta> {
@@ -362,8 +368,8 @@ impl Namespace {
                     return Err(format!("{name:?} already exists in {parent}"));
                 }
                 d.children.insert(name.to_string(), ino);
-                attr.mtime_ns = attr.mtime_ns.max(mtime_ns);
-                attr.ctime_ns = attr.ctime_ns.max(mtime_ns);
+                attr.mtime_ns = mtime_ns;
+                attr.ctime_ns = mtime_ns;
             }
             _ => return Err(format!("parent {parent} is not a directory")),
         }

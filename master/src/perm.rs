@@ -64,27 +64,30 @@ pub fn owns(attr: &Attr, who: Option<&Caller>) -> bool {
 }
 
 /// Why a `chmod` to `mode` of an entry with `attr` is refused, or the mode it stores:
-/// only the owner or root may; the set-gid bit of a file whose group the (non-root)
-/// caller is not in is dropped, as Linux drops it.
-pub fn chmod(
-    attr: &Attr,
-    is_dir: bool,
-    mode: u32,
-    who: Option<&Caller>,
-) -> Result<u32, &'static str> {
+/// only the owner or root may (anyone who may write it may clear its set-uid and
+/// set-gid bits); the set-gid bit of an entry whose group the (non-root) caller is not
+/// in is dropped, as Linux drops it.
+pub fn chmod(attr: &Attr, mode: u32, who: Option<&Caller>) -> Result<u32, &'static str> {
     if !owns(attr, who) {
+        // The kernel clears set-uid and set-gid of a file a non-owner writes with a
+        // mode change sent as the writer: that much a writer may do.
+        let clears_only = mode & !(SET_UID | SET_GID) == attr.mode & !(SET_UID | SET_GID)
+            && mode & !attr.mode == 0;
+        if clears_only && allows(attr, who, WRITE) {
+            return Ok(mode);
+        }
         return Err("only the owner or root may change the mode");
     }
     match who.filter(|c| c.uid != 0) {
-        Some(c) if !is_dir && !in_group(c, attr.gid) => Ok(mode & !SET_GID),
+        Some(c) if !in_group(c, attr.gid) => Ok(mode & !SET_GID),
         _ => Ok(mode),
     }
 }
 
 /// Why a `chown` of an entry with `attr` to `uid` / `gid` is refused, or the mode it
 /// leaves: root may give anything to anyone; an owner may only change the group, to
-/// one it is in. Changing the owner or group of a regular file drops its set-uid bit,
-/// and its set-gid bit when the group may execute (Linux, for root too).
+/// one it is in. A `chown` of a regular file drops its set-uid bit, and its set-gid bit
+/// when the group may execute (Linux, for root too, even to the same ids).
 pub fn chown(
     attr: &Attr,
     is_file: bool,
@@ -103,9 +106,9 @@ pub fn chown(
             return Err("the owner may only give an entry to a group it is in");
         }
     }
-    let changes = uid.is_some_and(|u| u != attr.uid) || gid.is_some_and(|g| g != attr.gid);
+    // Linux drops the bits whenever an owner or group is given, even the same one.
     let mut mode = attr.mode;
-    if is_file && changes {
+    if is_file && (uid.is_some() || gid.is_some()) {
         mode &= !SET_UID;
         if mode & 0o010 != 0 {
             mode &= !SET_GID;
@@ -215,15 +218,21 @@ mod tests {
     fn chmod_chown_and_times_follow_linux() {
         let f = attr(0o2755, 10, 20);
         let owner = user(10, 10, &[]);
-        // The owner not in the file's group loses set-gid on a file, not on a dir.
-        assert_eq!(chmod(&f, false, 0o2750, Some(&owner)), Ok(0o0750));
-        assert_eq!(chmod(&f, true, 0o2750, Some(&owner)), Ok(0o2750));
-        assert_eq!(
-            chmod(&f, false, 0o2750, Some(&user(10, 20, &[]))),
-            Ok(0o2750)
+        // The owner not in the entry's group loses set-gid (a directory too).
+        assert_eq!(chmod(&f, 0o2750, Some(&owner)), Ok(0o0750));
+        assert_eq!(chmod(&f, 0o2750, Some(&user(10, 20, &[]))), Ok(0o2750));
+        assert!(chmod(&f, 0o777, Some(&user(11, 20, &[]))).is_err());
+        assert_eq!(chmod(&f, 0o7777, None), Ok(0o7777));
+        // A writer that is not the owner may only clear set-uid and set-gid.
+        let shared = attr(0o6775, 10, 20);
+        let member = user(11, 11, &[20]);
+        assert_eq!(chmod(&shared, 0o0775, Some(&member)), Ok(0o0775));
+        assert_eq!(chmod(&shared, 0o4775, Some(&member)), Ok(0o4775));
+        assert!(chmod(&shared, 0o0777, Some(&member)).is_err(), "adds a bit");
+        assert!(
+            chmod(&shared, 0o0775, Some(&user(12, 12, &[]))).is_err(),
+            "not a writer"
         );
-        assert!(chmod(&f, false, 0o777, Some(&user(11, 20, &[]))).is_err());
-        assert_eq!(chmod(&f, false, 0o7777, None), Ok(0o7777));
         // chown: only root gives away; an owner changes the group to one of its own.
         let s = attr(0o6755, 10, 20);
         assert!(chown(&s, true, Some(11), None, Some(&owner)).is_err());
@@ -235,9 +244,10 @@ mod tests {
         );
         assert_eq!(
             chown(&s, true, Some(10), Some(20), Some(&owner)),
-            Ok(0o6755),
-            "no change"
+            Ok(0o0755),
+            "the same ids drop them too"
         );
+        assert_eq!(chown(&s, true, None, None, Some(&owner)), Ok(0o6755));
         assert_eq!(
             chown(&s, false, Some(5), None, None),
             Ok(0o6755),

@@ -483,12 +483,17 @@ impl Core {
         let locs = self
             .read(|st, now| {
                 // A reader needs read permission (the tokens let it read the
-                // replicas); the file's own writer reads what it writes.
+                // replicas); the file's own writer reads what it writes, as long as
+                // the identity asking may write it (one client may carry several).
                 let who = req.caller.as_ref();
-                st.check_access(&req.path, who, 0)?;
-                let ino = st.resolve_path(&req.path)?;
-                if writer(st, ino) != Some(req.client) {
-                    st.check_access(&req.path, who, crate::perm::READ)?;
+                let is_writer = st
+                    .resolve_path(&req.path)
+                    .is_ok_and(|ino| writer(st, ino) == Some(req.client));
+                let read = st.check_access(&req.path, who, crate::perm::READ);
+                if read.is_err() && is_writer {
+                    st.check_access(&req.path, who, crate::perm::WRITE)?;
+                } else {
+                    read?;
                 }
                 st.locations(&req.path, req.client, &self.key, now)
             })

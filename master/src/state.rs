@@ -234,8 +234,8 @@ pub enum Record {
         mtime_ms: u64,
     },
     /// `chmod`, `chown`, `utimensat` of `inode`, or a read's access time: each given
-    /// attribute is set as it is; the change time moves up to `ctime_ns` (an access
-    /// alone leaves it).
+    /// attribute is set as it is; the change time becomes `ctime_ns` (an access alone
+    /// leaves it).
     SetAttr {
         inode: InodeId,
         mode: Option<u32>,

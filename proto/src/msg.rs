@@ -118,7 +118,7 @@ pub struct NewAttr {
 /// Who sends a namespace request, as the master checks permissions: user, primary
 /// group and supplementary groups (at most [`MAX_GROUPS`]). Not authenticated yet:
 /// any client may claim any identity. Without one a request acts as root (the
-/// cluster's own tools, older clients).
+/// cluster's own tools).
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Caller {
     pub uid: u32,

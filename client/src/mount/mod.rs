@@ -153,9 +153,18 @@ impl Mount {
             fuser::MountOption::FSName(config.fsname.clone()),
             fuser::MountOption::Subtype("stampfs".to_string()),
             fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::NoAtime,
         ];
         if config.allow_other {
+            // Handles read and take write leases as the mount (the kernel checked
+            // the open): only a root mount may do that for every user.
+            // SAFETY: geteuid takes no arguments and cannot fail.
+            if unsafe { libc::geteuid() } != 0 {
+                return Err(Error::InvalidArgument {
+                    reason: "--allow-other needs a mount run as root: its handles read and \
+                             write as the mount for every user"
+                        .into(),
+                });
+            }
             options.acl = fuser::SessionACL::All;
         }
         // One session thread: it only queues work, and one reader keeps each open

@@ -578,7 +578,7 @@ impl MasterState {
                     a.mtime_ns = *t;
                 }
                 if let Some(t) = ctime_ns {
-                    a.ctime_ns = a.ctime_ns.max(*t);
+                    a.ctime_ns = *t;
                 }
             }
         }

@@ -362,3 +362,25 @@ fn malformed_attribute_records_are_refused_by_apply() {
     assert!(st.apply(1, &unknown, 0).is_err());
     assert_eq!(st.last_lsn, 0);
 }
+
+#[test]
+fn a_write_sets_the_modification_time_back_from_the_future() {
+    let mut st = MasterState::new(Settings::for_tests());
+    let f = create(&mut st, "/f", None, 5);
+    st.set_attr(
+        &SetAttr {
+            mtime: Some(SetTime::At(4_000_000_000 * 1_000_000_000)),
+            ..set("/f")
+        },
+        0,
+        6,
+    )
+    .expect("touch -d 2096");
+    close(&mut st, "/f", f.inode, false, 9);
+    let s = st.stat("/f").expect("stat");
+    assert_eq!(
+        (s.attr.mtime_ns, s.attr.ctime_ns),
+        (9 * MS, 9 * MS),
+        "as make expects"
+    );
+}

@@ -13,6 +13,10 @@ use stampfs_proto::{
     SetTime, Symlink, MAX_SYMLINK_TARGET, MODE_BITS,
 };
 
+/// The trash's mode: root's alone. An entry moved there leaves the directories that
+/// protected it, so nobody else may list or open what it holds.
+const TRASH_MODE: u32 = 0o700;
+
 /// How old an access time may grow before a read moves it though the entry has not
 /// changed since (Linux's `relatime`: a day).
 const RELATIME_NS: i64 = 24 * 3600 * 1_000_000_000;
@@ -116,6 +120,7 @@ impl MasterState {
         self.search(&comps, who)?;
         let (parent, name) = self.ns.resolve_parent(&comps)?;
         let parent_path = join(&comps[..comps.len() - 1]);
+        let mut kept = None;
         let replaces = match self.ns.child(parent, name) {
             None => {
                 self.require_dir_write(parent, &parent_path, who)?;
@@ -129,9 +134,28 @@ impl MasterState {
                 if !req.overwrite {
                     return Err(Error::AlreadyExists { path });
                 }
-                // Replacing is truncating the file and unlinking the old one.
+                // Replacing keeping the file's owner is a truncate (`O_TRUNC`): write
+                // permission on the file is enough. Giving it another owner is an
+                // unlink and a create: the directory's rules too.
                 self.require(old, &path, who, crate::perm::WRITE)?;
-                self.require_removable(parent, &parent_path, old, &path, who)?;
+                let old_attr = self.ns.get(old).map(|i| i.attr).unwrap_or_default();
+                // It keeps the old mode too (a writer that is not the owner drops
+                // set-uid and set-gid, as a write does on Linux).
+                let kill = if crate::perm::owns(&old_attr, who) {
+                    0
+                } else {
+                    0o6000
+                };
+                kept = req
+                    .attr
+                    .filter(|a| (a.uid, a.gid) == (old_attr.uid, old_attr.gid))
+                    .map(|a| NewAttr {
+                        mode: old_attr.mode & !kill,
+                        ..a
+                    });
+                if kept.is_none() {
+                    self.require_removable(parent, &parent_path, old, &path, who)?;
+                }
                 if f.is_recovering() {
                     return Err(Error::RecoveryInProgress { path });
                 }
@@ -144,7 +168,10 @@ impl MasterState {
             }
         };
         let inode = self.ns.next_inode();
-        let attr = self.creator_attr(parent, &path, req.attr, 0o644, false, who)?;
+        let attr = match kept {
+            Some(a) => Some(a),
+            None => self.creator_attr(parent, &path, req.attr, 0o644, false, who)?,
+        };
         let rec = with_attr(
             Record::Create {
                 parent,
@@ -315,10 +342,9 @@ impl MasterState {
             reason: reason.to_string(),
         };
         let cur = inode.attr;
-        let is_dir = inode.as_dir().is_some();
         let is_file = inode.as_file().is_some();
         let mut mode = match req.mode {
-            Some(m) => Some(crate::perm::chmod(&cur, is_dir, m, who).map_err(refused)?),
+            Some(m) => Some(crate::perm::chmod(&cur, m, who).map_err(refused)?),
             None => None,
         };
         if req.uid.is_some() || req.gid.is_some() {
@@ -512,21 +538,49 @@ impl MasterState {
     /// file (then `rm` deletes at once).
     fn trash_dir(&mut self, now_ms: u64, mtime_ms: u64) -> Result<Option<InodeId>> {
         if let Some(t) = self.ns.child(ROOT, trash::DIR) {
-            if self.ns.get(t).and_then(Inode::as_dir).is_some() {
-                return Ok(Some(t));
+            let Some(a) = self
+                .ns
+                .get(t)
+                .filter(|i| i.as_dir().is_some())
+                .map(|i| i.attr)
+            else {
+                tracing::warn!(
+                    "/{} is not a directory; removing without the trash",
+                    trash::DIR
+                );
+                return Ok(None);
+            };
+            if (a.mode, a.uid, a.gid) != (TRASH_MODE, 0, 0) {
+                // A trash from before permissions (0755): what it holds left the
+                // protection of its old directories, so only root may look inside.
+                self.commit(
+                    Record::SetAttr {
+                        inode: t,
+                        mode: Some(TRASH_MODE),
+                        uid: Some(0),
+                        gid: Some(0),
+                        atime_ns: None,
+                        mtime_ns: None,
+                        ctime_ns: Some(namespace::ms_to_ns(mtime_ms)),
+                    },
+                    now_ms,
+                )?;
             }
-            tracing::warn!(
-                "/{} is not a directory; removing without the trash",
-                trash::DIR
-            );
-            return Ok(None);
+            return Ok(Some(t));
         }
         let ino = self.ns.next_inode();
         self.commit(
-            Record::Mkdir {
-                parent: ROOT,
-                dirs: vec![(trash::DIR.to_string(), ino)],
-                mtime_ms,
+            Record::WithAttr {
+                record: Box::new(Record::Mkdir {
+                    parent: ROOT,
+                    dirs: vec![(trash::DIR.to_string(), ino)],
+                    mtime_ms,
+                }),
+                attr: NewAttr {
+                    mode: TRASH_MODE,
+                    uid: 0,
+                    gid: 0,
+                },
             },
             now_ms,
         )?;

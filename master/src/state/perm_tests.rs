@@ -439,3 +439,108 @@ fn a_set_gid_directory_hands_its_group_down() {
     let d = mkdir(&mut st, "/tmp/shared/d", carol, 0o755).expect("d");
     assert_eq!((d.attr.gid, d.attr.mode), (STAFF, 0o2755));
 }
+
+#[test]
+fn the_trash_is_roots_alone() {
+    let mut settings = Settings::for_tests();
+    settings.trash_ms = 3_600_000;
+    let mut st = MasterState::new(settings);
+    mkdir(&mut st, "/tmp", None, 0o1777).expect("tmp");
+    create(&mut st, "/tmp/a", alice()).expect("alice's file");
+    delete(&mut st, "/tmp/a", alice()).expect("alice's rm");
+    let trash = st.stat("/.trash").expect("trash");
+    assert_eq!((trash.attr.mode, trash.attr.uid), (0o700, 0));
+    let entries = st.list("/.trash").expect("root lists");
+    assert_eq!(entries.len(), 1);
+    let name = entries[0].path.clone();
+    assert!(denied(st.check_access(
+        "/.trash",
+        bob().as_ref(),
+        crate::perm::READ
+    )));
+    assert!(denied(st.check_access(&name, bob().as_ref(), 0)));
+    // A trash from before permissions is closed at the next rm.
+    st.set_attr(
+        &SetAttr {
+            mode: Some(0o755),
+            ..set("/.trash", None)
+        },
+        0,
+        20,
+    )
+    .expect("open it up");
+    create(&mut st, "/tmp/b", bob()).expect("bob's file");
+    delete(&mut st, "/tmp/b", bob()).expect("bob's rm");
+    assert_eq!(st.stat("/.trash").expect("trash").attr.mode, 0o700);
+}
+
+#[test]
+fn a_group_writer_may_truncate_by_replacing_keeping_the_owner() {
+    let mut st = tree();
+    mkdir(&mut st, "/tmp/team", alice(), 0o755).expect("alice's dir");
+    let f = create(&mut st, "/tmp/team/f", alice()).expect("alice's file");
+    st.set_attr(
+        &SetAttr {
+            mode: Some(0o6664),
+            gid: Some(STAFF),
+            ..set("/tmp/team/f", alice())
+        },
+        0,
+        21,
+    )
+    .expect("group-writable");
+    let carol = Some(Caller {
+        uid: 1002,
+        gid: 1002,
+        groups: vec![STAFF],
+    });
+    // Carol may not write the directory, but may truncate the file she may write.
+    let s = st
+        .create(
+            &Create {
+                path: "/tmp/team/f".into(),
+                client: ClientId(5),
+                replication: None,
+                chunk_size: None,
+                overwrite: true,
+                attr: Some(NewAttr {
+                    mode: 0o777,
+                    uid: ALICE,
+                    gid: STAFF,
+                }),
+                caller: carol.clone(),
+            },
+            0,
+            22,
+        )
+        .expect("truncate");
+    assert_ne!(s.inode, f.inode);
+    assert_eq!(
+        (s.attr.uid, s.attr.gid, s.attr.mode),
+        (ALICE, STAFF, 0o664),
+        "the owner and mode kept, set-uid and set-gid dropped"
+    );
+    // Giving it to herself is an unlink and a create: the directory says no.
+    let e = st
+        .create(
+            &Create {
+                path: "/tmp/team/f".into(),
+                client: ClientId(6),
+                replication: None,
+                chunk_size: None,
+                overwrite: true,
+                attr: own(&carol, 0o644),
+                caller: carol,
+            },
+            0,
+            23,
+        )
+        .expect_err("replace as her own");
+    assert!(
+        matches!(
+            e,
+            Error::PermissionDenied { .. } | Error::LeaseConflict { .. }
+        ),
+        "{e:?}"
+    );
+}

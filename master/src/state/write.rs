@@ -651,7 +651,7 @@ impl MasterState {
             Record::Close {
                 inode: expect,
                 last: req.last,
-                // Zero leaves the modification time where it is (it only moves up).
+                // Zero leaves the modification time where it is.
                 mtime_ms: if req.keep_mtime { 0 } else { mtime_ms },
             },
             now_ms,

@@ -49,20 +49,32 @@ impl Shared {
         let (mut st, fetched) = self.status_and_size(&path).await?;
         let mut current = self.shown_size(&st, fetched);
         if let Some(requested) = size.filter(|r| *r != current) {
-            self.set_size(ino.0, &path, requested).await?;
+            // As the mount, like every write: the kernel checked the truncate (or the
+            // open of the descriptor an ftruncate goes through, which may be a file
+            // created read-only).
+            let me = self.client.own_caller().unwrap_or(stampfs_proto::Caller {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+            });
+            crate::client::REQUEST_CALLER
+                .scope(me, self.set_size(ino.0, &path, requested))
+                .await?;
             current = requested;
         }
         if change.is_empty() {
             return Ok(self.attr(&st, current));
         }
-        let times = change.atime.is_some() || change.mtime.is_some();
-        let writers: Vec<_> = if times {
-            lock(&self.handles)
+        // Only a set modification time concerns this mount's writers (their close
+        // would move it); in fh order, so two setattrs never lock them crosswise.
+        let writers: Vec<_> = if change.mtime.is_some() {
+            let mut w: Vec<_> = lock(&self.handles)
                 .writers()
                 .into_iter()
-                .map(|(_, w)| w)
-                .filter(|w| w.ino == ino.0)
-                .collect()
+                .filter(|(_, w)| w.ino == ino.0)
+                .collect();
+            w.sort_by_key(|(fh, _)| *fh);
+            w.into_iter().map(|(_, w)| w).collect()
         } else {
             Vec::new()
         };
