@@ -186,6 +186,13 @@ impl MasterState {
             reason: reason.into(),
         })?;
         (a.gid, a.mode) = perm::inherited(&parent_attr, a.gid, a.mode, is_dir);
+        if let Some(c) = who.filter(|c| c.uid != 0) {
+            // A file set-gid to a group its creator is not in (one a set-gid
+            // directory gave it) drops the bit, as Linux does.
+            if !is_dir && !perm::in_group(c, a.gid) {
+                a.mode &= !0o2000;
+            }
+        }
         Ok(Some(a))
     }
 

@@ -436,6 +436,31 @@ fn a_set_gid_directory_hands_its_group_down() {
     });
     let f = create(&mut st, "/tmp/shared/f", carol.clone()).expect("f");
     assert_eq!((f.attr.uid, f.attr.gid, f.attr.mode), (1002, STAFF, 0o644));
+    // A set-gid file of a group its creator is not in drops the bit.
+    st.set_attr(
+        &SetAttr {
+            mode: Some(0o2777),
+            ..set("/tmp/shared", alice())
+        },
+        0,
+        24,
+    )
+    .expect("open to all");
+    let sg = st
+        .make_file(
+            &stampfs_proto::MakeFile {
+                path: "/tmp/shared/sg".into(),
+                client: ClientId(7),
+                replication: None,
+                chunk_size: None,
+                attr: own(&bob(), 0o2755),
+                caller: bob(),
+            },
+            0,
+            24,
+        )
+        .expect("bob's set-gid file");
+    assert_eq!((sg.attr.gid, sg.attr.mode), (STAFF, 0o755));
     let d = mkdir(&mut st, "/tmp/shared/d", carol, 0o755).expect("d");
     assert_eq!((d.attr.gid, d.attr.mode), (STAFF, 0o2755));
 }
