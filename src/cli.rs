@@ -222,6 +222,10 @@ pub struct LnArgs {
 pub struct ChmodArgs {
     #[command(flatten)]
     pub master: MasterAddr,
+    /// Change every entry below PATH too (symbolic links are skipped: their mode is
+    /// always 0777).
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     /// Octal mode, up to 7777.
     pub mode: String,
     pub path: String,
@@ -231,6 +235,10 @@ pub struct ChmodArgs {
 pub struct ChownArgs {
     #[command(flatten)]
     pub master: MasterAddr,
+    /// Change every entry below PATH too (links themselves, never followed): what an
+    /// upgrade from before attributes needs, where everything is root's.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     /// `UID`, `UID:GID` or `:GID`, numeric.
     pub owner: String,
     pub path: String,

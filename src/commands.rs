@@ -12,6 +12,10 @@ use stampfs_proto::{FileKind, FileState, FileStatus};
 use std::io::IsTerminal;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
+mod attrs;
+pub use attrs::{chmod, chown};
+use attrs::{mode_string, time_string};
+
 /// Turns a command's result into an exit status, printing one line on failure.
 pub fn report(result: Result<()>) -> u8 {
     match result {
@@ -374,89 +378,6 @@ fn base_name(path: &str) -> &str {
         .next()
         .filter(|n| !n.is_empty())
         .unwrap_or("/")
-}
-
-/// `rwxr-xr-x` for the permission bits of `mode`, with `s`/`S` and `t`/`T` for
-/// set-uid, set-gid and sticky as `ls -l` shows them.
-fn mode_string(mode: u32) -> String {
-    let mut out = String::with_capacity(9);
-    for (shift, special, lower, upper) in [
-        (6, 0o4000, 's', 'S'),
-        (3, 0o2000, 's', 'S'),
-        (0, 0o1000, 't', 'T'),
-    ] {
-        let bits = (mode >> shift) & 7;
-        out.push(if bits & 4 != 0 { 'r' } else { '-' });
-        out.push(if bits & 2 != 0 { 'w' } else { '-' });
-        out.push(match (mode & special != 0, bits & 1 != 0) {
-            (true, true) => lower,
-            (true, false) => upper,
-            (false, true) => 'x',
-            (false, false) => '-',
-        });
-    }
-    out
-}
-
-/// A time in nanoseconds since the epoch as RFC 3339 in UTC to the second.
-fn time_string(ns: i64) -> String {
-    match u64::try_from(ns) {
-        Ok(ns) => humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns),
-        )
-        .to_string(),
-        Err(_) => format!("{ns}ns"),
-    }
-}
-
-pub async fn chmod(args: ChmodArgs) -> Result<()> {
-    let mode = u32::from_str_radix(&args.mode, 8)
-        .ok()
-        .filter(|m| *m <= stampfs_proto::MODE_BITS)
-        .with_context(|| format!("{:?} is not an octal mode of at most 7777", args.mode))?;
-    let client = connect(&args.master).await?;
-    client
-        .set_attr(stampfs_proto::SetAttr {
-            mode: Some(mode),
-            ..stampfs_proto::SetAttr::new(&args.path)
-        })
-        .await
-        .with_context(|| format!("cannot change the mode of {}", args.path))?;
-    Ok(())
-}
-
-/// `UID`, `UID:GID` or `:GID` as numbers.
-fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>)> {
-    let num = |v: &str| -> Result<Option<u32>> {
-        if v.is_empty() {
-            return Ok(None);
-        }
-        v.parse()
-            .map(Some)
-            .with_context(|| format!("{v:?} is not a numeric uid or gid"))
-    };
-    let (uid, gid) = match s.split_once(':') {
-        Some((u, g)) => (num(u)?, num(g)?),
-        None => (num(s)?, None),
-    };
-    if uid.is_none() && gid.is_none() {
-        anyhow::bail!("{s:?} names neither a uid nor a gid");
-    }
-    Ok((uid, gid))
-}
-
-pub async fn chown(args: ChownArgs) -> Result<()> {
-    let (uid, gid) = parse_owner(&args.owner)?;
-    let client = connect(&args.master).await?;
-    client
-        .set_attr(stampfs_proto::SetAttr {
-            uid,
-            gid,
-            ..stampfs_proto::SetAttr::new(&args.path)
-        })
-        .await
-        .with_context(|| format!("cannot change the owner of {}", args.path))?;
-    Ok(())
 }
 
 fn state_word(s: FileState) -> &'static str {

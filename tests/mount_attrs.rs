@@ -178,6 +178,22 @@ fn modes_owners_and_times_are_stored_by_the_master() {
         assert!(!out.status.success(), "{bad:?} is refused");
     }
     assert_eq!(c.stat_json("/f")["mode"].as_u64(), Some(0o711), "unchanged");
+    // -R: everything below too; chmod skips links, chown changes links themselves.
+    sh_in(&m.root, "mkdir -p t/sub && touch t/sub/x && ln -s sub t/l");
+    c.ok(&["chown", "-R", "7:8", "/t"]);
+    c.ok(&["chmod", "-R", "700", "/t"]);
+    for (p, mode) in [
+        ("/t", 0o700),
+        ("/t/sub", 0o700),
+        ("/t/sub/x", 0o700),
+        ("/t/l", 0o777),
+    ] {
+        let st = c.stat_json(p);
+        let got = (st["mode"].as_u64(), st["uid"].as_u64(), st["gid"].as_u64());
+        assert_eq!(got, (Some(mode), Some(7), Some(8)), "{p}");
+    }
+    let out = c.run(&["chmod", "-R", "700", "/t/l"]);
+    assert!(!out.status.success(), "a link's mode cannot change");
 
     // Kept across a remount and a master restart.
     drop(m);
