@@ -73,7 +73,7 @@ pub fn parse_target(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -369,6 +369,43 @@ pub enum BenchCommand {
     /// Metadata operations (create+close, stat, unlink, mkdir, rmdir) through mounted
     /// file systems, single-threaded, each target in turn in the same run.
     MountMetadata(BenchMountArgs),
+    /// Data through mounted file systems: sequential write and read of --size, and
+    /// 4 KiB pwrite+fsync at random offsets, each target in turn in the same run.
+    MountIo(BenchMountIoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchMountIoArgs {
+    /// A directory to measure in, as NAME=DIR (repeatable; the first is the baseline of
+    /// the `vs first` column). One file is written there per round and removed after.
+    #[arg(long = "target", value_parser = crate::bench_mount::parse_target, required = true)]
+    pub targets: Vec<(String, PathBuf)>,
+    /// Bytes of the sequentially written and read file.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "2GiB")]
+    pub size: u64,
+    /// Bytes per write and read call of the sequential phases (a multiple of 4KiB).
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "1MiB")]
+    pub block: u64,
+    /// 4 KiB pwrite+fsync pairs at random offsets of the file.
+    #[arg(long, default_value_t = 1000)]
+    pub sync_ops: u64,
+    /// The random offsets fall in the first SPAN bytes of the file (default: all of
+    /// it). A span within one chunk shows a stampfs writer's steady state; a wider one
+    /// its move from chunk to chunk (a new lease on each, DESIGN.md).
+    #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+    pub sync_span: Option<u64>,
+    /// Seed of the data pattern and the random offsets.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Rounds; every phase runs on every target once per round.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Keep the page cache before the read phase (by default it is dropped, as root).
+    #[arg(long)]
+    pub warm: bool,
+    /// Write the results as JSON to FILE.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -7,13 +7,15 @@
 //! `stampfs dev`, the demo and benchmarks: [`bench`] (`stampfs bench pipeline`, the
 //! write path next to the raw disk) and [`bench_master`] (`stampfs bench master`, the
 //! master's throughput and memory against simulated chunkservers) and [`bench_mount`]
-//! (`stampfs bench mount-metadata`, metadata operations through mounts).
+//! (`stampfs bench mount-metadata`, metadata operations through mounts) and
+//! [`bench_mount_io`] (`stampfs bench mount-io`, data through mounts).
 //! [`FAULT_INJECTION`] tells whether this build has crash points (cargo feature
 //! `fault-injection`, on in tests only).
 
 pub mod bench;
 pub mod bench_master;
 pub mod bench_mount;
+pub mod bench_mount_io;
 pub mod bench_patterns;
 pub mod cli;
 pub mod cluster;
@@ -151,6 +153,7 @@ async fn dispatch(command: Command) -> u8 {
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,
         Command::Bench(BenchCommand::Master(args)) => bench_master::run(args).await,
         Command::Bench(BenchCommand::MountMetadata(args)) => bench_mount::run(args).await,
+        Command::Bench(BenchCommand::MountIo(args)) => bench_mount_io::run(args).await,
         Command::Nemesis(args) => commands::nemesis(args).await,
         Command::NemesisClient(cfg) => commands::nemesis_client(cfg).await,
         Command::DemoWriter(args) => commands::report(demo::writer(args).await),

@@ -1,7 +1,14 @@
-//! `stampfs bench mount-metadata` at a tiny size on a plain directory, so it cannot rot:
-//! every phase measured on every target, the JSON complete, nothing left behind. No
-//! timing assertions (the comparison with a mount is a benchmark, not a test).
+//! `stampfs bench mount-metadata` at a tiny size on a plain directory, and
+//! `stampfs bench mount-io` on a real stampfs mount (chunks of 1 MiB, so its random
+//! writes move from chunk to chunk) next to a plain directory, so neither can rot:
+//! every phase measured on every target, the JSON complete, the data checked by the
+//! benchmark itself, nothing left behind. No timing assertions (the comparison with a
+//! mount is a benchmark, not a test).
 
+mod common;
+
+use common::mount::{fuse_or_skip, MountGuard};
+use common::{Opts, TestCluster};
 use std::process::Command;
 
 #[test]
@@ -57,4 +64,56 @@ fn bench_mount_metadata_runs_every_phase_on_every_target() {
         .filter(|e| e.file_name().to_string_lossy().contains("fdatasync"))
         .count();
     assert_eq!(strays, 0, "probe files left behind");
+}
+
+#[test]
+fn bench_mount_io_checks_its_data_through_a_real_mount() {
+    if !fuse_or_skip("bench_mount_io_checks_its_data_through_a_real_mount") {
+        return;
+    }
+    let c = TestCluster::with(Opts {
+        master_args: vec!["--chunk-size".into(), "1MiB".into()],
+        ..Opts::default()
+    });
+    let m = MountGuard::start(&c);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("io.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_stampfs"))
+        .args(["bench", "mount-io", "--size", "5MiB", "--block", "256KiB"])
+        .args(["--sync-ops", "40", "--rounds", "2", "--warm", "--target"])
+        .arg(format!("stampfs={}", m.root.display()))
+        .arg("--target")
+        .arg(format!("disk={}", dir.path().display()))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run the bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed:\n{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        m.log_text()
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2 * 3 * 2, "rounds × phases × targets");
+    for target in ["stampfs", "disk"] {
+        for (phase, ops) in [("seq-write", 20), ("seq-read", 21), ("pwrite+fsync", 40)] {
+            assert!(
+                results
+                    .iter()
+                    .any(|r| r["phase"] == phase && r["target"] == target && r["ops"] == ops),
+                "{phase} on {target} with {ops} calls missing:\n{stdout}"
+            );
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&m.root)
+        .expect("list the mount")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != ".trash")
+        .collect();
+    assert!(left.is_empty(), "left behind on the mount: {left:?}");
 }

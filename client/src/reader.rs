@@ -4,6 +4,13 @@
 //! moved on. Only replicas at the master's current version are ever listed (the
 //! master filters stale ones); a replica that fails, is stale or corrupt is skipped
 //! for the next one, and corruption is reported to the master.
+//!
+//! A reader that reads on where its last fetch ended is sequential: it then keeps
+//! [`AHEAD`] fetches of the bytes that follow in flight (tasks on the runtime), so the
+//! chunkservers' disks and the network work while the program consumes what it has.
+//! A prefetched piece is used only when the reader arrives exactly at its offset; a
+//! seek elsewhere drops them, and one that failed is fetched again directly (so a
+//! prefetch never turns a read that would have succeeded into an error).
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -12,6 +19,7 @@ use futures::future::BoxFuture;
 use stampfs_proto::{
     FileLocations, FileState, LocatedChunk, Read, RemoteError, ReplicaInfo, ReportCorrupt,
 };
+use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -20,6 +28,8 @@ use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
 
 /// Bytes fetched per request (and read ahead by the `AsyncRead` impl).
 const READ_SIZE: u64 = 1 << 20;
+/// Fetches a sequential reader keeps in flight past its buffer.
+pub(crate) const AHEAD: usize = 4;
 
 struct Shared {
     client: Client,
@@ -44,6 +54,28 @@ pub struct FileReader {
     buf_at: u64,
     /// A fetch in progress inside `poll_read`.
     fetch: Option<BoxFuture<'static, Result<Bytes>>>,
+    /// Whether `fetch` is a prefetched piece (retried directly when it failed).
+    fetch_prefetched: bool,
+    /// Whether the read that started `fetch` continued where the buffer ended.
+    sequential: bool,
+    /// Fetches running ahead of a sequential reader, in file order, each with the
+    /// offset it reads at and the length it asked for.
+    ahead: VecDeque<Prefetch>,
+}
+
+/// One fetch running ahead of the reader.
+struct Prefetch {
+    at: u64,
+    len: u64,
+    task: tokio::task::JoinHandle<Result<Bytes>>,
+}
+
+impl Drop for FileReader {
+    fn drop(&mut self) {
+        for p in self.ahead.drain(..) {
+            p.task.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for FileReader {
@@ -69,6 +101,9 @@ impl FileReader {
             buf: Bytes::new(),
             buf_at: 0,
             fetch: None,
+            fetch_prefetched: false,
+            sequential: false,
+            ahead: VecDeque::new(),
         })
     }
 
@@ -130,11 +165,7 @@ impl Shared {
                 return Ok(Bytes::new());
             };
             let in_chunk = offset - chunk.file_offset;
-            let mut want = max.min(READ_SIZE).min(view.length - offset);
-            if chunk.complete {
-                // Never past the committed end of a chunk, whatever a replica holds.
-                want = want.min(chunk.length.saturating_sub(in_chunk));
-            }
+            let want = fetch_len(&view, offset, max);
             if want == 0 {
                 return Ok(Bytes::new());
             }
@@ -198,6 +229,23 @@ impl Shared {
             last,
         })
     }
+}
+
+/// How many bytes a fetch of at most `max` at `offset` asks for: no more than
+/// [`READ_SIZE`], the readable length, and (of a complete chunk) the chunk's committed
+/// end, whatever a replica holds. Zero at or past the end.
+fn fetch_len(view: &View, offset: u64, max: u64) -> u64 {
+    if offset >= view.length {
+        return 0;
+    }
+    let Some(chunk) = chunk_at(&view.locations, offset) else {
+        return 0;
+    };
+    let mut want = max.min(READ_SIZE).min(view.length - offset);
+    if chunk.complete {
+        want = want.min(chunk.length.saturating_sub(offset - chunk.file_offset));
+    }
+    want
 }
 
 fn chunk_at(locs: &FileLocations, offset: u64) -> Option<&LocatedChunk> {
@@ -294,20 +342,91 @@ impl AsyncRead for FileReader {
                 return Poll::Ready(Ok(()));
             }
             if this.fetch.is_none() {
-                let shared = this.shared.clone();
-                this.fetch = Some(Box::pin(shared.fetch(this.pos, READ_SIZE)));
+                this.start_fetch(buf_end);
             }
             let res = match this.fetch.as_mut() {
                 Some(f) => ready!(f.as_mut().poll(cx)),
                 None => Ok(Bytes::new()),
             };
             this.fetch = None;
-            let data = res.map_err(Error::into_io)?;
+            let data = match res {
+                Ok(data) => data,
+                Err(e) if this.fetch_prefetched => {
+                    tracing::debug!(error = %e, "a prefetched read failed; reading again");
+                    this.drop_ahead();
+                    this.fetch_prefetched = false;
+                    let shared = this.shared.clone();
+                    this.fetch = Some(Box::pin(shared.fetch(this.pos, READ_SIZE)));
+                    continue;
+                }
+                Err(e) => return Poll::Ready(Err(e.into_io())),
+            };
             if data.is_empty() {
                 return Poll::Ready(Ok(()));
             }
             this.buf_at = this.pos;
             this.buf = data;
+            if this.sequential {
+                this.read_ahead();
+            }
+        }
+    }
+}
+
+impl FileReader {
+    /// Starts the fetch at `pos`: the prefetched piece there if one runs, a direct
+    /// fetch otherwise (and then the prefetches, all elsewhere, are dropped).
+    fn start_fetch(&mut self, buf_end: u64) {
+        self.sequential = !self.buf.is_empty() && self.pos == buf_end;
+        if self.ahead.front().is_some_and(|p| p.at != self.pos) {
+            self.drop_ahead();
+        }
+        if let Some(p) = self.ahead.pop_front() {
+            let path = self.shared.path.clone();
+            self.fetch_prefetched = true;
+            self.fetch = Some(Box::pin(async move {
+                p.task.await.map_err(|e| Error::Pipeline {
+                    path,
+                    reason: format!("a read-ahead task ended: {e}"),
+                })?
+            }));
+            return;
+        }
+        self.fetch_prefetched = false;
+        let shared = self.shared.clone();
+        self.fetch = Some(Box::pin(shared.fetch(self.pos, READ_SIZE)));
+    }
+
+    /// Tops the fetches running ahead up to [`AHEAD`], from where the buffer (or the
+    /// last of them) ends. Outside a tokio runtime nothing is read ahead.
+    fn read_ahead(&mut self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let view = self.shared.view();
+        let mut next = self
+            .ahead
+            .back()
+            .map_or(self.buf_at + self.buf.len() as u64, |p| p.at + p.len);
+        while self.ahead.len() < AHEAD {
+            let len = fetch_len(&view, next, READ_SIZE);
+            if len == 0 {
+                break;
+            }
+            let shared = self.shared.clone();
+            let task = rt.spawn(shared.fetch(next, len));
+            self.ahead.push_back(Prefetch {
+                at: next,
+                len,
+                task,
+            });
+            next += len;
+        }
+    }
+
+    fn drop_ahead(&mut self) {
+        for p in self.ahead.drain(..) {
+            p.task.abort();
         }
     }
 }
