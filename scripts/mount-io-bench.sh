@@ -54,9 +54,11 @@ PIDS=()
 MOUNTS=()
 cleanup() {
     set +e
-    for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m"; done
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    for m in ${MOUNTS[@]+"${MOUNTS[@]}"}; do
+        grep -q " $m " /proc/mounts && { umount "$m" 2>/dev/null || umount -l "$m"; }
+    done
+    for p in ${PIDS[@]+"${PIDS[@]}"}; do kill "$p" 2>/dev/null; done
+    for p in ${PIDS[@]+"${PIDS[@]}"}; do wait "$p" 2>/dev/null; done
     ip netns del "$NS" 2>/dev/null
     rm -rf "$WORK"
 }
@@ -103,8 +105,8 @@ start_stampfs() { # BINARY NAME PORT
     "$bin" mount --foreground --master "$NS_IP:$port" "$WORK/mnt-$name" \
         >"$WORK/$name-mount.out" 2>"$WORK/$name-mount.log" &
     PIDS+=($!)
-    wait_for "grep -q 'stampfs: mounted' '$WORK/$name-mount.out'" "the $name mount"
     MOUNTS+=("$WORK/mnt-$name")
+    wait_for "grep -q 'stampfs: mounted' '$WORK/$name-mount.out'" "the $name mount"
     wait_for "[ \$(\"$bin\" admin report --master '$NS_IP:$port' 2>/dev/null | grep -c ' live ') -ge $REPLICAS ]" "the $name chunkservers"
     TARGETS+=(--target "$name=$WORK/mnt-$name")
 }

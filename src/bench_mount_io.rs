@@ -198,9 +198,7 @@ fn seq_read(
         }
         for (i, page) in buf[..n].chunks(PAGE).enumerate() {
             let at = off + (i * PAGE) as u64;
-            if page.len() == PAGE {
-                check_page(page, pattern, at, 0, "seq-read")?;
-            }
+            check_page(page, pattern, at, 0, "seq-read")?;
         }
         off += n as u64;
     }
@@ -234,6 +232,7 @@ fn random_sync(
     ops: u64,
     seed: u64,
     pattern: &[u8],
+    warm: bool,
 ) -> std::io::Result<(Duration, Vec<Duration>)> {
     let pages = span / PAGE as u64;
     if pages == 0 {
@@ -258,6 +257,10 @@ fn random_sync(
     }
     let total = start.elapsed();
     drop(f);
+    if !warm {
+        // From the file system, not from the pages this process just wrote.
+        drop_caches();
+    }
     let f = File::open(path)?;
     let mut got = vec![0u8; PAGE];
     for (&at, &tag) in &last {
@@ -294,6 +297,12 @@ fn measure(args: &BenchMountIoArgs) -> std::io::Result<()> {
     if block == 0 || block % PAGE != 0 {
         return Err(std::io::Error::other(
             "--block must be a positive multiple of 4KiB",
+        ));
+    }
+    if args.size == 0 || args.size % PAGE as u64 != 0 {
+        // Every page is stamped and checked whole.
+        return Err(std::io::Error::other(
+            "--size must be a positive multiple of 4KiB",
         ));
     }
     let pattern = pattern_page(args.seed);
@@ -333,8 +342,10 @@ fn measure(args: &BenchMountIoArgs) -> std::io::Result<()> {
             rustix::fs::sync();
             let seed = args.seed.wrapping_add(u64::from(round));
             let span = args.sync_span.unwrap_or(args.size).min(args.size);
-            let (total, lat) =
-                with_path(path, random_sync(path, span, args.sync_ops, seed, &pattern))?;
+            let (total, lat) = with_path(
+                path,
+                random_sync(path, span, args.sync_ops, seed, &pattern, args.warm),
+            )?;
             let bytes = lat.len() as u64 * PAGE as u64;
             results.push(result(
                 name,
@@ -446,12 +457,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let pattern = pattern_page(1);
-        let size = 3 * 65536 + 4096; // not a multiple of the block
+        let size = 3 * 65536 + 4096; // a multiple of the page, not of the block
         let (_, lat) = seq_write(&path, size, 65536, &pattern).unwrap();
         assert_eq!(lat.len(), 4);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
         seq_read(&path, size, 65536, &pattern).unwrap();
-        let (_, lat) = random_sync(&path, size, 50, 9, &pattern).unwrap();
+        let (_, lat) = random_sync(&path, size, 50, 9, &pattern, true).unwrap();
         assert_eq!(lat.len(), 50);
         // A page the sequential check would now reject proves the random writes landed.
         let f = File::open(&path).unwrap();

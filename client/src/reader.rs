@@ -8,9 +8,11 @@
 //! A reader that reads on where its last fetch ended is sequential: it then keeps
 //! [`AHEAD`] fetches of the bytes that follow in flight (tasks on the runtime), so the
 //! chunkservers' disks and the network work while the program consumes what it has.
-//! A prefetched piece is used only when the reader arrives exactly at its offset; a
-//! seek elsewhere drops them, and one that failed is fetched again directly (so a
-//! prefetch never turns a read that would have succeeded into an error).
+//! A prefetched piece is used only when the reader arrives exactly at its offset and no
+//! newer locations were fetched since it started (so pieces never go back in time); a
+//! seek elsewhere drops them (their tasks aborted), and one that failed or came back
+//! empty is fetched again directly (so a prefetch never turns a read that would have
+//! succeeded into an error, nor ends the file early).
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -22,6 +24,7 @@ use stampfs_proto::{
 use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
@@ -36,6 +39,10 @@ struct Shared {
     path: String,
     /// The file's chunks; replaced when a read learns that a version moved on.
     locations: Mutex<View>,
+    /// Counts the replacements of `locations`: a piece fetched ahead under an older
+    /// view is not used after a newer one was seen (its bytes could be older than those
+    /// of the pieces before it).
+    epoch: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -67,14 +74,18 @@ pub struct FileReader {
 struct Prefetch {
     at: u64,
     len: u64,
-    task: tokio::task::JoinHandle<Result<Bytes>>,
+    /// `Shared::epoch` when it was started.
+    epoch: u64,
+    task: AbortOnDrop,
 }
 
-impl Drop for FileReader {
+/// A read-ahead task, aborted when its handle is dropped (a seek, a dropped reader,
+/// a dropped read future): nothing keeps fetching for a reader that moved on.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<Bytes>>);
+
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        for p in self.ahead.drain(..) {
-            p.task.abort();
-        }
+        self.0.abort();
     }
 }
 
@@ -96,6 +107,7 @@ impl FileReader {
                 client,
                 path,
                 locations: Mutex::new(view),
+                epoch: AtomicU64::new(0),
             }),
             pos: 0,
             buf: Bytes::new(),
@@ -150,6 +162,7 @@ impl Shared {
         if let Ok(mut v) = self.locations.lock() {
             *v = view.clone();
         }
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         Ok(view)
     }
 
@@ -350,7 +363,16 @@ impl AsyncRead for FileReader {
             };
             this.fetch = None;
             let data = match res {
-                Ok(data) => data,
+                // A piece fetched ahead that came back empty is read again: the end of
+                // the file is decided by a direct fetch only.
+                Ok(data) if !(data.is_empty() && this.fetch_prefetched) => data,
+                Ok(_) => {
+                    this.drop_ahead();
+                    this.fetch_prefetched = false;
+                    let shared = this.shared.clone();
+                    this.fetch = Some(Box::pin(shared.fetch(this.pos, READ_SIZE)));
+                    continue;
+                }
                 Err(e) if this.fetch_prefetched => {
                     tracing::debug!(error = %e, "a prefetched read failed; reading again");
                     this.drop_ahead();
@@ -378,14 +400,20 @@ impl FileReader {
     /// fetch otherwise (and then the prefetches, all elsewhere, are dropped).
     fn start_fetch(&mut self, buf_end: u64) {
         self.sequential = !self.buf.is_empty() && self.pos == buf_end;
-        if self.ahead.front().is_some_and(|p| p.at != self.pos) {
+        let epoch = self.shared.epoch.load(Ordering::SeqCst);
+        if self
+            .ahead
+            .front()
+            .is_some_and(|p| p.at != self.pos || p.epoch != epoch)
+        {
             self.drop_ahead();
         }
         if let Some(p) = self.ahead.pop_front() {
             let path = self.shared.path.clone();
             self.fetch_prefetched = true;
+            let mut task = p.task;
             self.fetch = Some(Box::pin(async move {
-                p.task.await.map_err(|e| Error::Pipeline {
+                (&mut task.0).await.map_err(|e| Error::Pipeline {
                     path,
                     reason: format!("a read-ahead task ended: {e}"),
                 })?
@@ -404,6 +432,10 @@ impl FileReader {
             return;
         };
         let view = self.shared.view();
+        let epoch = self.shared.epoch.load(Ordering::SeqCst);
+        // The identity of the request this read serves (a mount task's), for a refresh
+        // of the locations inside a task.
+        let caller = crate::client::REQUEST_CALLER.try_with(Clone::clone).ok();
         let mut next = self
             .ahead
             .back()
@@ -414,20 +446,24 @@ impl FileReader {
                 break;
             }
             let shared = self.shared.clone();
-            let task = rt.spawn(shared.fetch(next, len));
+            let task = match caller.clone() {
+                Some(c) => {
+                    rt.spawn(crate::client::REQUEST_CALLER.scope(c, shared.fetch(next, len)))
+                }
+                None => rt.spawn(shared.fetch(next, len)),
+            };
             self.ahead.push_back(Prefetch {
                 at: next,
                 len,
-                task,
+                epoch,
+                task: AbortOnDrop(task),
             });
             next += len;
         }
     }
 
     fn drop_ahead(&mut self) {
-        for p in self.ahead.drain(..) {
-            p.task.abort();
-        }
+        self.ahead.clear();
     }
 }
 
