@@ -1,0 +1,287 @@
+//! [`Shared`]: what the mount's callbacks and their tasks share (the client, the
+//! inode and attribute caches, the open handles, the capacity cache), with the
+//! lookups, attributes and directory listings the callbacks build their replies from.
+
+use super::*;
+/// Everything the callbacks and their tasks share.
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    /// Where request tasks run.
+    pub(crate) rt: tokio::runtime::Handle,
+    pub(super) ttl: Duration,
+    /// Inodes the kernel holds, with their paths; locked briefly, never across an await.
+    pub(super) inodes: Mutex<Inodes>,
+    /// Recent attributes by path; locked briefly, never across an await.
+    pub(super) attrs: Mutex<AttrCache>,
+    /// Open handles; locked briefly, never across an await.
+    pub(crate) handles: Mutex<Handles>,
+    /// Every request task, so unmount can wait for the ones in progress.
+    pub(crate) tasks: TaskTracker,
+    /// Woken whenever a write handle is closed and dropped: an append that found this
+    /// mount's own earlier writer still holding the lease waits here for it.
+    pub(super) released: tokio::sync::Notify,
+    /// The cluster's capacity for `statfs`; locked briefly, never across an await.
+    pub(super) capacity: Mutex<CapacityCache>,
+    /// The root's last attributes from the master (see [`ROOT_ATTR_WAIT`]); locked
+    /// briefly, never across an await.
+    pub(super) root_attr: Mutex<Option<FileAttr>>,
+    /// Moves on whenever bytes written in place (or a truncate) through this mount
+    /// were flushed: readers opened before drop what they read ahead ([`write`]).
+    pub(super) generation: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(client: Client, rt: tokio::runtime::Handle, ttl: Duration) -> Self {
+        Self {
+            client,
+            rt,
+            ttl,
+            inodes: Mutex::new(Inodes::default()),
+            attrs: Mutex::new(AttrCache::new(ttl)),
+            handles: Mutex::new(Handles::default()),
+            tasks: TaskTracker::new(),
+            released: tokio::sync::Notify::new(),
+            capacity: Mutex::new(CapacityCache::new(CAPACITY_TTL, CAPACITY_TIMEOUT)),
+            root_attr: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn path_of(&self, ino: INodeNo) -> Result<String, Errno> {
+        lock(&self.inodes)
+            .path(ino.0)
+            .map(str::to_string)
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// The namespace path of `name` in directory `parent`, its length checked
+    /// ([`checked_name`], [`checked_path`]).
+    pub(super) fn child_path(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
+        let name = checked_name(name)?;
+        let path = lock(&self.inodes)
+            .child(parent.0, name)
+            .ok_or(Errno::ENOENT)?;
+        checked_path(path)
+    }
+
+    pub(super) fn attr(&self, st: &FileStatus, size: u64) -> FileAttr {
+        let a = &st.attr;
+        let (kind, nlink) = match st.kind {
+            FileKind::Directory => (FileType::Directory, 2),
+            FileKind::File => (FileType::RegularFile, 1),
+            FileKind::Symlink => (FileType::Symlink, 1),
+        };
+        let mtime = system_time(a.mtime_ns);
+        FileAttr {
+            ino: INodeNo(st.inode.0),
+            size,
+            blocks: size.div_ceil(512),
+            atime: system_time(a.atime_ns),
+            mtime,
+            ctime: system_time(a.ctime_ns),
+            crtime: mtime,
+            kind,
+            perm: (a.mode & stampfs_proto::MODE_BITS) as u16,
+            nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// The size to show: what this mount's writer has produced if it is writing the
+    /// file, else the cached or fetched size.
+    pub(super) fn shown_size(&self, st: &FileStatus, size: u64) -> u64 {
+        lock(&self.handles).local_size(st.inode.0).unwrap_or(size)
+    }
+
+    pub(super) fn cached(&self, path: &str) -> Option<Cached> {
+        lock(&self.attrs).get(path, Instant::now())
+    }
+
+    pub(super) fn invalidate(&self, path: &str) {
+        lock(&self.attrs).invalidate(path);
+    }
+
+    /// Status and readable size of `path`, from the cache when fresh.
+    pub(super) async fn status_and_size(&self, path: &str) -> Result<(FileStatus, u64), Errno> {
+        if let Some(c) = self.cached(path) {
+            return Ok((c.status, c.size));
+        }
+        let st = self
+            .client
+            .stat(path)
+            .await
+            .map_err(|e| errno_for(&e, "stat", path))?;
+        let size = self.visible_size(&st).await;
+        lock(&self.attrs).put(st.clone(), size, Instant::now());
+        Ok((st, size))
+    }
+
+    /// For a file another client is writing, the length readers can see (everything
+    /// hflushed is on every replica); the committed length otherwise.
+    pub(super) async fn visible_size(&self, st: &FileStatus) -> u64 {
+        if st.kind != FileKind::File || st.state == FileState::Closed {
+            return st.length;
+        }
+        if lock(&self.handles).local_size(st.inode.0).is_some() {
+            return st.length;
+        }
+        match self.client.visible_length(&st.path).await {
+            Ok(len) => len.max(st.length),
+            Err(e) => {
+                tracing::debug!(path = %st.path, error = %e, "visible length unknown; using the committed length");
+                st.length
+            }
+        }
+    }
+
+    pub(super) fn reply_entry(&self, reply: ReplyEntry, st: &FileStatus, size: u64) {
+        let attr = self.attr(st, self.shown_size(st, size));
+        lock(&self.inodes).remember(st.inode.0, &st.path);
+        reply.entry(&self.ttl, &attr, Generation(0));
+    }
+
+    /// Asks the master for the cluster's capacity, for at most [`CAPACITY_TIMEOUT`];
+    /// on failure, the last known capacity (or zeros).
+    #[tracing::instrument(skip_all)]
+    pub(super) async fn fetch_capacity(&self) -> Capacity {
+        let asked = tokio::time::timeout(CAPACITY_TIMEOUT, self.client.cluster_report()).await;
+        let now = Instant::now();
+        match asked {
+            Ok(Ok(report)) => lock(&self.capacity).fetched(Capacity::from_report(&report), now),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "statfs: cannot get the cluster's capacity from the master; \
+                     reporting the last known values (zeros if none)"
+                );
+                lock(&self.capacity).failed(now)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout = ?CAPACITY_TIMEOUT,
+                    "statfs: the master did not report the cluster's capacity in time; \
+                     reporting the last known values (zeros if none)"
+                );
+                lock(&self.capacity).failed(now)
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(ino = ino.0))]
+    pub(super) async fn getattr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        if ino.0 != ROOT {
+            return self.fresh_attr(ino).await;
+        }
+        let last = *lock(&self.root_attr);
+        let fresh = match last {
+            Some(_) => tokio::time::timeout(ROOT_ATTR_WAIT, self.fresh_attr(ino))
+                .await
+                .unwrap_or(Err(Errno::ETIMEDOUT)),
+            None => self.fresh_attr(ino).await,
+        };
+        match (fresh, last) {
+            (Ok(attr), _) => {
+                *lock(&self.root_attr) = Some(attr);
+                Ok(attr)
+            }
+            (Err(e), Some(last)) => {
+                tracing::warn!(errno = ?e, "the master did not give the root's attributes in time; answering with the last known ones");
+                Ok(last)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// Fetches the root's attributes in the background (best effort), for
+    /// [`ROOT_ATTR_WAIT`]'s fallback.
+    pub(crate) fn prefetch_root_attr(self: &Arc<Self>) {
+        let sh = self.clone();
+        self.tasks.spawn_on(
+            async move {
+                if let Err(e) = sh.getattr(INodeNo(ROOT)).await {
+                    tracing::debug!(errno = ?e, "could not learn the root's attributes yet");
+                }
+            },
+            &self.rt,
+        );
+    }
+
+    /// The attributes of `ino` as the master has them now.
+    pub(super) async fn fresh_attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        let path = self.path_of(ino)?;
+        let (st, size) = self.status_and_size(&path).await?;
+        if st.inode.0 != ino.0 {
+            // The path now names another file (replaced by another client).
+            self.invalidate(&path);
+            return Err(Errno::ESTALE);
+        }
+        Ok(self.attr(&st, self.shown_size(&st, size)))
+    }
+
+    #[tracing::instrument(skip_all, fields(ino = d.ino))]
+    pub(super) async fn list(&self, d: &DirHandle) -> Result<(), Errno> {
+        let path = self.path_of(INodeNo(d.ino))?;
+        let entries = self
+            .client
+            .list(&path)
+            .await
+            .map_err(|e| errno_for(&e, "readdir", &path))?;
+        let parent_ino = {
+            let inodes = lock(&self.inodes);
+            let parent = match path.rfind('/') {
+                Some(0) | None => "/",
+                Some(i) => &path[..i],
+            };
+            inodes.ino_of(parent).unwrap_or(ROOT)
+        };
+        let mut out = vec![
+            DirEntry {
+                ino: d.ino,
+                kind: FileType::Directory,
+                name: ".".into(),
+            },
+            DirEntry {
+                ino: parent_ino,
+                kind: FileType::Directory,
+                name: "..".into(),
+            },
+        ];
+        let now = Instant::now();
+        let mut attrs = lock(&self.attrs);
+        for e in entries {
+            let kind = match e.kind {
+                FileKind::Directory => FileType::Directory,
+                FileKind::File => FileType::RegularFile,
+                FileKind::Symlink => FileType::Symlink,
+            };
+            out.push(DirEntry {
+                ino: e.inode.0,
+                kind,
+                name: base_name(&e.path).to_string(),
+            });
+            // Files being written elsewhere need their visible length: not cached here.
+            if e.kind == FileKind::Directory || e.state == FileState::Closed {
+                let size = e.length;
+                attrs.put(e, size, now);
+            }
+        }
+        drop(attrs);
+        *lock(&d.entries) = out;
+        Ok(())
+    }
+
+    pub(super) fn fill_dir(d: &DirHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = lock(&d.entries);
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
