@@ -166,14 +166,23 @@ fn rate(ops: u64, secs: f64) -> String {
 
 /// Runs the benchmark; prints a table and writes `--json`.
 pub async fn run(args: BenchMountArgs) -> u8 {
-    match tokio::task::spawn_blocking(move || measure(&args)).await {
-        Ok(Ok(())) => EXIT_OK,
-        Ok(Err(e)) => {
-            eprintln!("stampfs bench mount-metadata: {e}");
-            EXIT_ERROR
-        }
+    run_blocking("mount-metadata", move || measure(&args)).await
+}
+
+/// Runs a mount benchmark's blocking body off the runtime; its exit status, an error
+/// printed as `stampfs bench NAME: ...`.
+pub(crate) async fn run_blocking(
+    name: &str,
+    body: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+) -> u8 {
+    let res = match tokio::task::spawn_blocking(body).await {
+        Ok(res) => res,
+        Err(e) => Err(std::io::Error::other(e)),
+    };
+    match res {
+        Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("stampfs bench mount-metadata: {e}");
+            eprintln!("stampfs bench {name}: {e}");
             EXIT_ERROR
         }
     }

@@ -22,7 +22,6 @@
 
 use crate::bench_mount::percentile;
 use crate::cli::BenchMountIoArgs;
-use crate::{EXIT_ERROR, EXIT_OK};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -279,17 +278,7 @@ fn drop_caches() -> bool {
 
 /// Runs the benchmark; prints a table and writes `--json`.
 pub async fn run(args: BenchMountIoArgs) -> u8 {
-    match tokio::task::spawn_blocking(move || measure(&args)).await {
-        Ok(Ok(())) => EXIT_OK,
-        Ok(Err(e)) => {
-            eprintln!("stampfs bench mount-io: {e}");
-            EXIT_ERROR
-        }
-        Err(e) => {
-            eprintln!("stampfs bench mount-io: {e}");
-            EXIT_ERROR
-        }
-    }
+    crate::bench_mount::run_blocking("mount-io", move || measure(&args)).await
 }
 
 fn measure(args: &BenchMountIoArgs) -> std::io::Result<()> {

@@ -9,7 +9,38 @@ mod common;
 
 use common::mount::{fuse_or_skip, MountGuard};
 use common::{Opts, TestCluster};
+use std::path::Path;
 use std::process::Command;
+
+/// Runs `stampfs bench ARGS --json JSON`; asserts success (showing `context` too when
+/// it failed) and returns the report and the printed table.
+fn run_bench(
+    args: &[String],
+    json: &Path,
+    context: impl Fn() -> String,
+) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_stampfs"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run the bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bench failed:\n{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        context()
+    );
+    let report =
+        serde_json::from_str(&std::fs::read_to_string(json).expect("json")).expect("parse");
+    (report, stdout)
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
 
 #[test]
 fn bench_mount_metadata_runs_every_phase_on_every_target() {
@@ -18,26 +49,14 @@ fn bench_mount_metadata_runs_every_phase_on_every_target() {
     std::fs::create_dir(&a).expect("a");
     std::fs::create_dir(&b).expect("b");
     let json = dir.path().join("bench.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_stampfs"))
-        .args(["bench", "mount-metadata", "--files", "20", "--rounds", "2"])
-        .args(["--sync-probe", "5", "--target"])
-        .arg(format!("one={}", a.display()))
-        .arg("--target")
-        .arg(format!("two={}", b.display()))
-        .arg("--dir")
-        .arg(dir.path())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run the bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let mut args = strings(&["mount-metadata", "--files", "20", "--rounds", "2"]);
+    args.extend(strings(&["--sync-probe", "5", "--target"]));
+    args.push(format!("one={}", a.display()));
+    args.push("--target".into());
+    args.push(format!("two={}", b.display()));
+    args.push("--dir".into());
+    args.push(dir.path().display().to_string());
+    let (report, stdout) = run_bench(&args, &json, String::new);
     let results = report["results"].as_array().expect("results");
     assert_eq!(results.len(), 2 * 5 * 2, "rounds × phases × targets");
     for phase in ["create+close", "stat", "unlink", "mkdir", "rmdir"] {
@@ -78,25 +97,19 @@ fn bench_mount_io_checks_its_data_through_a_real_mount() {
     let m = MountGuard::start(&c);
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("io.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_stampfs"))
-        .args(["bench", "mount-io", "--size", "5MiB", "--block", "256KiB"])
-        .args(["--sync-ops", "40", "--rounds", "2", "--warm", "--target"])
-        .arg(format!("stampfs={}", m.root.display()))
-        .arg("--target")
-        .arg(format!("disk={}", dir.path().display()))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run the bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed:\n{stdout}\n{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        m.log_text()
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let mut args = strings(&["mount-io", "--size", "5MiB", "--block", "256KiB"]);
+    args.extend(strings(&[
+        "--sync-ops",
+        "40",
+        "--rounds",
+        "2",
+        "--warm",
+        "--target",
+    ]));
+    args.push(format!("stampfs={}", m.root.display()));
+    args.push("--target".into());
+    args.push(format!("disk={}", dir.path().display()));
+    let (report, stdout) = run_bench(&args, &json, || m.log_text());
     let results = report["results"].as_array().expect("results");
     assert_eq!(results.len(), 2 * 3 * 2, "rounds × phases × targets");
     for target in ["stampfs", "disk"] {

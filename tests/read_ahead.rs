@@ -14,6 +14,20 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 /// Not a multiple of the 1 MiB fetch: every chunk's last fetch is short.
 const CHUNK: u64 = 1536 << 10;
 
+/// A new file `path` in chunks of [`CHUNK`], open for writing.
+async fn create(client: &Client, path: &str) -> stampfs_client::FileWriter {
+    client
+        .create(
+            path,
+            CreateOptions {
+                chunk_size: Some(CHUNK),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create")
+}
+
 /// Reads `len` bytes (fewer at the end) in reads of `step` bytes.
 async fn read_in_steps(r: &mut stampfs_client::FileReader, len: usize, step: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len);
@@ -35,16 +49,7 @@ fn sequential_reads_with_read_ahead_return_the_files_bytes_across_chunks_and_see
     runtime().block_on(async {
         let client = Client::connect(&c.master.addr).await.expect("connect");
         let data = pattern((9 << 20) + 12_345, 17);
-        let mut w = client
-            .create(
-                "/f",
-                CreateOptions {
-                    chunk_size: Some(CHUNK),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("create");
+        let mut w = create(&client, "/f").await;
         w.write_all(&data).await.expect("write");
         w.close().await.expect("close");
 
@@ -84,16 +89,7 @@ fn read_ahead_of_a_file_being_written_stops_at_what_the_reader_may_read() {
     runtime().block_on(async {
         let client = Client::connect(&c.master.addr).await.expect("connect");
         let first = pattern((3 << 20) + 999, 5);
-        let mut w = client
-            .create(
-                "/g",
-                CreateOptions {
-                    chunk_size: Some(CHUNK),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("create");
+        let mut w = create(&client, "/g").await;
         w.write_all(&first).await.expect("write");
         w.hflush().await.expect("hflush");
 
