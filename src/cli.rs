@@ -107,6 +107,12 @@ pub struct DevArgs {
     /// Master listen address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
+    /// Default replication factor of new files (at most the number of chunkservers).
+    #[arg(long, default_value_t = 3)]
+    pub replication: u8,
+    /// Default chunk size of new files.
+    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
+    pub chunk_size: u64,
 }
 
 #[derive(Args, Debug)]
@@ -170,8 +176,12 @@ pub struct GetArgs {
     #[command(flatten)]
     pub master: MasterAddr,
     pub remote: String,
-    /// Local file, or `-` for stdout.
+    /// Local file (into an existing directory: under REMOTE's name there), or `-` for
+    /// stdout.
     pub local: String,
+    /// Replace an existing local file.
+    #[arg(long, short)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -266,6 +276,7 @@ pub struct MvArgs {
     #[command(flatten)]
     pub master: MasterAddr,
     pub src: String,
+    /// The new path; an existing directory takes SRC under its own name.
     pub dst: String,
 }
 

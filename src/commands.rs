@@ -12,14 +12,58 @@ use stampfs_proto::{FileKind, FileState, FileStatus};
 use std::io::IsTerminal;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
+/// `println!` for a command's output, in a function returning `anyhow::Result`: a
+/// write error returns from it ([`output_error`]) instead of panicking, and a closed
+/// stdout (`stampfs ls | head`) ends the command quietly.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            return Err($crate::commands::output_error(e));
+        }
+    }};
+}
+
+/// `println!` for a long-running command's progress lines (dev, nemesis): a reader
+/// that went away is ignored, never a panic that would take the servers down with it.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 mod attrs;
 pub use attrs::{chmod, chown};
 use attrs::{mode_string, time_string};
+
+/// The reader of this command's standard output went away (`| head`): not a failure
+/// of the command, which ends quietly.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// The error of a failed write to standard output: [`StdoutClosed`] for a closed pipe.
+pub fn output_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        anyhow::Error::new(StdoutClosed)
+    } else {
+        anyhow::Error::new(e).context("writing the output")
+    }
+}
 
 /// Turns a command's result into an exit status, printing one line on failure.
 pub fn report(result: Result<()>) -> u8 {
     match result {
         Ok(()) => EXIT_OK,
+        Err(e) if e.downcast_ref::<StdoutClosed>().is_some() => EXIT_OK,
         Err(e) => {
             let fenced = e.chain().any(|c| {
                 c.downcast_ref::<stampfs_client::Error>()
@@ -126,9 +170,21 @@ pub async fn dev(args: DevArgs) -> u8 {
             }
         },
     };
+    if args.replication == 0 || usize::from(args.replication) > args.chunkservers {
+        eprintln!(
+            "stampfs dev: --replication {} needs between 1 and --chunkservers ({}) chunkservers",
+            args.replication, args.chunkservers
+        );
+        return EXIT_ERROR;
+    }
+    let (replication, chunk_size) = (args.replication, args.chunk_size);
     let cluster = match LocalCluster::builder(&dir)
         .chunkservers(args.chunkservers)
         .master_listen(&args.listen)
+        .master_config(|m| {
+            m.replication = replication;
+            m.chunk_size = chunk_size;
+        })
         .start()
         .await
     {
@@ -138,24 +194,24 @@ pub async fn dev(args: DevArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
-    println!("stampfs dev cluster is up");
-    println!("  master        {}", cluster.master_addr());
+    say!("stampfs dev cluster is up");
+    say!("  master        {}", cluster.master_addr());
     for (i, cs) in cluster.chunkserver_addrs().iter().enumerate() {
-        println!("  chunkserver {i} {cs}");
+        say!("  chunkserver {i} {cs}");
     }
-    println!("  data          {}", dir.display());
-    println!();
-    println!(
+    say!("  data          {}", dir.display());
+    say!();
+    say!(
         "try:  echo hello | stampfs put --master {} - /hello.txt",
         cluster.master_addr()
     );
-    println!(
+    say!(
         "      stampfs cat --master {} /hello.txt",
         cluster.master_addr()
     );
-    println!("Ctrl-C stops it.");
+    say!("Ctrl-C stops it.");
     let sig = wait_for_signal().await;
-    println!("{sig}: stopping");
+    say!("{sig}: stopping");
     match cluster.shutdown().await {
         Ok(()) => EXIT_OK,
         Err(e) => {
@@ -226,7 +282,12 @@ async fn open_input(local: &str) -> Result<(Box<dyn AsyncRead + Unpin + Send>, O
     let f = tokio::fs::File::open(local)
         .await
         .with_context(|| format!("cannot open {local}"))?;
-    let len = f.metadata().await.ok().map(|m| m.len());
+    let meta = f.metadata().await.ok();
+    anyhow::ensure!(
+        !meta.as_ref().is_some_and(|m| m.is_dir()),
+        "{local} is a directory (stampfs copies one file at a time)"
+    );
+    let len = meta.map(|m| m.len());
     Ok((Box::new(f), len, false))
 }
 
@@ -243,7 +304,18 @@ pub async fn put(args: PutArgs) -> Result<()> {
         .create(&args.remote, opts)
         .await
         .with_context(|| format!("cannot create {}", args.remote))?;
-    pump(input, &mut writer, total, is_pipe).await?;
+    if let Err(e) = pump(input, &mut writer, total, is_pipe).await {
+        // Leave no open, partial file behind to block a retry for a whole lease.
+        let _ = writer.close().await;
+        return match client.delete(&args.remote, false).await {
+            Ok(()) => Err(e.context(format!("{} was not stored", args.remote))),
+            Err(d) => Err(e.context(format!(
+                "{} holds a part of the input and could not be removed ({d}): \
+                 `stampfs recover` then `stampfs rm` it",
+                args.remote
+            ))),
+        };
+    }
     writer.close().await?;
     Ok(())
 }
@@ -318,13 +390,11 @@ async fn copy_out(client: &Client, remote: &str, mut out: impl AsyncWrite + Unpi
         if n == 0 {
             break;
         }
-        out.write_all(&buf[..n])
-            .await
-            .context("writing the output")?;
+        out.write_all(&buf[..n]).await.map_err(output_error)?;
         copied += n as u64;
         bar.set_position(copied);
     }
-    out.flush().await.context("writing the output")?;
+    out.flush().await.map_err(output_error)?;
     bar.finish_and_clear();
     anyhow::ensure!(
         copied >= reader.len(),
@@ -339,19 +409,39 @@ pub async fn get(args: GetArgs) -> Result<()> {
     if args.local == "-" {
         return copy_out(&client, &args.remote, tokio::io::stdout()).await;
     }
-    let tmp = format!("{}.stampfs-partial", args.local);
+    let local = local_target(&args.local, &args.remote);
+    if !args.force && tokio::fs::symlink_metadata(&local).await.is_ok() {
+        anyhow::bail!("{} exists (-f replaces it)", local.display());
+    }
+    // Written next to its destination under a temporary name and renamed into place
+    // whole: a failed get leaves neither a partial file nor a damaged old one.
+    let mut name = local.file_name().unwrap_or_default().to_os_string();
+    name.push(".stampfs-partial");
+    let tmp = local.with_file_name(name);
     let file = tokio::fs::File::create(&tmp)
         .await
-        .with_context(|| format!("cannot create {tmp}"))?;
-    let res = copy_out(&client, &args.remote, file).await;
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut res = copy_out(&client, &args.remote, file).await;
+    if res.is_ok() {
+        res = tokio::fs::rename(&tmp, &local)
+            .await
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), local.display()));
+    }
     if res.is_err() {
         let _ = tokio::fs::remove_file(&tmp).await;
-        return res;
     }
-    tokio::fs::rename(&tmp, &args.local)
-        .await
-        .with_context(|| format!("cannot rename {tmp} to {}", args.local))?;
-    Ok(())
+    res
+}
+
+/// Where `get REMOTE LOCAL` writes: LOCAL, or REMOTE's name inside LOCAL when that is
+/// an existing directory (as `cp` does).
+fn local_target(local: &str, remote: &str) -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(local);
+    let name = remote.rsplit('/').find(|c| !c.is_empty());
+    match name {
+        Some(name) if path.is_dir() => path.join(name),
+        _ => path,
+    }
 }
 
 pub async fn cat(args: CatArgs) -> Result<()> {
@@ -396,7 +486,7 @@ pub async fn ls(args: LsArgs) -> Result<()> {
         .with_context(|| format!("cannot list {}", args.path))?;
     if args.json {
         let out: Vec<EntryJson> = entries.iter().map(entry_json).collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     for e in &entries {
@@ -413,7 +503,7 @@ pub async fn ls(args: LsArgs) -> Result<()> {
                     ('l', format!("{name} -> {target}"))
                 }
             };
-            println!(
+            outln!(
                 "{kind}{} {:>5} {:>5} {:>2} {:>14} {:<10} {} {name}",
                 mode_string(e.attr.mode),
                 e.attr.uid,
@@ -425,9 +515,9 @@ pub async fn ls(args: LsArgs) -> Result<()> {
             );
         } else {
             match e.kind {
-                FileKind::Directory => println!("{name}/"),
-                FileKind::File => println!("{name}"),
-                FileKind::Symlink => println!("{name}@"),
+                FileKind::Directory => outln!("{name}/"),
+                FileKind::File => outln!("{name}"),
+                FileKind::Symlink => outln!("{name}@"),
             }
         }
     }
@@ -472,7 +562,7 @@ pub async fn readlink(args: ReadlinkArgs) -> Result<()> {
         .read_link(&args.path)
         .await
         .with_context(|| format!("cannot read symbolic link {}", args.path))?;
-    println!("{target}");
+    outln!("{target}");
     Ok(())
 }
 
@@ -487,10 +577,20 @@ pub async fn rm(args: RmArgs) -> Result<()> {
 
 pub async fn mv(args: MvArgs) -> Result<()> {
     let client = connect(&args.master).await?;
+    // Into an existing directory, under the source's own name (as mv(1) and
+    // `hdfs dfs -mv`).
+    let mut dst = args.dst.clone();
+    if let Ok(st) = client.stat(&args.dst).await {
+        if st.kind == FileKind::Directory {
+            if let Some(name) = args.src.rsplit('/').find(|c| !c.is_empty()) {
+                dst = format!("{}/{name}", args.dst.trim_end_matches('/'));
+            }
+        }
+    }
     client
-        .rename(&args.src, &args.dst)
+        .rename(&args.src, &dst)
         .await
-        .with_context(|| format!("cannot move {} to {}", args.src, args.dst))?;
+        .with_context(|| format!("cannot move {} to {dst}", args.src))?;
     Ok(())
 }
 
@@ -566,32 +666,32 @@ pub async fn stat(args: StatArgs) -> Result<()> {
             .collect(),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("path         {}", out.path);
-    println!("kind         {:?}", out.kind);
-    println!(
+    outln!("path         {}", out.path);
+    outln!("kind         {:?}", out.kind);
+    outln!(
         "mode         {:04o} ({})",
         out.attr.mode,
         mode_string(out.attr.mode)
     );
-    println!("owner        {}:{}", out.attr.uid, out.attr.gid);
-    println!("modified     {}", time_string(out.attr.mtime_ns));
-    println!("accessed     {}", time_string(out.attr.atime_ns));
-    println!("changed      {}", time_string(out.attr.ctime_ns));
+    outln!("owner        {}:{}", out.attr.uid, out.attr.gid);
+    outln!("modified     {}", time_string(out.attr.mtime_ns));
+    outln!("accessed     {}", time_string(out.attr.atime_ns));
+    outln!("changed      {}", time_string(out.attr.ctime_ns));
     if out.kind == FileKind::File {
-        println!("length       {} ({})", out.length, format_size(out.length));
-        println!("replication  {}", out.replication);
-        println!("chunk size   {}", format_size(out.chunk_size));
-        println!("state        {}", state_word(out.state));
+        outln!("length       {} ({})", out.length, format_size(out.length));
+        outln!("replication  {}", out.replication);
+        outln!("chunk size   {}", format_size(out.chunk_size));
+        outln!("state        {}", state_word(out.state));
         for (i, c) in out.chunks.iter().enumerate() {
             let replicas: Vec<String> = c
                 .replicas
                 .iter()
                 .map(|r| format!("cs{}@{} v{}", r.chunkserver, r.addr, r.version))
                 .collect();
-            println!(
+            outln!(
                 "chunk {i:<4} {} v{} {:>12} B  [{}]",
                 c.handle,
                 c.version,
@@ -613,7 +713,7 @@ pub async fn recover(args: RecoverArgs) -> Result<()> {
     let out = out.with_context(|| format!("cannot recover the lease of {}", args.path))?;
     let v = |v: Option<stampfs_proto::ChunkVersion>| v.map_or("-".to_string(), |v| v.to_string());
     if out.closed {
-        println!(
+        outln!(
             "{}: recovered; last chunk version {} -> {}; closed at {} bytes",
             out.path,
             v(out.old_version),
@@ -621,7 +721,7 @@ pub async fn recover(args: RecoverArgs) -> Result<()> {
             out.length
         );
     } else {
-        println!(
+        outln!(
             "{}: recovery in progress (version {} -> {}); a file whose replicas are unreachable \
              stays in recovery until one is back (see `stampfs fsck`; `--accept-loss` gives them up)",
             out.path,
@@ -693,7 +793,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         net,
         crash_points: stampfs_proto::crash::CRASH_POINTS,
     };
-    println!(
+    say!(
         "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients ({mounts} through FUSE), network: {}, disks: {}",
         args.runs,
         humantime::format_duration(args.duration),
@@ -708,24 +808,24 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         }
     );
     if let Some(why) = why_not {
-        println!("nemesis: {why}");
+        say!("nemesis: {why}");
     }
     if !stampfs_proto::crash::CRASH_POINTS {
-        println!(
+        say!(
             "nemesis: no crash points in this build (build with `--features fault-injection` to arm them)"
         );
     }
     if let (Some(why), None) = (&fuse_missing, args.mounts) {
-        println!("nemesis: no FUSE clients: {why}");
+        say!("nemesis: no FUSE clients: {why}");
     }
     let bar = nemesis_bar(args.runs, seed);
     let mut failed = 0usize;
     let interrupt = async {
         let sig = wait_for_signal().await;
-        bar.suspend(|| println!("nemesis: {sig}: stopping the run under way"));
+        bar.suspend(|| say!("nemesis: {sig}: stopping the run under way"));
     };
     let many = stampfs_nemesis::run::run_many(&cfg, args.runs, interrupt, |r| {
-        bar.suspend(|| println!("{}", r.summary()));
+        bar.suspend(|| say!("{}", r.summary()));
         failed += usize::from(!r.passed());
         bar.inc(1);
         bar.set_message(format!(
@@ -763,7 +863,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         );
         EXIT_ERROR
     } else {
-        println!("nemesis: {} run(s), no violations", report.runs.len());
+        say!("nemesis: {} run(s), no violations", report.runs.len());
         EXIT_OK
     }
 }

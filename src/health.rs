@@ -30,10 +30,21 @@ async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
         .map_err(|e| e.to_string())
 }
 
+/// Writes `text` to stdout; a reader that went away (`| head`) is not an error, and
+/// nothing here panics on a failed write.
+fn show(text: &str) {
+    use std::io::Write as _;
+    if let Err(e) = std::io::stdout().write_all(text.as_bytes()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("stampfs: error: writing the output: {e}");
+        }
+    }
+}
+
 fn print_json<T: serde::Serialize>(v: &T) -> bool {
     match serde_json::to_string_pretty(v) {
         Ok(s) => {
-            println!("{s}");
+            show(&format!("{s}\n"));
             true
         }
         Err(e) => {
@@ -65,7 +76,7 @@ pub async fn fsck(args: FsckArgs) -> u8 {
             return EXIT_ERROR;
         }
     } else {
-        print!("{}", fsck_text(&report));
+        show(&fsck_text(&report));
     }
     if report.healthy {
         EXIT_OK
@@ -195,7 +206,7 @@ pub async fn admin_report(master: &MasterAddr, json: bool) -> u8 {
             EXIT_ERROR
         };
     }
-    print!("{}", report_text(&report));
+    show(&report_text(&report));
     EXIT_OK
 }
 
