@@ -134,7 +134,12 @@ impl Steps {
 #[test]
 fn a_chunkserver_limited_to_256_descriptors_holds_and_serves_5000_replicas() {
     let steps = Steps(Instant::now());
-    let mut c = cluster(&[]);
+    // No periodic chunk report during the test: a report built before a chunk was
+    // created and applied after the writer left that chunk drops its replica from the
+    // master's view until the next report (a known race, see the README's "What is
+    // left"; it failed this test in CI once, one chunk of 5000 unlisted). This test is
+    // about descriptors; the registration's report is whole.
+    let mut c = cluster(&["--report-every", "1h"]);
     let i = c.add_chunkserver_under(&under_limit());
     c.wait_live(1);
     let pid = c.chunkservers[i].pid();
