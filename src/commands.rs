@@ -305,13 +305,28 @@ pub async fn put(args: PutArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot create {}", args.remote))?;
     if let Err(e) = pump(input, &mut writer, total, is_pipe).await {
-        // Leave no open, partial file behind to block a retry for a whole lease.
-        let _ = writer.close().await;
+        // A failure of the storage (the writer fenced, a pipeline that cannot go on)
+        // leaves the file to lease recovery: it may be another writer's by now, and
+        // removing it by name would destroy that writer's data.
+        if e.chain()
+            .any(|c| c.downcast_ref::<stampfs_client::Error>().is_some())
+        {
+            return Err(e);
+        }
+        // The input failed: close what was written (this writer held the lease up to
+        // here, so the file is ours) and remove it, leaving no open, partial file to
+        // block a retry for a whole lease.
+        if let Err(c) = writer.close().await {
+            return Err(e.context(format!(
+                "{} holds a part of the input and could not be closed ({c}): \
+                 `stampfs recover` then `stampfs rm` it",
+                args.remote
+            )));
+        }
         return match client.delete(&args.remote, false).await {
             Ok(()) => Err(e.context(format!("{} was not stored", args.remote))),
             Err(d) => Err(e.context(format!(
-                "{} holds a part of the input and could not be removed ({d}): \
-                 `stampfs recover` then `stampfs rm` it",
+                "{} holds a part of the input and could not be removed ({d})",
                 args.remote
             ))),
         };
