@@ -61,7 +61,7 @@ wait_for() { # FILE-or-CMD, what
 # --- stampfs: master + one chunkserver on 127.0.0.1, and its mount.
 start_stampfs() { # BINARY NAME PORT
     local bin=$1 name=$2 port=$3
-    "$bin" dev --dir "$WORK/$name" --chunkservers 1 --listen "127.0.0.1:$port" \
+    "$bin" dev --dir "$WORK/$name" --chunkservers 1 --replication 1 --listen "127.0.0.1:$port" \
         >"$WORK/$name-dev.log" 2>&1 &
     PIDS+=($!)
     wait_for "grep -q 'cluster is up' '$WORK/$name-dev.log'" "the $name cluster"

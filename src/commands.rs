@@ -155,8 +155,34 @@ pub async fn serve_chunkserver(cfg: stampfs_chunkserver::ChunkserverConfig) -> u
     if !arm_crash_points("chunkserver") {
         return EXIT_ERROR;
     }
-    let started = stampfs_chunkserver::start(cfg).await;
-    serve("chunkserver", started, |h| h.shutdown()).await
+    let handle = match stampfs_chunkserver::start(cfg).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("stampfs chunkserver: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    // A chunkserver that cannot serve (the master does not share its cluster key)
+    // stops itself; it exits saying why instead of waiting for a signal.
+    let failure = tokio::select! {
+        sig = wait_for_signal() => {
+            tracing::info!(signal = sig, "shutting down");
+            None
+        }
+        reason = handle.failed() => Some(reason),
+    };
+    let stopped = handle.shutdown().await;
+    if let Some(reason) = failure {
+        eprintln!("stampfs chunkserver: {reason}");
+        return EXIT_ERROR;
+    }
+    match stopped {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("stampfs chunkserver: shutdown: {e}");
+            EXIT_ERROR
+        }
+    }
 }
 
 pub async fn dev(args: DevArgs) -> u8 {

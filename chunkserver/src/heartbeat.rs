@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::server::{run_command, Shared};
 use crate::store::REPORT_PAGE;
 use rand::Rng;
+use stampfs_proto::auth::AuthFailure;
 use stampfs_proto::{
     ChunkReport, Heartbeat, Register, ReplicaReport, ReportCorrupt, ReportPart, Rpc, RpcClient,
 };
@@ -219,6 +220,38 @@ pub fn report_due(
     changed && since_last >= spacing
 }
 
+/// A new connection to the master, authenticated both ways with the cluster key (see
+/// [`stampfs_proto::auth`]). A key mismatch stops the chunkserver
+/// ([`Shared::fail`]): retrying cannot mend it, and a chunkserver the master refuses
+/// must not look merely "unreachable" to whoever runs it.
+async fn connect(shared: &Shared) -> Result<RpcClient> {
+    let master = &shared.config.master;
+    let mut client = RpcClient::connect(master, shared.config.connect_timeout).await?;
+    let limit = (shared.config.connect_timeout * 2).max(Duration::from_secs(10));
+    let outcome = stampfs_proto::pause::timeout(
+        limit,
+        stampfs_proto::auth::authenticate_chunkserver(&mut client, &shared.key),
+    )
+    .await
+    .map_err(|_| Error::Unavailable {
+        reason: "the master did not answer the handshake in time".into(),
+    })?;
+    match outcome {
+        Ok(()) => Ok(client),
+        Err(AuthFailure::Transport(e)) => Err(e.into()),
+        Err(e) => {
+            let reason = format!(
+                "{e}: the master at {master} and this chunkserver hold different cluster keys (--cluster-key-file must be a copy of the master's DIR/cluster.key)"
+            );
+            shared.fail(reason.clone());
+            Err(Error::Config {
+                field: "cluster-key-file",
+                reason,
+            })
+        }
+    }
+}
+
 async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
     let (replicas, totals) = report_parts(shared, client).await?;
     let (capacity, used) = space(&shared.config.dir, shared.config.capacity, totals.bytes);
@@ -248,9 +281,7 @@ async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
 async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Result<()> {
     let client = match &mut session.client {
         Some(c) => c,
-        None => session.client.insert(
-            RpcClient::connect(&shared.config.master, shared.config.connect_timeout).await?,
-        ),
+        None => session.client.insert(connect(shared).await?),
     };
     if !session.registered {
         register(shared, client).await?;

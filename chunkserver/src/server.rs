@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     read_budget: Arc<Semaphore>,
     /// Cancelled by shutdown; every task selects on it.
     pub cancel: CancellationToken,
+    /// Why this chunkserver cannot go on (the master and it hold different cluster
+    /// keys); set once, with `cancel` cancelled, for the process to exit saying so.
+    fatal: tokio::sync::watch::Sender<Option<String>>,
     /// Every spawned task, so shutdown can wait for them.
     pub tracker: TaskTracker,
     /// The exclusive lock on the data directory (one chunkserver per directory). It is
@@ -82,6 +85,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Stops the chunkserver for good, for `reason` (see [`ChunkserverHandle::failed`]).
+    pub fn fail(&self, reason: String) {
+        tracing::error!(reason = %reason, "stopping: this chunkserver cannot serve");
+        self.fatal.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        self.cancel.cancel();
+    }
+
     /// This chunkserver's id, if it has one.
     pub fn id(&self) -> Option<ChunkserverId> {
         *self.id.lock().unwrap_or_else(|p| p.into_inner())
@@ -137,6 +154,22 @@ impl ChunkserverHandle {
     /// The I/O engine that runs: `"uring"` or `"threads"`.
     pub fn engine(&self) -> &'static str {
         self.engine
+    }
+
+    /// Resolves, with the reason, once the chunkserver has stopped itself because it
+    /// cannot serve (the master does not share its cluster key); never otherwise. The
+    /// caller should then shut it down and exit with an error.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.shared.fatal.subscribe();
+        let reason = match rx.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The sender lives as long as the shared state, which this handle holds.
+            Err(_) => None,
+        };
+        match reason {
+            Some(r) => r,
+            None => std::future::pending().await,
+        }
     }
 
     /// Stops accepting, stops every handler and background task, and waits for them.
@@ -225,6 +258,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         deletions,
         read_budget: Arc::new(Semaphore::new(READ_BUDGET)),
         cancel: CancellationToken::new(),
+        fatal: tokio::sync::watch::channel(None).0,
         tracker: TaskTracker::new(),
         _dir_lock: dir_lock,
         config,

@@ -153,9 +153,11 @@ impl Store {
         dir: &Path,
         engine: Arc<dyn IoEngine>,
     ) -> Result<(Store, ScanStats)> {
+        let sparse = files::holes_work(dir);
         let disk = Arc::new(Disk {
             layout: Layout::new(dir),
             cache: FileCache::new(fdcache::DEFAULT_CAPACITY),
+            sparse,
         });
         let scan_disk = disk.clone();
         let started = std::time::Instant::now();
@@ -646,6 +648,7 @@ impl Store {
             received: 0,
             table: checksum::TableRun::at(0, 0),
             engine: self.engine.clone(),
+            sparse: self.disk.sparse,
             finished: false,
         })
     }

@@ -7,10 +7,12 @@ use bytes::Bytes;
 use common::*;
 use stampfs_chunkserver::store::Store;
 use stampfs_chunkserver::IoEngineKind;
+use stampfs_proto::auth;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverId, ClusterKey, FrameReader, FrameWriter,
-    HeartbeatReply, MasterRequest, RegisterReply, RemoteError, Signed,
+    HeartbeatReply, MasterRequest, RegisterReply, RemoteError, ServerChallenge, ServerProveReply,
+    Signed,
 };
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -20,6 +22,7 @@ use tokio::sync::mpsc;
 /// reply carries `first_commands`; the third asks the chunkserver to register again.
 async fn tiny_master(
     listener: TcpListener,
+    key: ClusterKey,
     seen: mpsc::UnboundedSender<MasterRequest>,
     first_commands: Vec<Signed<ChunkCommand>>,
 ) {
@@ -32,10 +35,30 @@ async fn tiny_master(
         let (r, w) = stream.into_split();
         let mut reader = FrameReader::new(r);
         let mut writer = FrameWriter::new(w);
+        // The handshake's challenges (the chunkserver's, then ours).
+        let mut challenges = ([0u8; 32], [0u8; 32]);
         while let Ok(Some(frame)) = reader.read_frame().await {
             let (id, req): (u64, MasterRequest) = parse_request(&frame).expect("request");
             let _ = seen.send(req.clone());
             let reply = match req {
+                MasterRequest::ServerHello(h) => {
+                    challenges = (h.nonce, auth::nonce());
+                    let reply = ServerChallenge {
+                        nonce: challenges.1,
+                    };
+                    reply_frame(id, &Ok::<_, RemoteError>(reply), Bytes::new())
+                }
+                MasterRequest::ServerProve(p) => {
+                    let (c, m) = challenges;
+                    assert!(
+                        auth::verify_server_proof(&key, &c, &m, &p.proof),
+                        "the chunkserver proves the cluster key"
+                    );
+                    let reply = ServerProveReply {
+                        proof: auth::master_proof(&key, &c, &m),
+                    };
+                    reply_frame(id, &Ok::<_, RemoteError>(reply), Bytes::new())
+                }
                 MasterRequest::Register(_) => reply_frame(
                     id,
                     &Ok::<_, RemoteError>(RegisterReply {
@@ -133,7 +156,12 @@ async fn registers_heartbeats_reports_and_obeys_the_master() {
         },
     )
     .expect("sign");
-    let master = tokio::spawn(tiny_master(listener, tx, vec![forged, delete]));
+    let master = tokio::spawn(tiny_master(
+        listener,
+        cluster.key.clone(),
+        tx,
+        vec![forged, delete],
+    ));
 
     let MasterRequest::Register(reg) = next_matching(&mut rx, "register", |r| {
         matches!(r, MasterRequest::Register(_))

@@ -9,12 +9,17 @@
 //! written under that version, so it is not served either.
 //!
 //! The record is kept small (the design budget is under 150 bytes per chunk in the
-//! master): no strings, chunkservers as `u32`, replicas in a boxed slice.
+//! master): no strings, chunkservers as `u32`, up to three replicas inline. Records
+//! live in fixed pages of slots (a slab, freed slots reused) and a hash index maps a
+//! handle to its slot, so a chunk costs its slot (88 bytes) and an index entry (16
+//! bytes at the index's load factor) instead of a hash entry the size of the record
+//! (half empty after each doubling) plus a separate allocation for its replicas.
 
 use bincode::de::Decoder;
 use bincode::enc::Encoder;
 use bincode::error::{DecodeError, EncodeError};
 use bincode::{Decode, Encode};
+use smallvec::SmallVec;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, ReplicaReport, ReplicaState};
 use std::collections::HashMap;
 
@@ -76,8 +81,9 @@ pub struct ChunkInfo {
     pub version: ChunkVersion,
     /// Committed length (what the writer or recovery committed).
     pub length: u64,
-    /// Replicas reported by chunkservers (soft state).
-    pub replicas: Box<[Replica]>,
+    /// Replicas reported by chunkservers (soft state); three inline, more (an
+    /// over-replicated chunk, a replication factor above three) on the heap.
+    pub replicas: SmallVec<[Replica; 3]>,
     /// The owning file's replication factor (for under-replication checks).
     pub replication: u8,
 }
@@ -87,7 +93,7 @@ impl ChunkInfo {
         Self {
             version,
             length: 0,
-            replicas: Box::new([]),
+            replicas: SmallVec::new(),
             replication,
         }
     }
@@ -147,51 +153,101 @@ impl ChunkInfo {
         if let Some(slot) = self.replicas.iter_mut().find(|x| x.server == server) {
             *slot = r;
         } else {
-            let mut v = std::mem::take(&mut self.replicas).into_vec();
-            v.push(r);
-            self.replicas = v.into_boxed_slice();
+            self.replicas.push(r);
         }
     }
 
     /// Forgets `server`'s replica; returns whether there was one.
     pub fn remove_replica(&mut self, server: u32) -> bool {
-        if !self.replicas.iter().any(|x| x.server == server) {
-            return false;
+        let before = self.replicas.len();
+        self.replicas.retain(|x| x.server != server);
+        if self.replicas.len() <= 3 {
+            // Back inline once the extra replicas are gone.
+            self.replicas.shrink_to_fit();
         }
-        let v: Vec<Replica> = self
-            .replicas
-            .iter()
-            .copied()
-            .filter(|x| x.server != server)
-            .collect();
-        self.replicas = v.into_boxed_slice();
-        true
+        self.replicas.len() != before
+    }
+}
+
+/// Slots per page of the slab: 4096 × 88 bytes, about 352 KiB a page.
+const PAGE: usize = 4096;
+
+/// One slot of the slab; `handle` 0 marks a free one (handles start at 1).
+#[derive(Clone, Debug)]
+struct Slot {
+    handle: ChunkHandle,
+    info: ChunkInfo,
+}
+
+impl Slot {
+    fn free() -> Self {
+        Self {
+            handle: ChunkHandle(0),
+            info: ChunkInfo::new(ChunkVersion(0), 0),
+        }
     }
 }
 
 /// Every chunk, plus the handle counter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ChunkTable {
-    chunks: HashMap<ChunkHandle, ChunkInfo>,
+    /// Handle → slot number.
+    index: HashMap<ChunkHandle, u32>,
+    /// The slab: pages of [`PAGE`] slots, allocated whole as the table grows (never
+    /// moved, so growth copies nothing).
+    pages: Vec<Box<[Slot]>>,
+    /// Free slots below the slab's high-water mark, reused before it grows.
+    free: Vec<u32>,
+    /// Slots ever used (the high-water mark).
+    used: u32,
     next_handle: u64,
 }
 
 impl Default for ChunkTable {
     fn default() -> Self {
         Self {
-            chunks: HashMap::new(),
+            index: HashMap::new(),
+            pages: Vec::new(),
+            free: Vec::new(),
+            used: 0,
             next_handle: 1,
         }
     }
 }
 
+/// Two tables are equal when they hold the same chunks and counter, wherever their
+/// slots are.
+impl PartialEq for ChunkTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.next_handle == other.next_handle
+            && self.len() == other.len()
+            && self
+                .iter()
+                .all(|(h, c)| other.get(*h).is_some_and(|o| o == c))
+    }
+}
+
+impl Eq for ChunkTable {}
+
 impl ChunkTable {
+    fn slot(&self, n: u32) -> &Slot {
+        let n = n as usize;
+        &self.pages[n / PAGE][n % PAGE]
+    }
+
+    fn slot_mut(&mut self, n: u32) -> &mut Slot {
+        let n = n as usize;
+        &mut self.pages[n / PAGE][n % PAGE]
+    }
+
     pub fn get(&self, h: ChunkHandle) -> Option<&ChunkInfo> {
-        self.chunks.get(&h)
+        let n = *self.index.get(&h)?;
+        Some(&self.slot(n).info)
     }
 
     pub fn get_mut(&mut self, h: ChunkHandle) -> Option<&mut ChunkInfo> {
-        self.chunks.get_mut(&h)
+        let n = *self.index.get(&h)?;
+        Some(&mut self.slot_mut(n).info)
     }
 
     /// The handle the next new chunk gets. Never reused: the counter only grows, and
@@ -202,35 +258,89 @@ impl ChunkTable {
 
     /// Adds a chunk (advancing the handle counter past it).
     pub fn insert(&mut self, h: ChunkHandle, info: ChunkInfo) -> std::result::Result<(), String> {
-        if self.chunks.contains_key(&h) {
+        if h.0 == 0 {
+            return Err("chunk handle 0 is not a valid handle".to_string());
+        }
+        if self.index.contains_key(&h) {
             return Err(format!("chunk {h} already exists"));
         }
-        if h.0 < self.next_handle && h.0 != 0 {
+        if h.0 < self.next_handle {
             // A handle below the counter was minted before: reusing it would be a bug.
             return Err(format!(
                 "chunk {h} is below the handle counter {}",
                 self.next_handle
             ));
         }
+        self.place(h, info)?;
         self.next_handle = self.next_handle.max(h.0.saturating_add(1));
-        self.chunks.insert(h, info);
+        Ok(())
+    }
+
+    /// Puts a new chunk into a free slot (the counter is the caller's business).
+    fn place(&mut self, h: ChunkHandle, info: ChunkInfo) -> std::result::Result<(), String> {
+        if h.0 == 0 {
+            return Err("chunk handle 0 is not a valid handle".to_string());
+        }
+        if self.index.contains_key(&h) {
+            return Err(format!("chunk {h} already exists"));
+        }
+        let n = match self.free.pop() {
+            Some(n) => n,
+            None => {
+                let n = self.used;
+                let Some(next) = n.checked_add(1) else {
+                    return Err("the chunk table is full (2^32 chunks)".to_string());
+                };
+                if n as usize == self.pages.len() * PAGE {
+                    let page: Vec<Slot> = (0..PAGE).map(|_| Slot::free()).collect();
+                    self.pages.push(page.into_boxed_slice());
+                }
+                self.used = next;
+                n
+            }
+        };
+        *self.slot_mut(n) = Slot { handle: h, info };
+        self.index.insert(h, n);
         Ok(())
     }
 
     pub fn remove(&mut self, h: ChunkHandle) -> Option<ChunkInfo> {
-        self.chunks.remove(&h)
+        let n = self.index.remove(&h)?;
+        let slot = std::mem::replace(self.slot_mut(n), Slot::free());
+        self.free.push(n);
+        if self.index.is_empty() {
+            // Nothing left: give the slab back.
+            self.pages = Vec::new();
+            self.free = Vec::new();
+            self.used = 0;
+        }
+        Some(slot.info)
     }
 
     pub fn len(&self) -> usize {
-        self.chunks.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
+        self.index.is_empty()
     }
 
+    /// Every chunk, in slot order (no particular order of handles).
     pub fn iter(&self) -> impl Iterator<Item = (&ChunkHandle, &ChunkInfo)> {
-        self.chunks.iter()
+        self.pages
+            .iter()
+            .flat_map(|p| p.iter())
+            .take(self.used as usize)
+            .filter(|s| s.handle.0 != 0)
+            .map(|s| (&s.handle, &s.info))
+    }
+
+    /// Reserves index room for `n` more chunks (a checkpoint being loaded).
+    fn reserve(&mut self, n: usize) {
+        self.index.reserve(n);
+        let want = (self.used as usize).saturating_add(n);
+        self.pages
+            .reserve(want.div_ceil(PAGE).saturating_sub(self.pages.len()));
     }
 }
 
@@ -239,8 +349,8 @@ impl ChunkTable {
 impl Encode for ChunkTable {
     fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
         self.next_handle.encode(e)?;
-        (self.chunks.len() as u64).encode(e)?;
-        for (h, c) in &self.chunks {
+        (self.len() as u64).encode(e)?;
+        for (h, c) in self.iter() {
             h.encode(e)?;
             c.version.encode(e)?;
             c.length.encode(e)?;
@@ -254,26 +364,27 @@ impl<C> Decode<C> for ChunkTable {
     fn decode<D: Decoder<Context = C>>(d: &mut D) -> Result<Self, DecodeError> {
         let next_handle = u64::decode(d)?;
         let n = u64::decode(d)?;
-        let mut chunks = HashMap::with_capacity(usize::try_from(n.min(1 << 20)).unwrap_or(0));
+        let mut table = ChunkTable::default();
+        table.reserve(usize::try_from(n.min(1 << 20)).unwrap_or(0));
         for _ in 0..n {
             let h = ChunkHandle::decode(d)?;
             let version = ChunkVersion::decode(d)?;
             let length = u64::decode(d)?;
             let replication = u8::decode(d)?;
-            chunks.insert(
-                h,
-                ChunkInfo {
-                    version,
-                    length,
-                    replicas: Box::new([]),
-                    replication,
-                },
-            );
+            let info = ChunkInfo {
+                version,
+                length,
+                replicas: SmallVec::new(),
+                replication,
+            };
+            table
+                .place(h, info)
+                .map_err(|e| DecodeError::OtherString(format!("checkpoint chunk table: {e}")))?;
+            // Never below a handle in use, whatever the counter says.
+            table.next_handle = table.next_handle.max(h.0.saturating_add(1));
         }
-        Ok(Self {
-            chunks,
-            next_handle,
-        })
+        table.next_handle = table.next_handle.max(next_handle);
+        Ok(table)
     }
 }
 
@@ -286,7 +397,7 @@ mod tests {
     #[test]
     fn the_per_chunk_record_is_compact() {
         assert!(
-            std::mem::size_of::<ChunkInfo>() <= 40,
+            std::mem::size_of::<ChunkInfo>() <= 80,
             "{}",
             std::mem::size_of::<ChunkInfo>()
         );
@@ -342,5 +453,84 @@ mod tests {
             (ChunkVersion(1), 99, 3)
         );
         assert!(c.replicas.is_empty(), "replicas are soft state");
+    }
+
+    #[test]
+    fn the_slab_reuses_freed_slots_and_compares_by_content() {
+        let mut a = ChunkTable::default();
+        let n = (PAGE + 10) as u64;
+        for h in 1..=n {
+            a.insert(ChunkHandle(h), ChunkInfo::new(ChunkVersion(h), 3))
+                .expect("insert");
+        }
+        assert_eq!(a.pages.len(), 2);
+        for h in (1..=n).filter(|h| h % 2 == 0) {
+            assert_eq!(
+                a.remove(ChunkHandle(h)).map(|c| c.version),
+                Some(ChunkVersion(h))
+            );
+        }
+        assert!(a.remove(ChunkHandle(2)).is_none());
+        assert!(a.get(ChunkHandle(2)).is_none());
+        // New chunks go into the freed slots: the slab does not grow.
+        for h in n + 1..=n + n / 2 {
+            a.insert(ChunkHandle(h), ChunkInfo::new(ChunkVersion(h), 3))
+                .expect("insert");
+        }
+        assert_eq!(a.pages.len(), 2);
+        assert_eq!(a.len(), n as usize);
+        assert!(a
+            .insert(ChunkHandle(0), ChunkInfo::new(ChunkVersion(1), 1))
+            .is_err());
+        let mut seen: Vec<u64> = a
+            .iter()
+            .map(|(h, c)| {
+                assert_eq!(c.version.0, h.0);
+                h.0
+            })
+            .collect();
+        seen.sort_unstable();
+        let mut want: Vec<u64> = (1..=n + n / 2).filter(|h| *h > n || h % 2 == 1).collect();
+        want.sort_unstable();
+        assert_eq!(seen, want);
+        // The same chunks inserted in another order, in other slots: equal tables,
+        // and the checkpoint form round-trips to an equal table.
+        let mut b = ChunkTable::default();
+        for h in want.iter().rev() {
+            b.next_handle = 1;
+            b.insert(ChunkHandle(*h), ChunkInfo::new(ChunkVersion(*h), 3))
+                .expect("insert");
+        }
+        b.next_handle = a.next_handle;
+        assert_eq!(a, b);
+        b.get_mut(ChunkHandle(1)).expect("chunk").length = 5;
+        assert_ne!(a, b);
+        let bytes = bincode::encode_to_vec(&a, bincode::config::standard()).expect("encode");
+        let (back, _): (ChunkTable, usize) =
+            bincode::decode_from_slice(&bytes, bincode::config::standard()).expect("decode");
+        assert_eq!(back, a);
+        // Emptied, the table gives its pages back.
+        for h in want {
+            a.remove(ChunkHandle(h));
+        }
+        assert!(a.is_empty() && a.pages.is_empty());
+    }
+
+    #[test]
+    fn more_replicas_than_fit_inline_are_kept_and_dropped() {
+        let mut c = ChunkInfo::new(ChunkVersion(3), 5);
+        for s in 1..=5 {
+            c.set_replica(s, ChunkVersion(3), ReplicaState::Finalized);
+        }
+        assert_eq!(c.current().count(), 5);
+        assert!(c.replicas.spilled());
+        for s in 1..=3 {
+            assert!(c.remove_replica(s));
+        }
+        assert_eq!(
+            c.replicas.iter().map(|r| r.server).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        assert!(!c.replicas.spilled(), "back inline");
     }
 }

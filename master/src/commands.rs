@@ -19,6 +19,11 @@ use std::time::Duration;
 
 /// Idle connections kept per chunkserver.
 const MAX_IDLE_PER_SERVER: usize = 4;
+
+/// Read and write buffers of a command connection: commands and most replies are a few
+/// dozen bytes (a larger frame passes the buffer by), and a master keeps up to
+/// [`MAX_IDLE_PER_SERVER`] connections to each of thousands of chunkservers.
+const COMMAND_WRITE_BUFFER: usize = 1024;
 /// The least time a replica's digest may take: it reads the whole replica (a 1 GiB
 /// chunk at 20 MB/s), where a command only updates a header.
 const DIGEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -94,7 +99,10 @@ impl CommandSender {
         for attempt in 0..2 {
             let (mut conn, reused) = match self.take_idle(addr) {
                 Some(c) if attempt == 0 => (c, true),
-                _ => (RpcClient::connect(addr, self.timeout).await?, false),
+                _ => (
+                    RpcClient::connect_buffered(addr, self.timeout, COMMAND_WRITE_BUFFER).await?,
+                    false,
+                ),
             };
             match stampfs_proto::pause::timeout(timeout, conn.call(req.clone())).await {
                 Ok(Ok(reply)) => {

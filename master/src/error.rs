@@ -45,6 +45,9 @@ pub enum Error {
     /// Reserved to the owner or root (`EPERM`).
     #[error("operation not permitted: {path}: {reason}")]
     NotPermitted { path: String, reason: String },
+    /// The peer has not proven who it is, or its proof was wrong.
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated { reason: String },
     /// The entry's extended attributes would hold too many bytes (`E2BIG`).
     #[error("extended attributes of {path} would hold {bytes} bytes, past {max}")]
     XattrTooBig {
@@ -126,6 +129,7 @@ impl Error {
             Error::PermissionDenied { .. } => ErrorCode::PermissionDenied,
             Error::NotPermitted { .. } => ErrorCode::NotPermitted,
             Error::XattrTooBig { .. } => ErrorCode::XattrTooBig,
+            Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::Io { .. } => ErrorCode::Io,
             Error::CorruptLog { .. } => ErrorCode::Internal,
@@ -183,6 +187,9 @@ impl Error {
             },
             Error::NotPermitted { path, reason } => RemoteError::NotPermitted {
                 path: path.clone(),
+                reason: reason.clone(),
+            },
+            Error::Unauthenticated { reason } => RemoteError::Unauthenticated {
                 reason: reason.clone(),
             },
             Error::XattrTooBig { path, bytes, max } => RemoteError::XattrTooBig {

@@ -69,6 +69,7 @@ macro_rules! fail_point {
     ($name:literal) => {};
 }
 
+pub mod auth;
 pub mod checkpoint;
 pub mod chunk_table;
 pub mod commands;
@@ -76,6 +77,7 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "fail-points")]
 pub mod fail;
+pub mod handle_set;
 pub mod health;
 pub mod lease;
 pub mod namespace;

@@ -78,7 +78,7 @@ impl FileMeta {
 /// A directory's entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
 pub struct DirMeta {
-    pub children: BTreeMap<String, InodeId>,
+    pub children: BTreeMap<Box<str>, InodeId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
@@ -322,7 +322,7 @@ impl Namespace {
                 .children
                 .iter()
                 .find(|(_, child)| **child == ino)
-                .map(|(name, _)| name.as_str())?;
+                .map(|(name, _)| &**name)?;
             names.push(name);
             ino = parent;
         }
@@ -367,7 +367,7 @@ impl Namespace {
                 if d.children.contains_key(name) {
                     return Err(format!("{name:?} already exists in {parent}"));
                 }
-                d.children.insert(name.to_string(), ino);
+                d.children.insert(name.into(), ino);
                 attr.mtime_ns = mtime_ns;
                 attr.ctime_ns = mtime_ns;
             }
@@ -439,7 +439,7 @@ impl Namespace {
             if let Some(p) = self.inodes.get_mut(&dir) {
                 if let InodeKind::Dir(d) = &mut p.kind {
                     if add {
-                        d.children.insert(dst_name.to_string(), ino);
+                        d.children.insert(dst_name.into(), ino);
                     } else {
                         d.children.remove(src_name);
                     }

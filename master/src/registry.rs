@@ -4,9 +4,10 @@
 //! the state machine). A chunkserver with no heartbeat for `dead_after` is dead: its
 //! replicas stay in the chunk table but are not handed out and it gets no new chunks.
 
+use crate::handle_set::HandleSet;
 use crate::placement::Candidate;
-use stampfs_proto::{ChunkHandle, ChunkserverAddr, ChunkserverId, ReplicaReport};
-use std::collections::{HashMap, HashSet};
+use stampfs_proto::{ChunkserverAddr, ChunkserverId, ReplicaReport};
+use std::collections::HashMap;
 
 /// One registered chunkserver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub struct Chunkserver {
     /// Replica count from the last heartbeat.
     pub reported_replicas: u64,
     /// Handles of the replicas it reported (the reverse of the chunk table's lists).
-    pub replicas: HashSet<ChunkHandle>,
+    pub replicas: HandleSet,
     /// Reported replicas of chunks the master does not know (for the garbage collector).
     pub orphans: Vec<ReplicaReport>,
     /// Whether the liveness monitor last saw it dead (to log transitions once).
@@ -79,7 +80,7 @@ impl Registry {
             last_heartbeat_ms: now_ms,
             active_streams: 0,
             reported_replicas: 0,
-            replicas: HashSet::new(),
+            replicas: HandleSet::new(),
             orphans: Vec::new(),
             marked_dead: false,
             report_epoch: 0,

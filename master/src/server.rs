@@ -12,6 +12,7 @@
 //! checkpoint write or trim is in flight (a dropped handle leaves a running one to
 //! finish first).
 
+use crate::auth::ConnAuth;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::lease::Clock;
@@ -390,6 +391,8 @@ async fn handle_connection(
     let mut writer = FrameWriter::new(w);
     // The parts of a long chunk report sent so far on this connection.
     let mut parts = ReportParts::default();
+    // What this connection has proven (a chunkserver's handshake).
+    let mut auth = ConnAuth::default();
     loop {
         let frame = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -410,13 +413,40 @@ async fn handle_connection(
                 break;
             }
         };
-        let reply = match parts.take(req) {
-            Ok(Some(req)) => dispatch(&core, id, req).await,
-            Ok(None) => reply(id, Ok(())),
-            Err(e) => reply::<()>(id, Err(e)),
+        let mut refused = false;
+        let reply = match req {
+            MasterRequest::ServerHello(h) => {
+                reply(id, Ok(auth.hello(h.nonce, stampfs_proto::auth::nonce())))
+            }
+            MasterRequest::ServerProve(p) => match auth.prove(core.key(), &p.proof) {
+                Ok(r) => {
+                    tracing::debug!(%peer, "a chunkserver proved the cluster key");
+                    reply(id, Ok(r))
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "a chunkserver failed to prove the cluster key; refusing it and closing its connection");
+                    refused = true;
+                    reply::<()>(id, Err(e))
+                }
+            },
+            req => match auth.admits(&req) {
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "chunkserver message on an unauthenticated connection; refusing it and closing the connection");
+                    refused = true;
+                    reply::<()>(id, Err(e))
+                }
+                Ok(()) => match parts.take(req) {
+                    Ok(Some(req)) => dispatch(&core, id, req).await,
+                    Ok(None) => reply(id, Ok(())),
+                    Err(e) => reply::<()>(id, Err(e)),
+                },
+            },
         };
         if let Err(e) = writer.write_frame(&reply).await {
             tracing::debug!(%peer, error = %e, "cannot send a reply; closing");
+            break;
+        }
+        if refused {
             break;
         }
     }
@@ -469,6 +499,13 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::ClusterReport(r) => reply(id, core.cluster_report(r).await),
         // Kept by the connection (`ReportParts`), never dispatched.
         MasterRequest::ReportPart(_) => reply(id, Ok(())),
+        // The connection's handshake (`ConnAuth`), never dispatched.
+        MasterRequest::ServerHello(_) | MasterRequest::ServerProve(_) => reply::<()>(
+            id,
+            Err(Error::BadRequest {
+                reason: "a handshake message outside the connection handler".into(),
+            }),
+        ),
         MasterRequest::MakeFile(r) => reply(id, core.make_file(r).await),
         MasterRequest::CutLastChunk(r) => reply(id, core.cut_last_chunk(r).await),
         MasterRequest::OpenChunk(r) => reply(id, core.open_chunk(r).await),

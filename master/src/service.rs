@@ -137,6 +137,11 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
+    /// The cluster key (commands, tokens and chunkservers' handshakes).
+    pub fn key(&self) -> &ClusterKey {
+        &self.key
+    }
+
     /// A core serving `state`; background recoveries are spawned on `tasks` and stop
     /// when `shutdown` is cancelled. `dir_lock` is the directory's lock: the caller
     /// holds it; the core keeps a weak reference, which checkpoints upgrade for as long

@@ -697,7 +697,7 @@ impl MasterState {
                 d.children
                     .iter()
                     // The trash is hidden from listings of `/` (list it by name).
-                    .filter(|(name, _)| !(comps.is_empty() && name.as_str() == crate::trash::DIR))
+                    .filter(|(name, _)| !(comps.is_empty() && name.as_ref() == crate::trash::DIR))
                     .map(|(name, child)| {
                         let p = if base == "/" {
                             format!("/{name}")

@@ -365,6 +365,7 @@ async fn write_leases_over_tcp() {
 async fn chunkserver_registration_and_unreachable_replicas() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = master(dir.path()).await;
+    let key = ClusterKey::load(&dir.path().join("cluster.key")).expect("the master's key");
     let mut c = client(&m).await;
     // An address nothing listens on: bumps to it fail.
     let dead_port = {
@@ -378,6 +379,31 @@ async fn chunkserver_registration_and_unreachable_replicas() {
         used: 0,
         replicas: vec![],
     };
+    // Not before the connection proved the cluster key: refused, and closed.
+    let e = remote(c.call(reg(None)).await.unwrap_err());
+    assert_eq!(e.code(), ErrorCode::Unauthenticated, "{e}");
+    assert!(
+        c.call(Stat {
+            path: "/".into(),
+            caller: None
+        })
+        .await
+        .is_err(),
+        "the connection was closed"
+    );
+    // Nor with another key: the master refuses the proof and closes.
+    let mut c = client(&m).await;
+    let wrong = ClusterKey::from_bytes([0x5a; 32]);
+    let err = auth::authenticate_chunkserver(&mut c, &wrong)
+        .await
+        .unwrap_err();
+    assert!(err.is_key_mismatch(), "{err}");
+    assert!(c.call(reg(None)).await.is_err());
+    // With the master's key, both sides prove it and the chunkserver registers.
+    let mut c = client(&m).await;
+    auth::authenticate_chunkserver(&mut c, &key)
+        .await
+        .expect("the handshake with the right key");
     let id = c.call(reg(None)).await.expect("register").id;
     assert_eq!(
         c.call(reg(Some(id))).await.expect("again").id,
@@ -448,6 +474,9 @@ async fn chunkserver_registration_and_unreachable_replicas() {
     // and then keeps its id.
     let m = master(dir.path()).await;
     let mut c = client(&m).await;
+    auth::authenticate_chunkserver(&mut c, &key)
+        .await
+        .expect("the same key after a restart");
     assert!(c.call(hb(id)).await.expect("hb").reregister);
     assert_eq!(c.call(reg(Some(id))).await.expect("register").id, id);
     let third = c.call(reg(None)).await.expect("register new").id;

@@ -324,8 +324,14 @@ pub struct FrameReader<R> {
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> Self {
+        Self::with_capacity(READ_BUFFER, inner)
+    }
+
+    /// A reader whose buffer holds `capacity` bytes (allocated now, for the reader's
+    /// life); a body larger than it is read straight into its own buffer.
+    pub fn with_capacity(capacity: usize, inner: R) -> Self {
         Self {
-            inner: BufReader::with_capacity(READ_BUFFER, inner),
+            inner: BufReader::with_capacity(capacity, inner),
         }
     }
 
@@ -398,10 +404,19 @@ pub struct FrameWriter<W: AsyncWrite> {
     inner: BufWriter<W>,
 }
 
+/// The write buffer of [`FrameWriter::new`]: room to batch a data stream's packets.
+pub const WRITE_BUFFER: usize = 64 << 10;
+
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     pub fn new(inner: W) -> Self {
+        Self::with_capacity(WRITE_BUFFER, inner)
+    }
+
+    /// A writer whose buffer holds `capacity` bytes (allocated now, for the writer's
+    /// life); a frame larger than it is written through, so any size works.
+    pub fn with_capacity(capacity: usize, inner: W) -> Self {
         Self {
-            inner: BufWriter::with_capacity(64 << 10, inner),
+            inner: BufWriter::with_capacity(capacity, inner),
         }
     }
 

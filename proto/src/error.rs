@@ -39,6 +39,7 @@ pub enum ErrorCode {
     PermissionDenied = 25,
     NotPermitted = 26,
     XattrTooBig = 27,
+    Unauthenticated = 28,
 }
 
 /// A typed error carried in a reply frame.
@@ -128,6 +129,10 @@ pub enum RemoteError {
     /// The extended attributes of `path` would hold `bytes`, past `max` (`E2BIG`).
     #[error("extended attributes of {path} would hold {bytes} bytes, past {max}")]
     XattrTooBig { path: String, bytes: u64, max: u64 },
+    /// The request needs a party that has proven who it is, and this one has not (or
+    /// its proof was wrong).
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated { reason: String },
 }
 
 impl RemoteError {
@@ -161,6 +166,7 @@ impl RemoteError {
             RemoteError::PermissionDenied { .. } => ErrorCode::PermissionDenied,
             RemoteError::NotPermitted { .. } => ErrorCode::NotPermitted,
             RemoteError::XattrTooBig { .. } => ErrorCode::XattrTooBig,
+            RemoteError::Unauthenticated { .. } => ErrorCode::Unauthenticated,
         }
     }
 }

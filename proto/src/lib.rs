@@ -19,6 +19,7 @@
 //! - [`pause`]: the pause-aware clock every deadline is measured on (a process that
 //!   was frozen does not judge others by time it did not see).
 
+pub mod auth;
 pub mod codec;
 pub mod crash;
 pub mod dirlock;

@@ -517,6 +517,33 @@ pub struct ReportCorrupt {
 
 // ---------------------------------------------------------------- chunkserver → master
 
+/// The first message of a chunkserver's connection to the master: the chunkserver's
+/// challenge. The master answers with its own ([`ServerChallenge`]); the chunkserver
+/// then proves it holds the cluster key ([`ServerProve`]) and the master proves it
+/// back (see [`crate::auth`]). Until then the connection may not register, heartbeat
+/// or report.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ServerHello {
+    pub nonce: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ServerChallenge {
+    pub nonce: [u8; 32],
+}
+
+/// The chunkserver's proof of the cluster key over both challenges; the reply is the
+/// master's ([`ServerProveReply`]), or `Unauthenticated`.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ServerProve {
+    pub proof: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ServerProveReply {
+    pub proof: [u8; 32],
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Register {
     /// The id persisted in the chunkserver's directory, if it has one.
@@ -737,6 +764,10 @@ pub enum MasterRequest {
     ListXattr(ListXattr),
     /// After every older variant, so that each keeps its wire index.
     SetXattr(SetXattr),
+    /// After every older variant, so that each keeps its wire index.
+    ServerHello(ServerHello),
+    /// After every older variant, so that each keeps its wire index.
+    ServerProve(ServerProve),
 }
 
 // ---------------------------------------------------------------- → chunkserver

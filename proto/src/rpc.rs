@@ -70,6 +70,8 @@ rpc! {
     MasterRequest::GetXattr(GetXattr) -> Option<Vec<u8>>;
     MasterRequest::ListXattr(ListXattr) -> Vec<String>;
     MasterRequest::SetXattr(SetXattr) -> bool;
+    MasterRequest::ServerHello(ServerHello) -> ServerChallenge;
+    MasterRequest::ServerProve(ServerProve) -> ServerProveReply;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;
@@ -139,6 +141,18 @@ impl RpcClient {
 
     /// Connects over TCP (with `TCP_NODELAY`) within `timeout`.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Self> {
+        Self::connect_with(addr, timeout, None).await
+    }
+
+    /// [`Self::connect`] with read and write buffers of `buffer` bytes each: a
+    /// connection that carries small requests and replies (a master's commands) need
+    /// not hold 72 KiB for its life; larger frames pass the buffers by.
+    pub async fn connect_buffered(addr: &str, timeout: Duration, buffer: usize) -> Result<Self> {
+        Self::connect_with(addr, timeout, Some(buffer)).await
+    }
+
+    /// Connects with the default buffers (`None`) or `buffer` bytes each.
+    async fn connect_with(addr: &str, timeout: Duration, buffer: Option<usize>) -> Result<Self> {
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
@@ -153,7 +167,14 @@ impl RpcClient {
             })?;
         stream.set_nodelay(true)?;
         let (r, w) = stream.into_split();
-        Ok(Self::new(r, w))
+        Ok(match buffer {
+            None => Self::new(r, w),
+            Some(n) => Self {
+                reader: FrameReader::with_capacity(n, r),
+                writer: FrameWriter::with_capacity(n, w),
+                next_id: 1,
+            },
+        })
     }
 }
 

@@ -161,11 +161,11 @@ impl ClusterKey {
         mac
     }
 
-    fn sign_parts(&self, domain: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    pub(crate) fn sign_parts(&self, domain: &[u8], parts: &[&[u8]]) -> [u8; 32] {
         self.mac(domain, parts).finalize().into_bytes().into()
     }
 
-    fn verify_parts(&self, domain: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
+    pub(crate) fn verify_parts(&self, domain: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
         self.mac(domain, parts).verify_slice(tag).is_ok()
     }
 }

@@ -56,6 +56,9 @@ serve! {
 /// Idle connections to the master, taken for one request and put back after it.
 pub struct Pool {
     addr: String,
+    /// The cluster key: every connection proves it at its start, since the pool's
+    /// connections carry the simulated chunkservers' registrations and reports too.
+    key: stampfs_proto::ClusterKey,
     /// Connections not in use; a request that finds none connects a new one, and a
     /// connection that failed is dropped instead of put back.
     idle: Mutex<Vec<RpcClient>>,
@@ -69,9 +72,10 @@ pub enum Driver {
 }
 
 impl Driver {
-    pub fn rpc(addr: String) -> Self {
+    pub fn rpc(addr: String, key: stampfs_proto::ClusterKey) -> Self {
         Driver::Rpc(Arc::new(Pool {
             addr,
+            key,
             idle: Mutex::new(Vec::new()),
         }))
     }
@@ -88,7 +92,11 @@ impl Driver {
                 let conn = pool.idle.lock().ok().and_then(|mut v| v.pop());
                 let mut conn = match conn {
                     Some(c) => c,
-                    None => RpcClient::connect(&pool.addr, Duration::from_secs(10)).await?,
+                    None => {
+                        let mut c = RpcClient::connect(&pool.addr, Duration::from_secs(10)).await?;
+                        stampfs_proto::auth::authenticate_chunkserver(&mut c, &pool.key).await?;
+                        c
+                    }
                 };
                 match conn.call(req).await {
                     Ok(r) => {

@@ -151,7 +151,7 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
     .context("starting the simulated chunkservers")?;
     let driver = match args.via {
         BenchVia::Service => Driver::Service(master.core().clone()),
-        BenchVia::Rpc => Driver::rpc(master.addr().to_string()),
+        BenchVia::Rpc => Driver::rpc(master.addr().to_string(), master.core().key().clone()),
     };
     let ctx = Arc::new(Ctx {
         driver: driver.clone(),

@@ -348,8 +348,10 @@ async fn accept(listener: TcpListener, sims: Arc<Sims>, server: u32) {
 async fn serve(stream: TcpStream, sims: Arc<Sims>, server: u32) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
-    let mut reader = FrameReader::new(r);
-    let mut writer = FrameWriter::new(w);
+    let mut reader = FrameReader::with_capacity(1024, r);
+    // Replies are a few dozen bytes; this process's heap is what the benchmark
+    // measures, so the simulation's ends of the master's connections stay small.
+    let mut writer = FrameWriter::with_capacity(1024, w);
     while let Ok(Some(frame)) = reader.read_frame().await {
         let Ok((id, req)) = parse_request::<ChunkRequest>(&frame) else {
             break;

@@ -10,10 +10,11 @@
 //! [`open_engine`] picks the engine for `--io-engine`; `auto` probes io_uring (builds a
 //! ring, runs a NOP) and falls back to threads.
 
+pub mod sparse;
 mod threads;
 mod uring;
 
-pub use threads::ThreadsEngine;
+pub use threads::{punch_hole, ThreadsEngine};
 pub use uring::UringEngine;
 
 use crate::config::IoEngineKind;
@@ -36,6 +37,10 @@ pub enum IoOp {
     /// makes nothing durable. io_uring: `sync_file_range(SYNC_FILE_RANGE_WRITE)`;
     /// threads: `posix_fadvise(DONTNEED)`, which starts the writeback the same way.
     WriteBehind { offset: u64, len: u64 },
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`: `len` bytes at
+    /// `offset` read as zeros and hold no disk blocks; the file's size is unchanged
+    /// (see [`sparse`]). Only on a file system whose store probed it works.
+    PunchHole { offset: u64, len: u64 },
     /// `fdatasync`.
     SyncData,
     /// `fsync`.

@@ -90,6 +90,7 @@ impl IoEngine for ThreadsEngine {
                             rustix::fs::fadvise(&*file, offset, Some(len), Advice::DontNeed)?;
                         }
                     }
+                    IoOp::PunchHole { offset, len } => punch_hole(&file, offset, len)?,
                     IoOp::SyncData => file.sync_data()?,
                     IoOp::SyncAll => file.sync_all()?,
                 }
@@ -98,4 +99,19 @@ impl IoEngine for ThreadsEngine {
         };
         joined(tokio::task::spawn_blocking(chain).await)
     }
+}
+
+/// `fallocate(PUNCH_HOLE | KEEP_SIZE)` over `len` bytes at `offset` (nothing when
+/// `len` is 0).
+pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    rustix::fs::fallocate(
+        file,
+        rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    )?;
+    Ok(())
 }

@@ -47,6 +47,8 @@ const MAX_INFLIGHT: usize = 256;
 const MAX_CHAIN: usize = 255;
 /// `SYNC_FILE_RANGE_WRITE` from `<linux/fs.h>`: start writeback, do not wait.
 const SYNC_FILE_RANGE_WRITE: u32 = 2;
+/// `FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE` from `<linux/falloc.h>`.
+const FALLOC_PUNCH_HOLE_KEEP_SIZE: i32 = 0x01 | 0x02;
 /// Largest single read or write SQE; longer transfers continue as short ones.
 const MAX_XFER: usize = 1 << 30;
 /// Most iovecs in one vectored write (the kernel's `UIO_MAXIOV`); the rest continue
@@ -278,6 +280,8 @@ impl IoEngine for UringEngine {
                 }
                 IoOp::WriteBehind { len: 0, .. } => None,
                 IoOp::WriteBehind { offset, len } => Some(Op::WriteBehind { offset, len }),
+                IoOp::PunchHole { len: 0, .. } => None,
+                IoOp::PunchHole { offset, len } => Some(Op::PunchHole { offset, len }),
                 IoOp::SyncData => Some(Op::Sync { data_only: true }),
                 IoOp::SyncAll => Some(Op::Sync { data_only: false }),
             })
@@ -317,6 +321,10 @@ enum Op {
         data_only: bool,
     },
     WriteBehind {
+        offset: u64,
+        len: u64,
+    },
+    PunchHole {
         offset: u64,
         len: u64,
     },
@@ -415,6 +423,10 @@ impl Job {
                             .flags(SYNC_FILE_RANGE_WRITE)
                             .build()
                     }
+                    Op::PunchHole { offset, len } => opcode::Fallocate::new(fd, *len)
+                        .offset(*offset)
+                        .mode(FALLOC_PUNCH_HOLE_KEEP_SIZE)
+                        .build(),
                     Op::Sync { data_only } => {
                         let flags = if *data_only {
                             types::FsyncFlags::DATASYNC
@@ -487,7 +499,7 @@ impl Job {
                         break;
                     }
                 }
-                Op::Sync { .. } | Op::WriteBehind { .. } => {}
+                Op::Sync { .. } | Op::WriteBehind { .. } | Op::PunchHole { .. } => {}
             }
         }
         for r in &mut self.results {

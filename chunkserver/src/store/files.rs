@@ -60,3 +60,42 @@ pub(crate) fn move_aside(path: &Path) -> Result<PathBuf> {
         n += 1;
     }
 }
+
+/// Whether `dir`'s file system punches holes (`fallocate(PUNCH_HOLE | KEEP_SIZE)`), so
+/// zeros in packets can be written as holes (`io::sparse`). Probed on a scratch file;
+/// logged either way. A file system that cannot (or a probe that fails) gets zeros
+/// written as they come.
+pub(super) fn holes_work(dir: &Path) -> bool {
+    let path = dir.join(format!("hole-probe{TEMP_SUFFIX}"));
+    let probe = || -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        f.write_all_at(&[0xa5; 3 * 4096], 0)?;
+        crate::io::punch_hole(&f, 4096, 4096)?;
+        let mut page = [0xffu8; 4096];
+        f.read_exact_at(&mut page, 4096)?;
+        if page.iter().any(|b| *b != 0) {
+            return Err(std::io::Error::other(
+                "a punched range does not read as zeros",
+            ));
+        }
+        Ok(())
+    };
+    let result = probe();
+    let _ = std::fs::remove_file(&path);
+    match result {
+        Ok(()) => {
+            tracing::info!(dir = %dir.display(), "zeros in packets are written as holes");
+            true
+        }
+        Err(e) => {
+            tracing::info!(dir = %dir.display(), error = %e, "the file system does not punch holes: zeros are written");
+            false
+        }
+    }
+}

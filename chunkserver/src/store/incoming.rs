@@ -7,7 +7,7 @@ use super::{sync_dir, SlotState, Store};
 use super::{Error, Result};
 use crate::checksum::TableRun;
 use crate::header::{self, Header, DATA_OFFSET};
-use crate::io::{IoEngine, IoOp};
+use crate::io::{sparse, IoEngine, IoOp};
 use bytes::Bytes;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ReplicaReport, ReplicaState};
 use std::fs::File;
@@ -27,6 +27,8 @@ pub struct Incoming {
     /// The checksum entries from block 0 on, and the tail CRC.
     pub(super) table: TableRun,
     pub(super) engine: Arc<dyn IoEngine>,
+    /// Runs of zeros go in as holes (`io::sparse`), as they did on the source.
+    pub(super) sparse: bool,
     pub(super) finished: bool,
 }
 
@@ -51,14 +53,15 @@ impl Incoming {
             )));
         }
         self.table.append(self.received, &data, None);
+        let mut ops = vec![IoOp::Write {
+            offset: DATA_OFFSET + self.received,
+            data,
+        }];
+        if self.sparse {
+            ops = sparse::elide_zeros(ops, 8);
+        }
         self.engine
-            .run(
-                self.file.clone(),
-                vec![IoOp::Write {
-                    offset: DATA_OFFSET + self.received,
-                    data,
-                }],
-            )
+            .run(self.file.clone(), ops)
             .await
             .map_err(|e| Error::io("write", &self.tmp, e))?;
         self.received = end;

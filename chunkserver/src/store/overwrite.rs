@@ -31,7 +31,7 @@ use super::write::{BatchOutcome, PacketWrite};
 use super::{Error, Result};
 use crate::checksum;
 use crate::header::{self, Marks, BLOCK, DATA_OFFSET};
-use crate::io::{IoEngine, IoOp};
+use crate::io::{sparse, IoEngine, IoOp};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
@@ -160,6 +160,12 @@ impl Replica {
             .filter(|b| checksum::block_start(*b) < self.length)
             .collect();
         let mut ops = plan.data;
+        if self.disk.sparse {
+            // The plan's ops stay within MAX_PLAN_OPS; holes take at most what is left
+            // of a chain's room besides the table writes and a sync.
+            let room = MAX_CHAIN_OPS.saturating_sub(plan.blocks.len() + 8);
+            ops = sparse::elide_zeros(ops, room);
+        }
         ops.extend(table_writes(&plan.blocks));
         let result = self.commit_ops(engine, ops, length, tail, sync).await;
         if result.is_err() && !in_place.is_empty() {
@@ -217,6 +223,9 @@ impl Replica {
 /// Most data and table writes in one plan's chain (leaving room for an hsync's tail
 /// within the io_uring engine's limit of 255 linked ops).
 const MAX_PLAN_OPS: usize = 192;
+
+/// Ops one chain may hold (the io_uring engine's limit).
+const MAX_CHAIN_OPS: usize = 255;
 
 /// Blocks that `len` bytes at `offset` touch.
 fn blocks_touched(offset: u64, len: u64) -> usize {

@@ -25,6 +25,9 @@ pub(super) struct Disk {
     pub(super) layout: Layout,
     /// The replica files kept open (bounded); each replica's entry is keyed by its id.
     pub(super) cache: FileCache,
+    /// The file system punches holes, so runs of zeros in packets are written as holes
+    /// (`io::sparse`); probed when the store opens.
+    pub(super) sparse: bool,
 }
 
 /// One replica in memory. Its file is opened through the store's [`FileCache`]

@@ -10,7 +10,7 @@ use super::{Error, Result};
 use crate::checksum::{self, TableRun};
 use crate::gate;
 use crate::header::{self, DATA_OFFSET, MAX_CHUNK_SIZE};
-use crate::io::{IoEngine, IoOp};
+use crate::io::{sparse, IoEngine, IoOp};
 use bytes::Bytes;
 use stampfs_proto::{ChunkVersion, ReplicaState};
 
@@ -192,7 +192,7 @@ impl Replica {
         run: &mut AppendRun,
         sync: bool,
     ) -> Result<()> {
-        let ops = run.take_ops();
+        let ops = run.take_ops(self.disk.sparse);
         self.commit_ops(engine, ops, run.length, run.tail_crc(), sync)
             .await
     }
@@ -299,6 +299,10 @@ pub struct BatchOutcome {
     pub error: Option<Error>,
 }
 
+/// Most data ops a chain's data write becomes once its zeros are holes: with the table
+/// write and a sync's four ops, well inside the io_uring engine's 255 per chain.
+pub(super) const MAX_DATA_OPS: usize = 64;
+
 /// Contiguous appends planned under the lock and not yet issued.
 struct AppendRun {
     /// Chunk offset of the first planned byte.
@@ -332,8 +336,9 @@ impl AppendRun {
         self.table.tail()
     }
 
-    /// The data write and the table write of everything planned (none if nothing is).
-    fn take_ops(&mut self) -> Vec<IoOp> {
+    /// The data write and the table write of everything planned (none if nothing is);
+    /// runs of zeros as holes when `sparse`.
+    fn take_ops(&mut self, sparse: bool) -> Vec<IoOp> {
         if self.bufs.is_empty() {
             return Vec::with_capacity(3);
         }
@@ -342,6 +347,9 @@ impl AppendRun {
             offset: DATA_OFFSET + self.start,
             bufs: std::mem::take(&mut self.bufs),
         });
+        if sparse {
+            ops = sparse::elide_zeros(ops, MAX_DATA_OPS);
+        }
         ops.push(IoOp::Write {
             offset: header::table_entry_offset(self.table.first()),
             data: Bytes::from(self.table.encode()),

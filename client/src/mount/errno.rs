@@ -20,6 +20,7 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::BadRequest => Errno::EINVAL,
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
         ErrorCode::PermissionDenied => Errno::EACCES,
+        ErrorCode::Unauthenticated => Errno::EACCES,
         ErrorCode::NotPermitted => Errno::EPERM,
         ErrorCode::XattrTooBig => Errno::E2BIG,
         ErrorCode::Unavailable => Errno::EIO,

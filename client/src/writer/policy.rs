@@ -85,7 +85,8 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::InvalidPath { .. }
         | RemoteError::PermissionDenied { .. }
         | RemoteError::NotPermitted { .. }
-        | RemoteError::XattrTooBig { .. } => true,
+        | RemoteError::XattrTooBig { .. }
+        | RemoteError::Unauthenticated { .. } => true,
         RemoteError::StaleToken { .. }
         | RemoteError::ReplicaStale { .. }
         | RemoteError::ChecksumMismatch { .. }

@@ -574,21 +574,23 @@ fn trash_phase(s: &mut Slice<'_>, after: Option<String>, wall_ms: u64) -> Phase 
         return Phase::Done;
     };
     let from = match &after {
-        Some(name) => Bound::Excluded(name.clone()),
+        Some(name) => Bound::Excluded(name.as_str()),
         None => Bound::Unbounded,
     };
     let mut last = after.clone();
-    for (name, ino) in dir.children.range((from, Bound::Unbounded)) {
+    for (name, ino) in dir.children.range::<str, _>((from, Bound::Unbounded)) {
         if s.left == 0 {
             return Phase::Trash { after: last };
         }
         s.spend(1);
-        last = Some(name.clone());
+        last = Some(name.to_string());
         let at = trash::deleted_at(name)
             .or_else(|| st.ns.get(*ino).map(|i| i.mtime_ms()))
             .unwrap_or(0);
         if trash::expired(at, st.settings.trash_ms, wall_ms) {
-            s.actions.push(Action::PurgeTrash { name: name.clone() });
+            s.actions.push(Action::PurgeTrash {
+                name: name.to_string(),
+            });
         }
     }
     Phase::Done

@@ -324,7 +324,7 @@ impl MasterState {
                         info.length = c.length;
                     }
                 }
-                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.touch_file(*inode, *mtime_ms, close_file);
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
                 self.pipelines.remove(inode);
@@ -411,7 +411,7 @@ impl MasterState {
                     ));
                 }
                 info.length = *length;
-                self.touch_file(*inode, *mtime_ms, |f| f.write = WriteState::Closed);
+                self.touch_file(*inode, *mtime_ms, close_file);
                 self.leases.release(*inode);
                 self.recovering.remove(inode);
                 self.pipelines.remove(inode);
@@ -734,4 +734,11 @@ impl MasterState {
             self.health.forget_chunk(h, info.version, &servers);
         }
     }
+}
+
+/// A file's close: no writer, and its chunk list trimmed to its length (it grew by
+/// doubling while the file was written; a closed file rarely grows again).
+fn close_file(f: &mut FileMeta) {
+    f.write = WriteState::Closed;
+    f.chunks.shrink_to_fit();
 }

@@ -26,6 +26,7 @@
 
 use super::{MasterState, ReportSummary};
 use crate::chunk_table::{server_index, ReplicaClass};
+use crate::handle_set::HandleSet;
 use stampfs_proto::{ChunkHandle, ChunkserverId, ReplicaReport, ReplicaState};
 use std::collections::HashSet;
 
@@ -112,7 +113,7 @@ impl MasterState {
         let idx = server_index(id)?;
         let cs = self.registry.get_mut(id)?;
         cs.report_epoch += 1;
-        let old: Vec<ChunkHandle> = cs.replicas.iter().copied().collect();
+        let old: Vec<ChunkHandle> = cs.replicas.iter().collect();
         Some(ReportApply {
             id,
             idx,
@@ -210,14 +211,14 @@ impl MasterState {
         let old = std::mem::take(&mut cs.replicas);
         cs.orphans.clear();
         let new: HashSet<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
-        for h in old.difference(&new) {
-            if let Some(info) = self.chunks.get_mut(*h) {
+        for h in old.iter().filter(|h| !new.contains(h)) {
+            if let Some(info) = self.chunks.get_mut(h) {
                 info.remove_replica(idx);
             }
         }
         self.health
             .retain_corrupt_reported(id, |h| new.contains(&h));
-        let mut mine = HashSet::with_capacity(reports.len());
+        let mut mine = HandleSet::new();
         let mut orphans = Vec::new();
         for r in reports {
             match self.apply_reported(id, idx, r, &mut summary) {

@@ -310,6 +310,8 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
         (s(), arb_u64(), arb_u64())
             .prop_map(|(path, bytes, max)| RemoteError::XattrTooBig { path, bytes, max })
             .boxed(),
+        s().prop_map(|reason| RemoteError::Unauthenticated { reason })
+            .boxed(),
     ]
     .boxed()
 }
@@ -819,6 +821,12 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
                 })
             })
             .boxed(),
+        any::<[u8; 32]>()
+            .prop_map(|nonce| MasterRequest::ServerHello(ServerHello { nonce }))
+            .boxed(),
+        any::<[u8; 32]>()
+            .prop_map(|proof| MasterRequest::ServerProve(ServerProve { proof }))
+            .boxed(),
     ]
     .boxed()
 }
@@ -857,6 +865,8 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::GetXattr(_) => "GetXattr",
         MasterRequest::ListXattr(_) => "ListXattr",
         MasterRequest::SetXattr(_) => "SetXattr",
+        MasterRequest::ServerHello(_) => "ServerHello",
+        MasterRequest::ServerProve(_) => "ServerProve",
     }
 }
 
@@ -1109,5 +1119,6 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::PermissionDenied { .. } => "PermissionDenied",
         RemoteError::NotPermitted { .. } => "NotPermitted",
         RemoteError::XattrTooBig { .. } => "XattrTooBig",
+        RemoteError::Unauthenticated { .. } => "Unauthenticated",
     }
 }

@@ -54,7 +54,7 @@ fn known(st: &MasterState, id: ChunkserverId) -> (Vec<(u64, u64)>, Vec<u64>) {
         .map(|h| {
             let v = st
                 .chunks
-                .get(*h)
+                .get(h)
                 .and_then(|i| i.replica(id))
                 .map_or(0, |r| r.version.0);
             (h.0, v)

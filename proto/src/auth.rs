@@ -1,0 +1,157 @@
+//! Mutual authentication of a chunkserver and the master with the cluster key.
+//!
+//! A chunkserver's connection to the master starts with a challenge-response in both
+//! directions, before it may register, heartbeat or report:
+//!
+//! ```text
+//! chunkserver → master   ServerHello { nonce: C }            (32 random bytes)
+//! master → chunkserver   ServerChallenge { nonce: M }        (32 random bytes)
+//! chunkserver → master   ServerProve { proof: MAC(K, "server", C, M) }
+//! master → chunkserver   ServerProveReply { proof: MAC(K, "master", C, M) }
+//!                        or Unauthenticated (the master logs the peer's address)
+//! ```
+//!
+//! Each side proves it holds the cluster key `K` over a challenge the other side chose
+//! fresh for this connection, so a proof recorded on one connection is worthless on
+//! the next; the two proofs are in MAC domains of their own (and apart from tokens'
+//! and commands'), so neither side's proof can be reflected as the other's. The
+//! chunkserver proves first, so that a wrong key is refused by the master, which logs
+//! the address, and the chunkserver learns why and exits; a master that cannot prove
+//! the key back is not one to take commands from or report to, and the chunkserver
+//! exits too.
+//!
+//! Out of scope here: the connection is authenticated at its start, not protected
+//! afterwards (an attacker who can rewrite traffic in flight can take it over once
+//! authenticated); transport encryption (TLS) is what protects a channel. The pure
+//! proof functions are below; [`authenticate_chunkserver`] runs the chunkserver's
+//! side over an [`RpcClient`].
+
+use crate::error::{Error, RemoteError};
+use crate::msg::{ServerHello, ServerProve};
+use crate::rpc::RpcClient;
+use crate::token::ClusterKey;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+const SERVER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/chunkserver/v1";
+const MASTER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/master/v1";
+
+/// A fresh random challenge.
+pub fn nonce() -> [u8; 32] {
+    rand::random()
+}
+
+/// The chunkserver's proof over its challenge `server` and the master's `master`.
+pub fn server_proof(key: &ClusterKey, server: &[u8; 32], master: &[u8; 32]) -> [u8; 32] {
+    key.sign_parts(SERVER_PROOF_DOMAIN, &[server, master])
+}
+
+/// Whether `proof` is the chunkserver's proof over the two challenges.
+pub fn verify_server_proof(
+    key: &ClusterKey,
+    server: &[u8; 32],
+    master: &[u8; 32],
+    proof: &[u8; 32],
+) -> bool {
+    key.verify_parts(SERVER_PROOF_DOMAIN, &[server, master], proof)
+}
+
+/// The master's proof over the same two challenges.
+pub fn master_proof(key: &ClusterKey, server: &[u8; 32], master: &[u8; 32]) -> [u8; 32] {
+    key.sign_parts(MASTER_PROOF_DOMAIN, &[server, master])
+}
+
+/// Whether `proof` is the master's proof over the two challenges.
+pub fn verify_master_proof(
+    key: &ClusterKey,
+    server: &[u8; 32],
+    master: &[u8; 32],
+    proof: &[u8; 32],
+) -> bool {
+    key.verify_parts(MASTER_PROOF_DOMAIN, &[server, master], proof)
+}
+
+/// Why [`authenticate_chunkserver`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFailure {
+    /// The master refused this chunkserver's proof: the keys differ. Retrying cannot
+    /// help.
+    #[error("the master refused this chunkserver's cluster key ({reason})")]
+    Refused { reason: String },
+    /// The master's proof is wrong: it does not hold this chunkserver's cluster key.
+    /// Retrying cannot help.
+    #[error("the master did not prove that it holds this chunkserver's cluster key")]
+    MasterUnproven,
+    /// The conversation failed (connection, timeout, a master that does not know the
+    /// handshake): worth retrying.
+    #[error("{0}")]
+    Transport(Error),
+}
+
+impl AuthFailure {
+    /// A key mismatch (as opposed to a failure worth retrying).
+    pub fn is_key_mismatch(&self) -> bool {
+        matches!(
+            self,
+            AuthFailure::Refused { .. } | AuthFailure::MasterUnproven
+        )
+    }
+}
+
+/// The chunkserver's side of the handshake on a new connection to the master.
+pub async fn authenticate_chunkserver<R, W>(
+    client: &mut RpcClient<R, W>,
+    key: &ClusterKey,
+) -> std::result::Result<(), AuthFailure>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mine = nonce();
+    let challenge = client
+        .call(ServerHello { nonce: mine })
+        .await
+        .map_err(AuthFailure::Transport)?;
+    let reply = match client
+        .call(ServerProve {
+            proof: server_proof(key, &mine, &challenge.nonce),
+        })
+        .await
+    {
+        Ok(r) => r,
+        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
+            return Err(AuthFailure::Refused { reason })
+        }
+        Err(e) => return Err(AuthFailure::Transport(e)),
+    };
+    if verify_master_proof(key, &mine, &challenge.nonce, &reply.proof) {
+        Ok(())
+    } else {
+        Err(AuthFailure::MasterUnproven)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proofs_hold_only_for_their_key_challenges_and_side() {
+        let k = ClusterKey::from_bytes([1; 32]);
+        let other = ClusterKey::from_bytes([2; 32]);
+        let (c, m) = ([3; 32], [4; 32]);
+        let p = server_proof(&k, &c, &m);
+        assert!(verify_server_proof(&k, &c, &m, &p));
+        assert!(!verify_server_proof(&other, &c, &m, &p), "another key");
+        assert!(!verify_server_proof(&k, &m, &c, &p), "challenges swapped");
+        assert!(
+            !verify_server_proof(&k, &c, &[5; 32], &p),
+            "another challenge"
+        );
+        // Neither side's proof passes as the other's (no reflection).
+        assert!(!verify_master_proof(&k, &c, &m, &p));
+        let q = master_proof(&k, &c, &m);
+        assert!(verify_master_proof(&k, &c, &m, &q));
+        assert!(!verify_server_proof(&k, &c, &m, &q));
+        assert_ne!(nonce(), nonce());
+    }
+}
