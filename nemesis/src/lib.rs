@@ -15,6 +15,10 @@
 //! [`checker::Violation`]s. `fsck` must be healthy after the heal and no process log
 //! may contain a panic. The result is a [`report::RunReport`].
 //!
+//! Every reader also keeps its last read of each file in a [`read_watch::ReadWatch`],
+//! which saves two reads that contradict each other, so a dirty read can be explained
+//! from the bytes and not only found.
+//!
 //! [`replicas::check_replicas`] checks the storage itself after the heal: every replica
 //! the master hands out of every chunk, read whole from its chunkserver, is
 //! byte-identical to the others at the master's version and committed length.
@@ -41,6 +45,7 @@ pub mod disk;
 pub mod history;
 pub mod mount_workload;
 pub mod net;
+pub mod read_watch;
 pub mod record;
 pub mod replicas;
 pub mod report;

@@ -269,6 +269,7 @@ fn take_over(cfg: &WorkloadConfig, file: u32, rt: &tokio::runtime::Handle) {
 }
 
 fn read_loop(cfg: &WorkloadConfig, mount: &Path, history: &HistoryWriter, busy: &Busy) {
+    let mut watch = crate::workload::read_watch_of(cfg);
     while !cfg.stop_file.exists() {
         for file in 0..cfg.files {
             let Some(token) = busy.before_read(file) else {
@@ -276,6 +277,7 @@ fn read_loop(cfg: &WorkloadConfig, mount: &Path, history: &HistoryWriter, busy: 
             };
             match std::fs::read(mounted(cfg, mount, file)) {
                 Ok(bytes) if busy.read_was_clean(file, token) => {
+                    watch.observe(file, &bytes);
                     let e = Event::Read {
                         file,
                         len: bytes.len() as u64,

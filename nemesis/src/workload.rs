@@ -336,6 +336,7 @@ async fn open_writer(
 /// Reads every file from offset 0 until the stop file exists, logging what it saw.
 async fn read_loop(cfg: WorkloadConfig, history: Arc<HistoryWriter>) {
     let mut client = None;
+    let mut watch = read_watch_of(&cfg);
     while !stopped(&cfg.stop_file) {
         if client.is_none() {
             client = Client::connect_with(&cfg.master, client_config())
@@ -344,8 +345,11 @@ async fn read_loop(cfg: WorkloadConfig, history: Arc<HistoryWriter>) {
         }
         if let Some(c) = client.as_ref() {
             for file in 0..cfg.files {
-                match read_prefix(c, &file_path(&cfg.dir, file)).await {
-                    Ok((len, digest)) => {
+                match read_file(c, &file_path(&cfg.dir, file)).await {
+                    Ok(bytes) => {
+                        watch.observe(file, &bytes);
+                        let len = bytes.len() as u64;
+                        let digest = crate::history::digest(&bytes);
                         if let Err(e) = history.log(&Event::Read { file, len, digest }) {
                             tracing::error!(error = %e, "cannot log a read");
                             return;
@@ -359,9 +363,14 @@ async fn read_loop(cfg: WorkloadConfig, history: Arc<HistoryWriter>) {
     }
 }
 
-async fn read_prefix(client: &Client, path: &str) -> stampfs_client::Result<(u64, u64)> {
-    let bytes = read_file(client, path).await?;
-    Ok((bytes.len() as u64, crate::history::digest(&bytes)))
+/// The [`ReadWatch`](crate::read_watch::ReadWatch) of this client's reader, saving
+/// next to its history file.
+pub fn read_watch_of(cfg: &WorkloadConfig) -> crate::read_watch::ReadWatch {
+    let dir = cfg
+        .history
+        .parent()
+        .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
+    crate::read_watch::ReadWatch::new(dir, cfg.client, cfg.nonce)
 }
 
 /// The bytes of `path` from offset 0 up to its readable length when opened.

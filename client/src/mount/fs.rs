@@ -63,6 +63,9 @@ const CAPACITY_TIMEOUT: Duration = Duration::from_secs(1);
 /// the root's last known attributes: the root always exists, and `df`, `ls -d` and shell
 /// prompts stat it, so they must not hang on an unreachable master.
 const ROOT_ATTR_WAIT: Duration = Duration::from_secs(1);
+/// How long a failed `flush`/`fsync` waits for the kernel to drop the file's cached
+/// pages before answering (see [`Shared::page_cache_dropped`]).
+const CACHE_DROP_WAIT: Duration = Duration::from_secs(1);
 /// Longest name component (`f_namemax`), as the master enforces it.
 const NAME_MAX: u32 = stampfs_proto::path::MAX_COMPONENT_LEN as u32;
 

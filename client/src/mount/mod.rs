@@ -183,6 +183,7 @@ impl Mount {
             })?;
         let mut session = session;
         let unmounter = session.unmount_callable();
+        let _ = shared.kernel.set(session.notifier());
         let (done_tx, done_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("stampfs-fuse".into())

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// Moves on whenever bytes written in place (or a truncate) through this mount
     /// were flushed: readers opened before drop what they read ahead ([`write`]).
     pub(super) generation: std::sync::atomic::AtomicU64,
+    /// The kernel side of the session, to drop what its page cache holds of a file
+    /// ([`Shared::drop_page_cache`]); set once the session exists.
+    pub(crate) kernel: std::sync::OnceLock<fuser::Notifier>,
 }
 
 impl Shared {
@@ -44,6 +47,53 @@ impl Shared {
             capacity: Mutex::new(CapacityCache::new(CAPACITY_TTL, CAPACITY_TIMEOUT)),
             root_attr: Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
+            kernel: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Drops the kernel's cached pages and attributes of inode `ino`, in the
+    /// background.
+    ///
+    /// Without direct I/O the kernel copies every `write(2)` into its page cache
+    /// before the mount sees it, at the offset the kernel chose, and serves later reads
+    /// of descriptors already open from there. That copy is wrong when the cluster
+    /// refused the bytes (a writer fenced by a newer one: its bytes must never be read
+    /// back), and when an `O_APPEND` write landed elsewhere than the kernel guessed
+    /// (another client appended since the kernel last learned the length). A fresh
+    /// open drops the cache anyway; this covers descriptors already open.
+    ///
+    /// Runs on a blocking thread. A `write` reply must never wait for it: the kernel
+    /// holds the locks of the pages a write touches until that write is answered. A
+    /// `flush`, `fsync` or release holds none, so their replies wait for it (see
+    /// [`Shared::page_cache_dropped`]), and no program hears of a failed sync before
+    /// the cache is gone.
+    pub(super) fn drop_page_cache(&self, ino: u64) -> tokio::task::JoinHandle<()> {
+        let kernel = self.kernel.get().cloned();
+        self.tasks.spawn_blocking_on(
+            move || {
+                let Some(kernel) = kernel else {
+                    return;
+                };
+                // ENOENT: the kernel has forgotten the inode, so it caches nothing.
+                if let Err(e) = kernel.inval_inode(INodeNo(ino), 0, 0) {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        tracing::debug!(ino, error = %e, "could not drop the kernel's cache");
+                    }
+                }
+            },
+            &self.rt,
+        )
+    }
+
+    /// Waits for a [`Shared::drop_page_cache`], at most [`CACHE_DROP_WAIT`]: a write of
+    /// another thread on the same descriptor can hold page locks while its task waits
+    /// for the turn of the request that waits here; the bound breaks that cycle.
+    pub(super) async fn page_cache_dropped(&self, dropping: tokio::task::JoinHandle<()>) {
+        if tokio::time::timeout(CACHE_DROP_WAIT, dropping)
+            .await
+            .is_err()
+        {
+            tracing::debug!("the kernel is still dropping a file's cache; answering anyway");
         }
     }
 

@@ -275,13 +275,25 @@ impl Shared {
         match res {
             Ok(()) => {}
             Err(Error::NotSupported { reason, .. }) => {
+                // The kernel already holds the refused bytes in its cache.
+                drop(self.drop_page_cache(h.ino));
                 return Err(self.refuse_write(h, offset, end, &reason));
             }
             Err(e) => {
                 let errno = errno_for(&e, "write", &h.path);
-                st.failed = Some(errno);
+                // Not awaited: see `drop_page_cache`.
+                drop(self.writer_failed(h, &mut st, errno));
                 return Err(errno);
             }
+        }
+        if h.append_mode && offset != end {
+            // The kernel cached the bytes at its idea of the end, not where they went.
+            tracing::debug!(
+                kernel = offset,
+                landed = end,
+                "append landed elsewhere than the kernel put it"
+            );
+            drop(self.drop_page_cache(h.ino));
         }
         if !h.append_mode && offset < end {
             h.overwrote.store(true, Ordering::SeqCst);
@@ -310,7 +322,8 @@ impl Shared {
         };
         if let Err(e) = res {
             let errno = errno_for(&e, if sync { "fsync" } else { "flush" }, &h.path);
-            st.failed = Some(errno);
+            let dropping = self.writer_failed(h, &mut st, errno);
+            self.page_cache_dropped(dropping).await;
             return Err(errno);
         }
         if h.overwrote.swap(false, Ordering::SeqCst) {
@@ -318,6 +331,19 @@ impl Shared {
             self.generation.fetch_add(1, Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// Marks the handle failed (every later write, flush and fsync returns `errno`) and
+    /// drops what the kernel cached of the bytes it wrote: the cluster may never hold
+    /// them (a fenced writer's bytes above all), so no reader may be served them.
+    fn writer_failed(
+        &self,
+        h: &WriteHandle,
+        st: &mut WriteState,
+        errno: Errno,
+    ) -> tokio::task::JoinHandle<()> {
+        st.failed = Some(errno);
+        self.drop_page_cache(h.ino)
     }
 
     /// Forgets a closed write handle and wakes appends waiting for it.
@@ -384,6 +410,7 @@ impl Shared {
                     "closing the file failed; it stays open until its lease is recovered \
                      (`stampfs recover`)"
                 );
+                self.page_cache_dropped(self.drop_page_cache(h.ino)).await;
             }
         }
         if h.overwrote.swap(false, Ordering::SeqCst) {
