@@ -7,12 +7,13 @@
 mod common;
 
 use common::{
-    flip, fsck_json, pattern, proc_of, replica_file, replica_file_with, runtime, Opts, TestCluster,
+    flip, fsck_json, id_of, pattern, proc_of, replica_file, replica_file_with, runtime, Opts,
+    TestCluster,
 };
 use serde_json::Value;
 use stampfs_proto::{
-    ChunkHandle, ChunkserverId, ClusterKey, RemoteError, ReportCorrupt, RpcClient, Signed,
-    Verification, VerifyReplica,
+    ChunkHandle, ChunkserverId, ClusterKey, Issue, RemoteError, ReportCorrupt, RpcClient, Signed,
+    VerifyReplica,
 };
 use std::time::{Duration, Instant};
 
@@ -145,15 +146,22 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
     assert_eq!(c.cat("/good"), data);
 
     // Only the master can ask for a verification: a request signed with another key is
-    // refused; one signed with the cluster key gets the answer.
+    // refused, and so is one signed with the cluster key outside the chunkserver's
+    // registration with the master (a replay, or a forger who stole the key but not the
+    // session), each with a clear error, and the connection keeps serving.
     let cs = &c.chunkservers[0];
     let key = ClusterKey::load(&c.key_file()).expect("cluster key");
+    let issue = Issue {
+        chunkserver: ChunkserverId(id_of(cs)),
+        session: 0x5eed,
+        seq: 0,
+    };
     runtime().block_on(async {
         let mut conn = RpcClient::connect(&cs.addr, Duration::from_secs(5))
             .await
             .expect("connect to a chunkserver");
-        let forged = Signed::new(&ClusterKey::generate(), VerifyReplica { handle: h })
-            .expect("sign");
+        let forged =
+            Signed::new(&ClusterKey::generate(), issue, VerifyReplica { handle: h }).expect("sign");
         let err = conn.call(forged).await.expect_err("forged request refused");
         assert!(
             matches!(
@@ -162,11 +170,18 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
             ),
             "{err}"
         );
-        let genuine = Signed::new(&key, VerifyReplica { handle: h }).expect("sign");
-        let found = conn.call(genuine).await.expect("verified");
+        let outside = Signed::new(&key, issue, VerifyReplica { handle: h }).expect("sign");
+        let err = conn
+            .call(outside)
+            .await
+            .expect_err("a request outside the registration is refused");
         assert!(
-            matches!(&found, Verification::Clean { replica } if replica.length == data.len() as u64),
-            "{found:?}"
+            matches!(
+                &err,
+                stampfs_proto::Error::Remote(RemoteError::BadRequest { reason })
+                    if reason.contains("earlier registration")
+            ),
+            "{err}"
         );
     });
 }

@@ -5,8 +5,8 @@
 //! disk. Each deletion ends in a directory fsync; a full queue drops the command (the
 //! master orders it again when its report still shows the replica).
 
-use crate::server::{run_command, Shared};
-use stampfs_proto::{ChunkCommand, ChunkHandle, Signed};
+use crate::server::{execute, Shared};
+use stampfs_proto::{ChunkCommand, ChunkHandle};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,13 +19,13 @@ pub const QUEUE_LEN: usize = 4096;
 #[derive(Debug)]
 pub(crate) struct Deletions {
     /// Commands for the deletion task (bounded; closed when `Shared` is dropped).
-    tx: mpsc::Sender<(ChunkHandle, Signed<ChunkCommand>)>,
+    tx: mpsc::Sender<(ChunkHandle, ChunkCommand)>,
     /// Chunks queued, so a deletion the master repeats is queued once.
     queued: Mutex<HashSet<ChunkHandle>>,
 }
 
 /// The receiving side, for [`run`].
-pub(crate) type Queue = mpsc::Receiver<(ChunkHandle, Signed<ChunkCommand>)>;
+pub(crate) type Queue = mpsc::Receiver<(ChunkHandle, ChunkCommand)>;
 
 impl Deletions {
     pub fn new() -> (Self, Queue) {
@@ -39,10 +39,10 @@ impl Deletions {
         )
     }
 
-    /// Queues `cmd` when it is a deletion (its MAC is checked when it runs); gives any
-    /// other command back.
-    pub fn offer(&self, cmd: Signed<ChunkCommand>) -> Option<Signed<ChunkCommand>> {
-        let ChunkCommand::Delete { handle, .. } = cmd.body else {
+    /// Queues `cmd` (admitted already: authentic, for this chunkserver, not seen
+    /// before) when it is a deletion; gives any other command back.
+    pub fn offer(&self, cmd: ChunkCommand) -> Option<ChunkCommand> {
+        let ChunkCommand::Delete { handle, .. } = cmd else {
             return Some(cmd);
         };
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
@@ -86,8 +86,8 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: Queue) {
         };
         shared.deletions.done(handle);
         let started = Instant::now();
-        // Failures are logged by run_command; the replica shows in the next report.
-        let _ = run_command(&shared, cmd).await;
+        // Failures are logged by execute; the replica shows in the next report.
+        let _ = execute(&shared, cmd).await;
         tokio::select! {
             _ = tokio::time::sleep(gap.saturating_sub(started.elapsed())) => {}
             _ = shared.cancel.cancelled() => return,
@@ -98,10 +98,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: Queue) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stampfs_proto::{ChunkVersion, ClusterKey};
+    use stampfs_proto::ChunkVersion;
 
-    fn signed(cmd: ChunkCommand) -> Signed<ChunkCommand> {
-        Signed::new(&ClusterKey::from_bytes([3; 32]), cmd).expect("sign")
+    fn signed(cmd: ChunkCommand) -> ChunkCommand {
+        cmd
     }
 
     #[test]

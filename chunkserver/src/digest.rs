@@ -10,7 +10,6 @@
 //!
 //! [`Store::digest`]: crate::store::Store::digest
 
-use crate::error::Error;
 use crate::server::Shared;
 use stampfs_proto::{DigestReplica, RemoteError, ReplicaDigest, Signed};
 
@@ -20,10 +19,9 @@ pub(crate) async fn serve(
     shared: &Shared,
     req: Signed<DigestReplica>,
 ) -> std::result::Result<ReplicaDigest, RemoteError> {
-    let req = req.verify(&shared.key).map_err(|e| {
-        tracing::warn!(error = %e, "digest request refused");
-        Error::BadCommand.to_remote()
-    })?;
+    let req = shared
+        .admit(req, "digest request")
+        .map_err(|e| e.to_remote())?;
     match shared.store.digest(req.handle, req.version).await {
         Ok(digest) => {
             tracing::debug!(

@@ -36,6 +36,11 @@ pub enum Error {
     /// A master command whose MAC does not verify under the cluster key.
     #[error("master command failed authentication")]
     BadCommand,
+    /// An authentic master command this chunkserver will not apply: a replay, one
+    /// signed for another chunkserver or an earlier registration (see
+    /// `stampfs_proto::replay`).
+    #[error("master command refused: {reason}")]
+    CommandRefused { reason: String },
     /// Data on disk (or a packet on the wire) does not match its CRC32.
     #[error("checksum mismatch in chunk {handle} at offset {offset}")]
     ChecksumMismatch { handle: ChunkHandle, offset: u64 },
@@ -119,7 +124,7 @@ impl Error {
             Error::StaleToken { .. } => ErrorCode::StaleToken,
             Error::ReplicaStale { .. } => ErrorCode::ReplicaStale,
             Error::BadToken { .. } => ErrorCode::BadToken,
-            Error::BadCommand => ErrorCode::BadToken,
+            Error::BadCommand | Error::CommandRefused { .. } => ErrorCode::BadToken,
             Error::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
             Error::NotFound { .. } => ErrorCode::NotFound,
             Error::BadRequest { .. } => ErrorCode::BadRequest,
@@ -158,7 +163,7 @@ impl Error {
                 current: *current,
             },
             Error::BadToken { handle } => RemoteError::BadToken { handle: *handle },
-            Error::BadCommand => RemoteError::BadRequest {
+            Error::BadCommand | Error::CommandRefused { .. } => RemoteError::BadRequest {
                 reason: self.to_string(),
             },
             Error::ChecksumMismatch { handle, offset } => RemoteError::ChecksumMismatch {

@@ -24,7 +24,7 @@
 //! 5 s, jittered), logging each failure; the data path never depends on the master.
 
 use crate::error::{Error, Result};
-use crate::server::{run_command, Shared};
+use crate::server::{execute, Shared};
 use crate::store::REPORT_PAGE;
 use rand::Rng;
 use stampfs_proto::auth::AuthFailure;
@@ -265,6 +265,7 @@ async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
             capacity,
             used,
             replicas,
+            session: shared.begin_registration(),
         },
     )
     .await?;
@@ -338,10 +339,14 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
         session.last_report = Instant::now();
     }
     for command in reply.commands {
-        // Deletions are paced in the background; the rest run here. Failures are
-        // logged by run_command and show in the next report.
+        // Admitted here, in the order the master signed them; deletions are then paced
+        // in the background, the rest run here. Refusals and failures are logged and
+        // show in the next report.
+        let Ok(command) = shared.admit(command, "master command") else {
+            continue;
+        };
         if let Some(command) = shared.deletions.offer(command) {
-            let _ = run_command(shared, command).await;
+            let _ = execute(shared, command).await;
         }
     }
     session.changed |= changed;

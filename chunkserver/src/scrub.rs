@@ -163,10 +163,9 @@ pub(crate) async fn verify_request(
     shared: &Shared,
     req: Signed<VerifyReplica>,
 ) -> std::result::Result<Verification, RemoteError> {
-    let req = req.verify(&shared.key).map_err(|e| {
-        tracing::warn!(error = %e, "verification request refused");
-        Error::BadCommand.to_remote()
-    })?;
+    let req = shared
+        .admit(req, "verification request")
+        .map_err(|e| e.to_remote())?;
     let handle = req.handle;
     let found = verify_replica(&shared.store, &shared.cancel, handle).await;
     match &found {

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
     ChunkCommand, ChunkRequest, ChunkserverId, ClusterKey, DirLock, FrameReader, FrameWriter,
-    RemoteError, ReplicaReport, Signed,
+    RemoteError, ReplayWindow, ReplicaReport, Signed, SignedBody,
 };
 use std::net::SocketAddr;
 use std::path::Path;
@@ -44,6 +44,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// Locks a mutex of plain bookkeeping (a panic elsewhere cannot leave it half-updated).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// File in the data directory holding the chunkserver id (decimal).
 pub const ID_FILE: &str = "chunkserver.id";
@@ -61,6 +66,9 @@ pub(crate) struct Shared {
     pub advertised: String,
     /// The id from `DIR/chunkserver.id` or the master; written by the heartbeat task.
     id: Mutex<Option<ChunkserverId>>,
+    /// The master's commands admitted in this registration session
+    /// ([`stampfs_proto::replay`]): each is applied at most once.
+    replay: Mutex<ReplayWindow>,
     /// Write streams currently open (reported in heartbeats).
     pub active_streams: AtomicU32,
     /// Caps concurrent outgoing replications; each holds a permit while it runs.
@@ -109,8 +117,34 @@ impl Shared {
         self.id().unwrap_or(ChunkserverId(0))
     }
 
+    /// Starts a registration with a fresh session: every command signed for an
+    /// earlier one is refused from now on. Returns the session for the `Register`.
+    pub fn begin_registration(&self) -> u64 {
+        let session = rand::random();
+        lock(&self.replay).begin(self.id(), session);
+        session
+    }
+
+    /// Authenticates a signed master request and admits it once
+    /// ([`ReplayWindow::admit`]): a forged, altered, replayed, misaddressed or
+    /// pre-registration request is refused with the reason, and changes nothing.
+    pub fn admit<T: SignedBody>(&self, signed: Signed<T>, what: &str) -> Result<T> {
+        let (issue, body) = signed.verify(&self.key).map_err(|e| {
+            tracing::warn!(error = %e, "{what} refused");
+            Error::BadCommand
+        })?;
+        lock(&self.replay).admit(&issue).map_err(|refusal| {
+            tracing::warn!(seq = issue.seq, %refusal, "{what} refused");
+            Error::CommandRefused {
+                reason: refusal.to_string(),
+            }
+        })?;
+        Ok(body)
+    }
+
     /// Records (and persists, atomically) the id the master assigned.
     pub fn set_id(&self, id: ChunkserverId) -> Result<()> {
+        lock(&self.replay).set_id(id);
         if self.id() == Some(id) {
             return Ok(());
         }
@@ -154,6 +188,13 @@ impl ChunkserverHandle {
     /// The I/O engine that runs: `"uring"` or `"threads"`.
     pub fn engine(&self) -> &'static str {
         self.engine
+    }
+
+    /// Starts a registration session as registering with a master does (commands
+    /// signed for any earlier session are refused from now on) and returns it: for
+    /// driving a chunkserver without a master, as its tests do.
+    pub fn begin_registration(&self) -> u64 {
+        self.shared.begin_registration()
     }
 
     /// Resolves, with the reason, once the chunkserver has stopped itself because it
@@ -253,6 +294,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         store,
         advertised,
         id: Mutex::new(id),
+        replay: Mutex::new(ReplayWindow::default()),
         active_streams: AtomicU32::new(0),
         replications: Arc::new(Semaphore::new(config.max_replications)),
         deletions,
@@ -475,10 +517,17 @@ pub(crate) async fn run_command(
     shared: &Arc<Shared>,
     cmd: Signed<ChunkCommand>,
 ) -> std::result::Result<Option<ReplicaReport>, RemoteError> {
-    let cmd = cmd.verify(&shared.key).map_err(|e| {
-        tracing::warn!(error = %e, "master command refused");
-        Error::BadCommand.to_remote()
-    })?;
+    let cmd = shared
+        .admit(cmd, "master command")
+        .map_err(|e| e.to_remote())?;
+    execute(shared, cmd).await
+}
+
+/// Runs one admitted master command (see [`run_command`]).
+pub(crate) async fn execute(
+    shared: &Arc<Shared>,
+    cmd: ChunkCommand,
+) -> std::result::Result<Option<ReplicaReport>, RemoteError> {
     let store = &shared.store;
     let result = match cmd.clone() {
         ChunkCommand::BumpVersion {

@@ -210,6 +210,7 @@ async fn digest_requests_are_authenticated_and_gated_over_tcp() {
         let ask = |version| {
             Signed::new(
                 &cluster.key,
+                cluster.issue(&cs),
                 DigestReplica {
                     handle: H,
                     version: v(version),
@@ -239,6 +240,7 @@ async fn digest_requests_are_authenticated_and_gated_over_tcp() {
         // keeps serving.
         let forged = Signed::new(
             &stampfs_proto::ClusterKey::generate(),
+            cluster.issue(&cs),
             DigestReplica {
                 handle: H,
                 version: v(2),
@@ -250,6 +252,7 @@ async fn digest_requests_are_authenticated_and_gated_over_tcp() {
             c.call(
                 Signed::new(
                     &stampfs_proto::ClusterKey::generate(),
+                    cluster.issue(&cs),
                     ChunkCommand::Info { handle: H },
                 )
                 .expect("sign"),

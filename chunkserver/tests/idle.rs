@@ -332,11 +332,14 @@ async fn store_replica(
     if finalize {
         command(
             cs,
-            cluster.command(ChunkCommand::Finalize {
-                handle: ChunkHandle(handle),
-                version: ChunkVersion(1),
-                length: len as u64,
-            }),
+            cluster.command(
+                cs,
+                ChunkCommand::Finalize {
+                    handle: ChunkHandle(handle),
+                    version: ChunkVersion(1),
+                    length: len as u64,
+                },
+            ),
         )
         .await
         .expect("finalize");
@@ -563,11 +566,14 @@ async fn a_copy_to_a_target_that_stops_reading_gives_its_permit_back() {
     let data = store_replica(&cluster, &source, 40, LARGE, true).await;
     let token = cluster.token(40, 1);
     let replicate = |to: ChunkserverAddr| {
-        cluster.command(ChunkCommand::Replicate {
-            handle: ChunkHandle(40),
-            version: ChunkVersion(1),
-            target: to,
-        })
+        cluster.command(
+            &source,
+            ChunkCommand::Replicate {
+                handle: ChunkHandle(40),
+                version: ChunkVersion(1),
+                target: to,
+            },
+        )
     };
     // The first copy takes the only replication permit and goes to a frozen target.
     let (frozen, offered, task) = frozen_target().await;

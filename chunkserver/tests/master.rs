@@ -11,8 +11,8 @@ use stampfs_proto::auth;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverId, ClusterKey, FrameReader, FrameWriter,
-    HeartbeatReply, MasterRequest, RegisterReply, RemoteError, ServerChallenge, ServerProveReply,
-    Signed,
+    HeartbeatReply, Issue, MasterRequest, RegisterReply, RemoteError, ServerChallenge,
+    ServerProveReply, Signed,
 };
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -24,9 +24,11 @@ async fn tiny_master(
     listener: TcpListener,
     key: ClusterKey,
     seen: mpsc::UnboundedSender<MasterRequest>,
-    first_commands: Vec<Signed<ChunkCommand>>,
+    first_commands: Vec<(ClusterKey, ChunkCommand)>,
 ) {
     let mut commands = Some(first_commands);
+    // The session of the chunkserver's latest registration.
+    let mut session = 0;
     let mut beats = 0u32;
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -59,17 +61,35 @@ async fn tiny_master(
                     };
                     reply_frame(id, &Ok::<_, RemoteError>(reply), Bytes::new())
                 }
-                MasterRequest::Register(_) => reply_frame(
-                    id,
-                    &Ok::<_, RemoteError>(RegisterReply {
-                        id: ChunkserverId(42),
-                    }),
-                    Bytes::new(),
-                ),
+                MasterRequest::Register(reg) => {
+                    session = reg.session;
+                    reply_frame(
+                        id,
+                        &Ok::<_, RemoteError>(RegisterReply {
+                            id: ChunkserverId(42),
+                        }),
+                        Bytes::new(),
+                    )
+                }
                 MasterRequest::Heartbeat(_) => {
                     beats += 1;
+                    // Signed as a master does, for this registration, numbered from 0.
+                    let signed = commands
+                        .take()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .zip(0..)
+                        .map(|((key, cmd), seq)| {
+                            let issue = Issue {
+                                chunkserver: ChunkserverId(42),
+                                session,
+                                seq,
+                            };
+                            Signed::new(&key, issue, cmd).expect("sign")
+                        })
+                        .collect();
                     let reply = HeartbeatReply {
-                        commands: commands.take().unwrap_or_default(),
+                        commands: signed,
                         reregister: beats == 3,
                     };
                     reply_frame(id, &Ok::<_, RemoteError>(reply), Bytes::new())
@@ -138,24 +158,22 @@ async fn registers_heartbeats_reports_and_obeys_the_master() {
         .await
         .expect("master port");
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let delete = Signed::new(
-        &cluster.key,
+    let delete = (
+        cluster.key.clone(),
         ChunkCommand::Delete {
             handle: ChunkHandle(5),
             max_version: ChunkVersion(1),
         },
-    )
-    .expect("sign");
+    );
     // A command signed with a foreign key must be ignored.
-    let forged = Signed::new(
-        &ClusterKey::generate(),
+    let forged = (
+        ClusterKey::generate(),
         ChunkCommand::BumpVersion {
             handle: ChunkHandle(99),
             version: ChunkVersion(1),
             create: true,
         },
-    )
-    .expect("sign");
+    );
     let master = tokio::spawn(tiny_master(
         listener,
         cluster.key.clone(),

@@ -337,11 +337,14 @@ async fn past_the_length_is_short_and_the_gate_fences_overwrite_streams() {
         for s in &cs {
             command(
                 s,
-                cluster.command(ChunkCommand::Finalize {
-                    handle: ChunkHandle(23),
-                    version: ChunkVersion(2),
-                    length: 50_000,
-                }),
+                cluster.command(
+                    s,
+                    ChunkCommand::Finalize {
+                        handle: ChunkHandle(23),
+                        version: ChunkVersion(2),
+                        length: 50_000,
+                    },
+                ),
             )
             .await
             .expect("finalize");
@@ -377,11 +380,14 @@ async fn a_downstream_refusing_the_overwrite_set_up_is_listed_and_skipped() {
         // is refused there, as the client's would be.
         command(
             &cs[1],
-            cluster.command(ChunkCommand::Truncate {
-                handle: ChunkHandle(24),
-                version: ChunkVersion(1),
-                length: 5000,
-            }),
+            cluster.command(
+                &cs[1],
+                ChunkCommand::Truncate {
+                    handle: ChunkHandle(24),
+                    version: ChunkVersion(1),
+                    length: 5000,
+                },
+            ),
         )
         .await
         .expect("truncate");

@@ -103,11 +103,14 @@ async fn three_chunkserver_pipeline_produces_identical_replicas() {
         for s in &cs {
             let r = command(
                 s,
-                cluster.command(ChunkCommand::Finalize {
-                    handle: ChunkHandle(7),
-                    version: ChunkVersion(1),
-                    length: data.len() as u64,
-                }),
+                cluster.command(
+                    s,
+                    ChunkCommand::Finalize {
+                        handle: ChunkHandle(7),
+                        version: ChunkVersion(1),
+                        length: data.len() as u64,
+                    },
+                ),
             )
             .await
             .expect("finalize")
@@ -605,6 +608,7 @@ async fn commands_are_authenticated_and_carried_out() {
         let other = stampfs_proto::ClusterKey::generate();
         let forged = stampfs_proto::Signed::new(
             &other,
+            cluster.issue(&cs),
             ChunkCommand::BumpVersion {
                 handle: h,
                 version: ChunkVersion(1),
@@ -622,7 +626,7 @@ async fn commands_are_authenticated_and_carried_out() {
         );
         assert!(!stampfs_chunkserver::layout::replica_path(&cluster.dir(1), h).exists());
         let info = c
-            .call(cluster.command(ChunkCommand::Info { handle: h }))
+            .call(cluster.command(&cs, ChunkCommand::Info { handle: h }))
             .await
             .unwrap_err();
         assert!(matches!(
@@ -630,11 +634,14 @@ async fn commands_are_authenticated_and_carried_out() {
             stampfs_proto::Error::Remote(RemoteError::NotFound { .. })
         ));
         let r = c
-            .call(cluster.command(ChunkCommand::BumpVersion {
-                handle: h,
-                version: ChunkVersion(3),
-                create: true,
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::BumpVersion {
+                    handle: h,
+                    version: ChunkVersion(3),
+                    create: true,
+                },
+            ))
             .await
             .expect("create")
             .expect("report");
@@ -643,11 +650,14 @@ async fn commands_are_authenticated_and_carried_out() {
             (ChunkVersion(3), 0, ReplicaState::Writing)
         );
         let lower = c
-            .call(cluster.command(ChunkCommand::BumpVersion {
-                handle: h,
-                version: ChunkVersion(2),
-                create: false,
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::BumpVersion {
+                    handle: h,
+                    version: ChunkVersion(2),
+                    create: false,
+                },
+            ))
             .await
             .unwrap_err();
         assert!(matches!(
@@ -665,21 +675,27 @@ async fn commands_are_authenticated_and_carried_out() {
         assert_eq!(w.ack().await.expect("ack").replicas[0].result, Ok(5000));
         drop(w);
         let r = c
-            .call(cluster.command(ChunkCommand::Truncate {
-                handle: h,
-                version: ChunkVersion(3),
-                length: 4000,
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::Truncate {
+                    handle: h,
+                    version: ChunkVersion(3),
+                    length: 4000,
+                },
+            ))
             .await
             .expect("truncate")
             .expect("report");
         assert_eq!(r.length, 4000);
         let r = c
-            .call(cluster.command(ChunkCommand::Finalize {
-                handle: h,
-                version: ChunkVersion(3),
-                length: 4000,
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::Finalize {
+                    handle: h,
+                    version: ChunkVersion(3),
+                    length: 4000,
+                },
+            ))
             .await
             .expect("finalize")
             .expect("report");
@@ -703,24 +719,105 @@ async fn commands_are_authenticated_and_carried_out() {
             stampfs_proto::Error::Remote(RemoteError::StaleToken { .. })
         ));
         let kept = c
-            .call(cluster.command(ChunkCommand::Delete {
-                handle: h,
-                max_version: ChunkVersion(2),
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::Delete {
+                    handle: h,
+                    max_version: ChunkVersion(2),
+                },
+            ))
             .await
             .expect("delete below");
         assert!(kept.is_some());
         let gone = c
-            .call(cluster.command(ChunkCommand::Delete {
-                handle: h,
-                max_version: ChunkVersion(3),
-            }))
+            .call(cluster.command(
+                &cs,
+                ChunkCommand::Delete {
+                    handle: h,
+                    max_version: ChunkVersion(3),
+                },
+            ))
             .await
             .expect("delete");
         assert!(gone.is_none());
         assert!(!stampfs_chunkserver::layout::replica_path(&cluster.dir(1), h).exists());
         cs.shutdown().await.expect("shutdown");
     }
+}
+
+/// Issue 18, item 2: a captured command cannot be applied again, nor one signed for
+/// another chunkserver or an earlier registration, nor one older than the window; the
+/// connection keeps serving after each refusal, and nothing changes on disk.
+#[tokio::test]
+async fn commands_are_applied_once_and_only_in_their_session() {
+    let cluster = Cluster::new();
+    let cs = cluster.start(1, IoEngineKind::Threads).await;
+    let mut c = connect(&cs).await;
+    let h = ChunkHandle(31);
+    let refused = |e: stampfs_proto::Error, what: &str| match e {
+        stampfs_proto::Error::Remote(RemoteError::BadRequest { reason }) => {
+            assert!(reason.contains(what), "{reason}");
+        }
+        other => panic!("expected a refusal saying {what:?}, got {other}"),
+    };
+    let bump = |v: u64| ChunkCommand::BumpVersion {
+        handle: h,
+        version: ChunkVersion(v),
+        create: true,
+    };
+    // A bump to 5, captured and sent again after a bump to 6: the replay is refused,
+    // and the replica stays at 6.
+    let to5 = cluster.command(&cs, bump(5));
+    c.call(to5.clone()).await.expect("bump to 5");
+    c.call(cluster.command(&cs, bump(6)))
+        .await
+        .expect("bump to 6");
+    refused(c.call(to5).await.unwrap_err(), "already applied");
+    let info = c
+        .call(cluster.command(&cs, ChunkCommand::Info { handle: h }))
+        .await
+        .expect("info")
+        .expect("report");
+    assert_eq!(info.version, ChunkVersion(6));
+
+    // Signed for another chunkserver.
+    let mut other = cluster.issue(&cs);
+    other.chunkserver = stampfs_proto::ChunkserverId(2);
+    let misaddressed = stampfs_proto::Signed::new(&cluster.key, other, bump(9)).expect("sign");
+    refused(
+        c.call(misaddressed).await.unwrap_err(),
+        "for chunkserver cs2",
+    );
+
+    // Far behind the newest number: older than the window.
+    let mut ahead = cluster.issue(&cs);
+    ahead.seq += stampfs_proto::replay::WINDOW + 10;
+    c.call(
+        stampfs_proto::Signed::new(&cluster.key, ahead, ChunkCommand::Info { handle: h })
+            .expect("sign"),
+    )
+    .await
+    .expect("a command far ahead is new");
+    refused(
+        c.call(cluster.command(&cs, bump(7))).await.unwrap_err(),
+        "older than the replay window",
+    );
+
+    // A new registration: everything signed before it is refused, even unused.
+    let unused = cluster.command(&cs, bump(8));
+    cs.begin_registration();
+    refused(c.call(unused).await.unwrap_err(), "earlier registration");
+    let info = c
+        .call(cluster.command_fresh(&cs, ChunkCommand::Info { handle: h }))
+        .await
+        .expect("a command of the new session")
+        .expect("report");
+    assert_eq!(
+        info.version,
+        ChunkVersion(6),
+        "no refused command changed it"
+    );
+    cs.shutdown().await.expect("shutdown");
 }
 
 #[tokio::test]
@@ -779,11 +876,14 @@ async fn replicate_copies_a_finalized_replica_to_another_chunkserver() {
         stream_all(w, data.clone(), 0).await;
         command(
             &cs[0],
-            cluster.command(ChunkCommand::Finalize {
-                handle: ChunkHandle(17),
-                version: ChunkVersion(4),
-                length: data.len() as u64,
-            }),
+            cluster.command(
+                &cs[0],
+                ChunkCommand::Finalize {
+                    handle: ChunkHandle(17),
+                    version: ChunkVersion(4),
+                    length: data.len() as u64,
+                },
+            ),
         )
         .await
         .expect("finalize");
@@ -791,11 +891,14 @@ async fn replicate_copies_a_finalized_replica_to_another_chunkserver() {
         bump(&cluster, &cs[1], 17, 2).await;
         let out = command(
             &cs[0],
-            cluster.command(ChunkCommand::Replicate {
-                handle: ChunkHandle(17),
-                version: ChunkVersion(4),
-                target: addr_of(&cs[1]),
-            }),
+            cluster.command(
+                &cs[0],
+                ChunkCommand::Replicate {
+                    handle: ChunkHandle(17),
+                    version: ChunkVersion(4),
+                    target: addr_of(&cs[1]),
+                },
+            ),
         )
         .await
         .expect("replicate accepted");

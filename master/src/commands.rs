@@ -5,14 +5,22 @@
 //! Each command is a [`Signed`] [`ChunkCommand`] (a digest request a [`Signed`]
 //! [`DigestReplica`], under its own MAC domain) sent over a cached connection per
 //! chunkserver address, with a timeout on connect and reply. A cached connection that
-//! fails at the transport level is replaced once (the commands are idempotent).
+//! fails at the transport level is replaced once (the commands are idempotent, and a
+//! resend is a new command: it is signed again with the next number).
+//!
+//! Every request is signed for one chunkserver's current registration session with
+//! the next number of that session ([`stampfs_proto::replay`]), so the chunkserver
+//! applies each at most once: [`CommandSender::registered`] learns the session at each
+//! registration, [`CommandSender::sign`] numbers and signs (also for the commands of
+//! heartbeat replies and replica verifications).
 
 use crate::error::{Error, Result};
 use crate::oplog::lock;
 use futures::future::join_all;
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClusterKey,
-    DigestReplica, RemoteError, ReplicaDigest, ReplicaReport, ReplicaState, Rpc, RpcClient, Signed,
+    DigestReplica, Issue, RemoteError, ReplicaDigest, ReplicaReport, ReplicaState, Rpc, RpcClient,
+    Signed, SignedBody,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -35,6 +43,9 @@ pub struct CommandSender {
     /// Idle connections by address, taken for one command and put back after a clean
     /// reply; a connection that failed is dropped.
     idle: std::sync::Mutex<HashMap<String, Vec<RpcClient>>>,
+    /// Per chunkserver: the session of its latest registration with this master, and
+    /// the number of the next request signed for it.
+    sessions: std::sync::Mutex<HashMap<ChunkserverId, (u64, u64)>>,
 }
 
 impl std::fmt::Debug for CommandSender {
@@ -54,7 +65,36 @@ impl CommandSender {
             key,
             timeout,
             idle: std::sync::Mutex::new(HashMap::new()),
+            sessions: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Chunkserver `id` registered with `session`: requests signed for it from now on
+    /// carry that session, numbered from 0 (it refuses those of earlier sessions).
+    pub fn registered(&self, id: ChunkserverId, session: u64) {
+        lock(&self.sessions).insert(id, (session, 0));
+    }
+
+    /// Signs `body` for chunkserver `to`'s current registration, with the next number.
+    /// A chunkserver that has not registered with this master takes no command.
+    pub fn sign<T: SignedBody>(&self, to: ChunkserverId, body: T) -> Result<Signed<T>> {
+        let issue = {
+            let mut sessions = lock(&self.sessions);
+            let Some((session, next)) = sessions.get_mut(&to) else {
+                return Err(RemoteError::Unavailable {
+                    reason: format!("chunkserver {to} has not registered with this master"),
+                }
+                .into());
+            };
+            let seq = *next;
+            *next += 1;
+            Issue {
+                chunkserver: to,
+                session: *session,
+                seq,
+            }
+        };
+        Ok(Signed::new(&self.key, issue, body)?)
     }
 
     fn take_idle(&self, addr: &str) -> Option<RpcClient> {
@@ -69,34 +109,41 @@ impl CommandSender {
         }
     }
 
-    /// Sends `cmd` to the chunkserver at `addr` and returns its reply.
-    pub async fn send(&self, addr: &str, cmd: ChunkCommand) -> Result<Option<ReplicaReport>> {
-        self.call(addr, Signed::new(&self.key, cmd)?, self.timeout)
+    /// Sends `cmd` to chunkserver `to` and returns its reply.
+    pub async fn send(
+        &self,
+        to: &ChunkserverAddr,
+        cmd: ChunkCommand,
+    ) -> Result<Option<ReplicaReport>> {
+        self.call(to, || self.sign(to.id, cmd.clone()), self.timeout)
             .await
     }
 
-    /// Asks the chunkserver at `addr` for the digest of its replica of `handle` at
-    /// exactly `version` (a signed `DigestReplica`).
+    /// Asks chunkserver `to` for the digest of its replica of `handle` at exactly
+    /// `version` (a signed `DigestReplica`).
     pub async fn digest(
         &self,
-        addr: &str,
+        to: &ChunkserverAddr,
         handle: ChunkHandle,
         version: ChunkVersion,
     ) -> Result<ReplicaDigest> {
-        let req = Signed::new(&self.key, DigestReplica { handle, version })?;
+        let req = || self.sign(to.id, DigestReplica { handle, version });
         // A digest reads the whole replica (up to 1 GiB): it gets more than a command.
-        self.call(addr, req, self.timeout.max(DIGEST_TIMEOUT)).await
+        self.call(to, req, self.timeout.max(DIGEST_TIMEOUT)).await
     }
 
-    /// One signed request to `addr` over a cached connection, answered within
-    /// `timeout`; a cached connection that fails at the transport level is replaced once.
-    async fn call<Q: Rpc + Clone>(
+    /// One signed request to `to` over a cached connection, answered within `timeout`;
+    /// a cached connection that fails at the transport level is replaced once, with
+    /// the request signed anew (the chunkserver may have admitted the first one).
+    async fn call<Q: Rpc>(
         &self,
-        addr: &str,
-        req: Q,
+        to: &ChunkserverAddr,
+        req: impl Fn() -> Result<Q>,
         timeout: Duration,
     ) -> Result<Q::Response> {
+        let addr = to.addr.as_str();
         for attempt in 0..2 {
+            let req = req()?;
             let (mut conn, reused) = match self.take_idle(addr) {
                 Some(c) if attempt == 0 => (c, true),
                 _ => (
@@ -104,7 +151,7 @@ impl CommandSender {
                     false,
                 ),
             };
-            match stampfs_proto::pause::timeout(timeout, conn.call(req.clone())).await {
+            match stampfs_proto::pause::timeout(timeout, conn.call(req)).await {
                 Ok(Ok(reply)) => {
                     self.put_idle(addr, conn);
                     return Ok(reply);
@@ -140,7 +187,7 @@ impl CommandSender {
     ) -> Vec<CommandResult> {
         let calls = targets.iter().map(|t| {
             let c = cmd();
-            async move { (t.id, self.send(&t.addr, c).await) }
+            async move { (t.id, self.send(t, c).await) }
         });
         join_all(calls).await
     }
@@ -196,7 +243,7 @@ impl CommandSender {
     ) -> Vec<(ChunkserverId, Result<ReplicaDigest>)> {
         let calls = targets
             .iter()
-            .map(|t| async move { (t.id, self.digest(&t.addr, handle, version).await) });
+            .map(|t| async move { (t.id, self.digest(t, handle, version).await) });
         join_all(calls).await
     }
 

@@ -641,6 +641,7 @@ mod tests {
             capacity: 0,
             used: 0,
             replicas: reps(9, 1),
+            session: 0,
         });
         assert_eq!(
             parts.take(register.clone()).expect("register"),
@@ -670,6 +671,7 @@ mod tests {
                 capacity: 0,
                 used: 0,
                 replicas: Vec::new(),
+                session: 0,
             }))
             .expect("register")
         else {

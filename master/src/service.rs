@@ -34,8 +34,8 @@ use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkReport, ChunkToken, ChunkserverAddr, Close, ClusterKey,
     Create, Delete, DropChunks, FileLocations, FileStatus, GetLocations, GetXattr, Heartbeat,
     HeartbeatReply, InodeId, LeaseTerms, List, ListXattr, MakeFile, Mkdir, OpenChunk, ReadLink,
-    Register, RegisterReply, RemoteError, Rename, RenewLease, SetAttr, SetXattr, Signed, Stat,
-    Symlink, UpdatePipeline, WriteGrant,
+    Register, RegisterReply, RemoteError, Rename, RenewLease, SetAttr, SetXattr, Stat, Symlink,
+    UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -753,6 +753,7 @@ impl Core {
         let id = self
             .mutate_durable(|st, now, _| st.register(&req, now))
             .await?;
+        self.commands.registered(id, req.session);
         self.replicas_back(&[id]);
         Ok(RegisterReply { id })
     }
@@ -800,7 +801,7 @@ impl Core {
         self.durable(lsn).await?;
         let mut commands = Vec::with_capacity(queued.len());
         for cmd in queued {
-            match Signed::new(&self.key, cmd) {
+            match self.commands.sign(req.id, cmd) {
                 Ok(c) => commands.push(c),
                 Err(e) => {
                     tracing::error!(chunkserver = %req.id, error = %e, "cannot sign a command")

@@ -378,6 +378,7 @@ async fn chunkserver_registration_and_unreachable_replicas() {
         capacity: 1 << 40,
         used: 0,
         replicas: vec![],
+        session: 0,
     };
     // Not before the connection proved the cluster key: refused, and closed.
     let e = remote(c.call(reg(None)).await.unwrap_err());

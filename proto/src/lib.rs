@@ -29,6 +29,7 @@ pub mod limits;
 pub mod msg;
 pub mod path;
 pub mod pause;
+pub mod replay;
 pub mod rpc;
 pub mod token;
 pub mod units;
@@ -40,6 +41,7 @@ pub use dirlock::{DirLock, DirLockError};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
 pub use msg::*;
+pub use replay::{Issue, ReplayWindow};
 pub use rpc::{Rpc, RpcClient};
 pub use token::{ChunkToken, ClusterKey, Signed, SignedBody};
 

@@ -552,6 +552,9 @@ pub struct Register {
     pub capacity: u64,
     pub used: u64,
     pub replicas: Vec<ReplicaReport>,
+    /// A random number the chunkserver draws for this registration: the master signs
+    /// every command for it under this session ([`crate::replay`]).
+    pub session: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]

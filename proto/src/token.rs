@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::ids::{ChunkHandle, ChunkVersion, ClientId};
+use crate::replay::Issue;
 use bincode::{Decode, Encode};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -27,13 +28,14 @@ pub const CLUSTER_KEY_LEN: usize = 32;
 const TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/v1";
 /// Read tokens (what `GetLocations` hands to readers): good for reads only.
 const READ_TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/read/v1";
-const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v1";
-const DIGEST_DOMAIN: &[u8] = b"stampfs/master-command/digest/v1";
+const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v2";
+const VERIFY_DOMAIN: &[u8] = b"stampfs/master-command/verify/v2";
+const DIGEST_DOMAIN: &[u8] = b"stampfs/master-command/digest/v2";
 
-/// What the master signs, each under its MAC domain. Commands and replica
-/// verifications share the original domain (their encodings can not be confused: a
-/// `VerifyReplica` is one varint, every command two or more); a digest request,
-/// whose two varints could read as an `Info` command, has its own.
+/// What the master signs, each under its MAC domain of its own (commands, replica
+/// verifications and digest requests), so that no body can pass for another whose
+/// encoding happens to be the same bytes. (The `v1` domains signed a body without an
+/// [`Issue`]; nothing signed under them verifies now.)
 pub trait SignedBody: Encode {
     const DOMAIN: &'static [u8];
 }
@@ -43,7 +45,7 @@ impl SignedBody for crate::msg::ChunkCommand {
 }
 
 impl SignedBody for crate::msg::VerifyReplica {
-    const DOMAIN: &'static [u8] = COMMAND_DOMAIN;
+    const DOMAIN: &'static [u8] = VERIFY_DOMAIN;
 }
 
 impl SignedBody for crate::msg::DigestReplica {
@@ -262,27 +264,37 @@ impl ChunkToken {
     }
 }
 
-/// A master command authenticated with the cluster key. The MAC covers the command's
-/// canonical bincode encoding.
+/// A master command authenticated with the cluster key, for one chunkserver and
+/// usable once ([`crate::replay`]). The MAC covers the canonical bincode encodings of
+/// the [`Issue`] and of the command.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Signed<T> {
+    pub issue: Issue,
     pub body: T,
     pub mac: [u8; 32],
 }
 
 impl<T: SignedBody> Signed<T> {
-    /// Signs `body`. Only the master calls this.
-    pub fn new(key: &ClusterKey, body: T) -> Result<Self> {
-        let bytes = crate::codec::encode_value(&body)?;
-        let mac = key.sign_parts(T::DOMAIN, &[&bytes]);
-        Ok(Self { body, mac })
+    /// Signs `body` as `issue`. Only the master calls this.
+    pub fn new(key: &ClusterKey, issue: Issue, body: T) -> Result<Self> {
+        let mac = Self::mac(key, &issue, &body)?;
+        Ok(Self { issue, body, mac })
     }
 
-    /// Returns the body when the MAC is valid, [`Error::BadCommandMac`] otherwise.
-    pub fn verify(self, key: &ClusterKey) -> Result<T> {
-        let bytes = crate::codec::encode_value(&self.body)?;
-        if key.verify_parts(T::DOMAIN, &[&bytes], &self.mac) {
-            Ok(self.body)
+    fn mac(key: &ClusterKey, issue: &Issue, body: &T) -> Result<[u8; 32]> {
+        let issue = crate::codec::encode_value(issue)?;
+        let body = crate::codec::encode_value(body)?;
+        Ok(key.sign_parts(T::DOMAIN, &[&issue, &body]))
+    }
+
+    /// Returns the issue and the body when the MAC is valid, [`Error::BadCommandMac`]
+    /// otherwise. Whether the issue is admitted is the receiver's
+    /// [`ReplayWindow`](crate::replay::ReplayWindow)'s to say.
+    pub fn verify(self, key: &ClusterKey) -> Result<(Issue, T)> {
+        let issue = crate::codec::encode_value(&self.issue)?;
+        let body = crate::codec::encode_value(&self.body)?;
+        if key.verify_parts(T::DOMAIN, &[&issue, &body], &self.mac) {
+            Ok((self.issue, self.body))
         } else {
             Err(Error::BadCommandMac)
         }
@@ -341,19 +353,45 @@ mod tests {
         assert!(token().verify(&other).is_err());
     }
 
+    use crate::ids::ChunkserverId;
+
+    fn issue(seq: u64) -> Issue {
+        Issue {
+            chunkserver: ChunkserverId(3),
+            session: 0x5e55,
+            seq,
+        }
+    }
+
     #[test]
     fn signed_commands_verify_and_reject_tampering() {
         use crate::msg::ChunkCommand;
         let cmd = ChunkCommand::Info {
             handle: ChunkHandle(1),
         };
-        let s = Signed::new(&key(), cmd.clone()).expect("sign");
-        assert_eq!(s.clone().verify(&key()).expect("valid"), cmd);
-        let mut bad = s;
+        let s = Signed::new(&key(), issue(1), cmd.clone()).expect("sign");
+        assert_eq!(s.clone().verify(&key()).expect("valid"), (issue(1), cmd));
+        let mut bad = s.clone();
         bad.body = ChunkCommand::Info {
             handle: ChunkHandle(2),
         };
         assert!(matches!(bad.verify(&key()), Err(Error::BadCommandMac)));
+        // The issue is under the MAC: a command cannot be renumbered or readdressed.
+        for forged_issue in [
+            issue(2),
+            Issue {
+                session: 1,
+                ..issue(1)
+            },
+            Issue {
+                chunkserver: ChunkserverId(4),
+                ..issue(1)
+            },
+        ] {
+            let mut forged = s.clone();
+            forged.issue = forged_issue;
+            assert!(matches!(forged.verify(&key()), Err(Error::BadCommandMac)));
+        }
     }
 
     #[test]
@@ -362,6 +400,7 @@ mod tests {
         let t = token();
         // A digest request has the same fields as a token's first two.
         let forged = Signed {
+            issue: issue(0),
             body: DigestReplica {
                 handle: t.handle,
                 version: t.version,
@@ -372,12 +411,13 @@ mod tests {
     }
 
     #[test]
-    fn an_info_command_mac_is_not_a_digest_mac() {
-        use crate::msg::{ChunkCommand, DigestReplica};
+    fn bodies_with_the_same_bytes_do_not_pass_for_each_other() {
+        use crate::msg::{ChunkCommand, DigestReplica, VerifyReplica};
         // `Info { handle: 9 }` encodes as the bytes of `DigestReplica { 5, 9 }`
         // (variant index 5, then the handle): only the domain tells them apart.
         let info = Signed::new(
             &key(),
+            issue(0),
             ChunkCommand::Info {
                 handle: ChunkHandle(9),
             },
@@ -392,10 +432,31 @@ mod tests {
             crate::codec::encode_value(&info.body).expect("encode")
         );
         let forged = Signed {
+            issue: info.issue,
             body,
             mac: info.mac,
         };
         assert!(matches!(forged.verify(&key()), Err(Error::BadCommandMac)));
+        // Nor a verification for a command, nor the other way round.
+        let verify = Signed::new(
+            &key(),
+            issue(1),
+            VerifyReplica {
+                handle: ChunkHandle(5),
+            },
+        )
+        .expect("sign");
+        let as_command = Signed {
+            issue: verify.issue,
+            body: ChunkCommand::Info {
+                handle: ChunkHandle(5),
+            },
+            mac: verify.mac,
+        };
+        assert!(matches!(
+            as_command.verify(&key()),
+            Err(Error::BadCommandMac)
+        ));
     }
 
     #[test]

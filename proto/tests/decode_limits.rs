@@ -365,6 +365,7 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
                     };
                     n
                 ],
+                session: u64::MAX,
             }),
         )
     });
@@ -441,6 +442,11 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
     decodes_at_every_edge("HeartbeatReply", |n| HeartbeatReply {
         commands: vec![
             Signed {
+                issue: Issue {
+                    chunkserver: ChunkserverId(0),
+                    session: 0,
+                    seq: 0,
+                },
                 body: ChunkCommand::Info {
                     handle: ChunkHandle(0),
                 },

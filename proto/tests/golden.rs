@@ -390,39 +390,51 @@ fn signed_command_request_frame() {
         version: ChunkVersion(8),
         create: true,
     };
-    let signed = Signed::new(&key(), cmd.clone()).expect("sign");
+    let issue = Issue {
+        chunkserver: ChunkserverId(3),
+        session: 0x0102_0304_0506_0708,
+        seq: 300,
+    };
+    let signed = Signed::new(&key(), issue, cmd.clone()).expect("sign");
 
-    // The MAC, written out independently: HMAC-SHA256(key, command domain, u64be length
-    // of the body's bincode encoding, that encoding).
+    // The MAC, written out independently: HMAC-SHA256(key, command domain, then for
+    // the issue and for the body: u64be length of its bincode encoding, that encoding).
+    let issue_bytes = encode_value(&issue).expect("encode");
+    assert_eq!(hex::encode(&issue_bytes), "03fd0807060504030201fb2c01");
     let body = encode_value(&cmd).expect("encode");
     assert_eq!(hex::encode(&body), "00fcefcdab000801");
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&(0u8..32).collect::<Vec<_>>())
         .expect("any key length");
-    mac.update(b"stampfs/master-command/v1");
-    mac.update(&(body.len() as u64).to_be_bytes());
-    mac.update(&body);
+    mac.update(b"stampfs/master-command/v2");
+    for part in [&issue_bytes, &body] {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part);
+    }
     let independent: [u8; 32] = mac.finalize().into_bytes().into();
     assert_eq!(signed.mac, independent);
 
     let frame = request_frame(4, signed.clone(), Bytes::new()).expect("frame");
     let expected = concat!(
-        "0000002e",                                                         // len 46
-        "4ff865f1",                                                         // crc
-        "0000002a",                                                         // hlen 42
+        "0000003b",                                                         // len 59
+        "43c0c2b4",                                                         // crc
+        "00000037",                                                         // hlen 55
         "04",                                                               // request id 4
-        "04",         // ChunkRequest::Command (index 4)
-        "00",         // ChunkCommand::BumpVersion (index 0)
-        "fcefcdab00", // handle
-        "08",         // version 8
-        "01",         // create true
-        "91ebb40ecd4108f17d8606cd449bce5727738435dc36155dc57c2e9f6b47cf42", // mac
+        "04",                 // ChunkRequest::Command (index 4)
+        "03",                 // issue: chunkserver 3
+        "fd0807060504030201", // session 0x0102030405060708 (u64 LE)
+        "fb2c01",             // seq 300 (u16 LE)
+        "00",                 // ChunkCommand::BumpVersion (index 0)
+        "fcefcdab00",         // handle
+        "08",                 // version 8
+        "01",                 // create true
+        "4e9ef4915fc619166acf7fad79cac89b05daefd9759f571e4d44d55b86ac5384", // mac
     );
     check(&frame, expected);
     let (_, req): (u64, ChunkRequest) = parse_request(&frame).expect("parse");
     let ChunkRequest::Command(got) = req else {
         panic!("expected a command, got {req:?}");
     };
-    assert_eq!(got.verify(&key()).expect("genuine"), cmd);
+    assert_eq!(got.verify(&key()).expect("genuine"), (issue, cmd));
 }
 
 /// A CRC-32 catches every single-byte error, so flipping any bit pattern of any one

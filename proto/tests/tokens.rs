@@ -111,11 +111,19 @@ proptest! {
 
     #[test]
     fn signed_commands_verify_and_any_change_fails(key in arb_key(), other in arb_key(),
+                                                   issue in arb_issue(),
+                                                   other_issue in arb_issue(),
                                                    cmd in arb_chunk_command(),
                                                    changed in arb_chunk_command(),
                                                    byte in 0usize..32, mask in 1u8..=255) {
-        let s = Signed::new(&key, cmd.clone()).map_err(fail)?;
-        prop_assert_eq!(s.clone().verify(&key).map_err(fail)?, cmd.clone());
+        let s = Signed::new(&key, issue, cmd.clone()).map_err(fail)?;
+        prop_assert_eq!(s.clone().verify(&key).map_err(fail)?, (issue, cmd.clone()));
+
+        if other_issue != issue {
+            let renumbered = Signed { issue: other_issue, ..s.clone() };
+            let res = renumbered.verify(&key);
+            prop_assert!(matches!(res, Err(Error::BadCommandMac)), "{:?}", res);
+        }
 
         let mut bad = s.clone();
         bad.mac[byte] ^= mask;
@@ -123,7 +131,7 @@ proptest! {
         prop_assert!(matches!(res, Err(Error::BadCommandMac)), "{:?}", res);
 
         if changed != cmd {
-            let swapped = Signed { body: changed, mac: s.mac };
+            let swapped = Signed { issue, body: changed, mac: s.mac };
             let res = swapped.verify(&key);
             prop_assert!(matches!(res, Err(Error::BadCommandMac)), "{:?}", res);
         }
@@ -137,11 +145,17 @@ proptest! {
     /// token's own fields, whatever they are.
     #[test]
     fn a_token_mac_never_signs_a_command(key in arb_key(), h in arb_handle(),
-                                         v in arb_version(), c in arb_client()) {
+                                         v in arb_version(), c in arb_client(),
+                                         issue in arb_issue()) {
         let t = ChunkToken::sign(&key, h, v, c);
-        let forged = Signed { body: DigestReplica { handle: t.handle, version: t.version }, mac: t.mac };
+        let forged = Signed {
+            issue,
+            body: DigestReplica { handle: t.handle, version: t.version },
+            mac: t.mac,
+        };
         prop_assert!(forged.verify(&key).is_err());
         let forged = Signed {
+            issue,
             body: ChunkCommand::BumpVersion { handle: h, version: v, create: false },
             mac: t.mac,
         };

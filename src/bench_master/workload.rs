@@ -137,6 +137,7 @@ pub async fn register(ctx: &Ctx, i: usize) -> Result<()> {
             capacity,
             used,
             replicas: Vec::new(),
+            session: rand::random(),
         })
         .await?;
     let _ = s.id.set(reply.id);

@@ -7,8 +7,8 @@ use stampfs_chunkserver::{start, ChunkserverConfig, ChunkserverHandle, IoEngineK
 use stampfs_proto::rpc::request_frame;
 use stampfs_proto::{
     Ack, ChunkCommand, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId,
-    ClientId, ClusterKey, Frame, FrameReader, FrameWriter, OverwriteSetup, Packet, Read, ReadReply,
-    RemoteError, ReplicaReport, RpcClient, Signed, WriteSetup, WriteSetupReply,
+    ClientId, ClusterKey, Frame, FrameReader, FrameWriter, Issue, OverwriteSetup, Packet, Read,
+    ReadReply, RemoteError, ReplicaReport, RpcClient, Signed, WriteSetup, WriteSetupReply,
 };
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -60,6 +60,9 @@ pub struct Cluster {
     pub root: tempfile::TempDir,
     pub key_file: PathBuf,
     pub master: String,
+    /// Per chunkserver process (by address): its registration session and the
+    /// number of the next command signed for it.
+    sessions: std::sync::Mutex<std::collections::HashMap<std::net::SocketAddr, (u64, u64)>>,
 }
 
 impl Cluster {
@@ -74,6 +77,7 @@ impl Cluster {
             root,
             key_file,
             master: dead_addr(),
+            sessions: Default::default(),
         }
     }
 
@@ -110,8 +114,33 @@ impl Cluster {
         )
     }
 
-    pub fn command(&self, cmd: ChunkCommand) -> Signed<ChunkCommand> {
-        Signed::new(&self.key, cmd).expect("sign")
+    /// Signs `cmd` for chunkserver `cs` as its master would: for its registration
+    /// session (begun here, once per chunkserver process), with the next number.
+    pub fn command(&self, cs: &ChunkserverHandle, cmd: ChunkCommand) -> Signed<ChunkCommand> {
+        let issue = self.issue(cs);
+        Signed::new(&self.key, issue, cmd).expect("sign")
+    }
+
+    /// [`Cluster::command`] in a registration session begun now (the chunkserver's
+    /// session was restarted behind this cluster's back).
+    pub fn command_fresh(&self, cs: &ChunkserverHandle, cmd: ChunkCommand) -> Signed<ChunkCommand> {
+        self.sessions.lock().expect("sessions").remove(&cs.addr());
+        self.command(cs, cmd)
+    }
+
+    /// The next [`Issue`] for `cs` (see [`Cluster::command`]).
+    pub fn issue(&self, cs: &ChunkserverHandle) -> Issue {
+        let mut sessions = self.sessions.lock().expect("sessions");
+        let (session, next) = sessions
+            .entry(cs.addr())
+            .or_insert_with(|| (cs.begin_registration(), 0));
+        let seq = *next;
+        *next += 1;
+        Issue {
+            chunkserver: cs.id().expect("preset id"),
+            session: *session,
+            seq,
+        }
     }
 }
 
@@ -149,11 +178,14 @@ pub async fn bump(
 ) -> ReplicaReport {
     command(
         cs,
-        cluster.command(ChunkCommand::BumpVersion {
-            handle: ChunkHandle(handle),
-            version: ChunkVersion(version),
-            create: true,
-        }),
+        cluster.command(
+            cs,
+            ChunkCommand::BumpVersion {
+                handle: ChunkHandle(handle),
+                version: ChunkVersion(version),
+                create: true,
+            },
+        ),
     )
     .await
     .expect("bump")

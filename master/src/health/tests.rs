@@ -36,6 +36,7 @@ pub(super) fn servers(settings: Settings, used: &[u64]) -> MasterState {
                 capacity: 100 * GIB,
                 used: u * GIB,
                 replicas: vec![],
+                session: 0,
             },
             0,
         )
@@ -309,6 +310,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
             capacity: 100 * GIB,
             used: 10 * GIB,
             replicas: vec![rep(h, 1, F)],
+            session: 0,
         },
         NOW + 200,
     )
@@ -325,6 +327,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
             capacity: 100 * GIB,
             used: 10 * GIB,
             replicas: vec![rep(h, 1, F)],
+            session: 0,
         },
         NOW + 400,
     )
@@ -1161,6 +1164,7 @@ fn newcomer(st: &mut MasterState, addr: &str, now: u64) -> ChunkserverId {
             capacity: 100 * GIB,
             used: 0,
             replicas: vec![],
+            session: 0,
         },
         now,
     )
@@ -1216,6 +1220,7 @@ fn an_answer_after_the_chunkserver_registered_elsewhere_is_ignored() {
             capacity: 100 * GIB,
             used: 10 * GIB,
             replicas: vec![rep(h, 1, F)],
+            session: 0,
         },
         NOW + 10,
     )
@@ -1237,6 +1242,7 @@ fn an_answer_after_the_chunkserver_registered_elsewhere_is_ignored() {
             capacity: 100 * GIB,
             used: 10 * GIB,
             replicas: vec![rep(h, 1, F)],
+            session: 0,
         },
         NOW + 10,
     )

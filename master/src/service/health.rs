@@ -11,7 +11,7 @@ use crate::lease::wall_ms;
 use crate::state::CorruptReport;
 use stampfs_proto::{
     ChunkHandle, ChunkserverId, ClusterReport, ClusterReportRequest, Fsck, FsckReport, RemoteError,
-    ReportCorrupt, RpcClient, Signed, Verification, VerifyReplica,
+    ReportCorrupt, RpcClient, Verification, VerifyReplica,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,7 +192,7 @@ impl Core {
         self.tasks.spawn(async move {
             let answer = tokio::select! {
                 _ = core.shutdown.cancelled() => Err(Error::ShuttingDown),
-                a = core.ask_verify(&addr, handle) => a,
+                a = core.ask_verify(server, &addr, handle) => a,
             };
             if core.check_running().is_err() || matches!(answer, Err(Error::ShuttingDown)) {
                 return;
@@ -215,8 +215,13 @@ impl Core {
 
     /// One `VerifyReplica` round trip: connect within `--command-timeout`, answer within
     /// `--replication-timeout` (the replica is read whole).
-    async fn ask_verify(&self, addr: &str, handle: ChunkHandle) -> Result<Verification> {
-        let req = Signed::new(&self.key, VerifyReplica { handle })?;
+    async fn ask_verify(
+        &self,
+        server: ChunkserverId,
+        addr: &str,
+        handle: ChunkHandle,
+    ) -> Result<Verification> {
+        let req = self.commands.sign(server, VerifyReplica { handle })?;
         let mut conn = RpcClient::connect(addr, self.config.command_timeout).await?;
         let limit = self
             .config

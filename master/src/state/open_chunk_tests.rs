@@ -25,6 +25,7 @@ fn state_with_servers(n: u64) -> MasterState {
                 capacity: 1 << 40,
                 used: 0,
                 replicas: vec![],
+                session: 0,
             },
             0,
         )

@@ -491,6 +491,7 @@ mod tests {
                     capacity: 1 << 40,
                     used: 0,
                     replicas: vec![],
+                    session: 0,
                 },
                 0,
             )
@@ -743,6 +744,7 @@ mod tests {
                     capacity: 1 << 40,
                     used: 0,
                     replicas: vec![report(h, v, 10, ReplicaState::Writing)],
+                    session: 0,
                 },
                 100,
             )
@@ -835,6 +837,7 @@ mod tests {
                     capacity: 1 << 40,
                     used: 0,
                     replicas: vec![],
+                    session: 0,
                 },
                 22_000,
             )

@@ -28,6 +28,7 @@ fn state_with_servers(n: u64) -> MasterState {
                 capacity: 1 << 40,
                 used: 0,
                 replicas: vec![],
+                session: 0,
             },
             0,
         )
@@ -621,6 +622,7 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
                     capacity: 1 << 40,
                     used: 0,
                     replicas: vec![],
+                    session: 0,
                 },
                 0,
             )
@@ -745,6 +747,7 @@ fn registration_keeps_known_ids_and_classifies_reports() {
                 capacity: 1,
                 used: 0,
                 replicas: vec![rep(1), orphan],
+                session: 0,
             },
             0,
         )
@@ -772,6 +775,7 @@ fn registration_keeps_known_ids_and_classifies_reports() {
                 capacity: 1,
                 used: 0,
                 replicas: vec![],
+                session: 0,
             },
             0,
         )

@@ -208,9 +208,15 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_signed_command()(body in arb_chunk_command(), mac in any::<[u8; 32]>())
+    pub fn arb_issue()(chunkserver in arb_cs(), session in arb_u64(), seq in arb_u64()) -> Issue {
+        Issue { chunkserver, session, seq }
+    }
+}
+
+prop_compose! {
+    pub fn arb_signed_command()(issue in arb_issue(), body in arb_chunk_command(), mac in any::<[u8; 32]>())
         -> Signed<ChunkCommand> {
-        Signed { body, mac }
+        Signed { issue, body, mac }
     }
 }
 
@@ -693,8 +699,9 @@ prop_compose! {
 prop_compose! {
     pub fn arb_register()(id in prop::option::of(arb_cs()), addr in arb_string(),
                           capacity in arb_u64(), used in arb_u64(),
-                          replicas in small_vec(arb_replica_report())) -> Register {
-        Register { id, addr, capacity, used, replicas }
+                          replicas in small_vec(arb_replica_report()),
+                          session in arb_u64()) -> Register {
+        Register { id, addr, capacity, used, replicas, session }
     }
 }
 
@@ -938,9 +945,9 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_signed_verify()(body in arb_verify_replica(), mac in any::<[u8; 32]>())
+    pub fn arb_signed_verify()(issue in arb_issue(), body in arb_verify_replica(), mac in any::<[u8; 32]>())
         -> Signed<VerifyReplica> {
-        Signed { body, mac }
+        Signed { issue, body, mac }
     }
 }
 
@@ -957,9 +964,9 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_signed_digest()(body in arb_digest_replica(), mac in any::<[u8; 32]>())
+    pub fn arb_signed_digest()(issue in arb_issue(), body in arb_digest_replica(), mac in any::<[u8; 32]>())
         -> Signed<DigestReplica> {
-        Signed { body, mac }
+        Signed { issue, body, mac }
     }
 }
 

@@ -217,7 +217,7 @@ impl Core {
             version,
             create: false,
         };
-        match self.commands.send(&kept.addr, bump).await {
+        match self.commands.send(kept, bump).await {
             Ok(rep) if replica_at(rep.as_ref(), handle, version, length) => {
                 if let Some(rep) = rep {
                     self.state().record_replicas(handle, &[(kept.id, rep)]);

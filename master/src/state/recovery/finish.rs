@@ -224,6 +224,7 @@ mod tests {
                         capacity: 1 << 40,
                         used: 0,
                         replicas: vec![report(h, v, 1000, ReplicaState::Writing)],
+                        session: 0,
                     },
                     100,
                 )

@@ -30,6 +30,7 @@ fn state(n: u64) -> (MasterState, ChunkserverId) {
                 capacity: 1 << 40,
                 used: 0,
                 replicas: vec![],
+                session: 0,
             },
             0,
         )
@@ -141,6 +142,7 @@ fn a_registration_between_batches_supersedes_the_report() {
             capacity: 1 << 40,
             used: 0,
             replicas: (7..=10).map(|h| rep(h, 2)).collect(),
+            session: 0,
         },
         5,
     )
