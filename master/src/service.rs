@@ -750,6 +750,11 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(addr = %req.addr))]
     pub async fn register(&self, req: Register) -> Result<RegisterReply> {
+        // The chunkserver refuses its previous session from the moment it sent this:
+        // sign for the new one at once rather than after the durable registration.
+        if let Some(id) = req.id {
+            self.commands.registered(id, req.session);
+        }
         let id = self
             .mutate_durable(|st, now, _| st.register(&req, now))
             .await?;
