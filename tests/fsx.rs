@@ -132,6 +132,28 @@ fn first_difference(got: &[u8], want: &[u8]) -> String {
     }
 }
 
+/// What the master and the replicas say of the file's last chunk, for a failure.
+async fn last_chunk_seen(client: &Client, path: &str) -> String {
+    let locs = match client.locations(path).await {
+        Ok(l) => l,
+        Err(e) => return format!("locations failed: {e}"),
+    };
+    let Some(last) = locs.chunks.last() else {
+        return format!("no chunks; status {:?}", locs.status);
+    };
+    let mut out = format!(
+        "last chunk {} v{} at {} committed {} complete {} unconfirmed {}, replicas:",
+        last.handle, last.version, last.file_offset, last.length, last.complete, last.unconfirmed
+    );
+    for r in &last.replicas {
+        match client.read_replica(&r.addr, last.token, 0).await {
+            Ok((report, _)) => out += &format!(" {}: {report:?};", r.chunkserver),
+            Err(e) => out += &format!(" {}: {e};", r.chunkserver),
+        }
+    }
+    out
+}
+
 /// A run of `ops` steps through the client library, from seed `seed`.
 fn run_library(seed: u64, ops: usize) {
     let c = cluster();
@@ -181,12 +203,10 @@ fn run_library(seed: u64, ops: usize) {
                     } else {
                         (*offset as usize, (*offset + *len) as usize)
                     };
-                    assert!(
-                        got.len() == model.len() && got[from..to] == model[from..to],
-                        "{}: {}",
-                        ctx(),
-                        first_difference(&got, &model)
-                    );
+                    if got.len() != model.len() || got[from..to] != model[from..to] {
+                        let seen = last_chunk_seen(&client, path).await;
+                        panic!("{}: {}; {seen}", ctx(), first_difference(&got, &model));
+                    }
                 }
                 Op::Sync => w.hsync().await.unwrap_or_else(|e| panic!("{}: {e}", ctx())),
                 Op::Reopen | Op::MapWrite { .. } => {
@@ -297,8 +317,13 @@ fn fsx_through_the_mount() {
                     (*offset as usize, (*offset + *len) as usize)
                 };
                 let mut got = vec![0u8; to - from];
-                f.read_exact_at(&mut got, from as u64)
-                    .unwrap_or_else(|e| panic!("{}: {e}", ctx()));
+                if let Err(e) = f.read_exact_at(&mut got, from as u64) {
+                    let seen = runtime().block_on(async {
+                        let client = Client::connect(&c.master.addr).await.expect("connect");
+                        last_chunk_seen(&client, "/fsx-mount").await
+                    });
+                    panic!("{}: {e}; {seen}", ctx());
+                }
                 assert!(
                     got[..] == model[from..to],
                     "{}: {}",

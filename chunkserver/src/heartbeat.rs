@@ -253,6 +253,11 @@ async fn connect(shared: &Shared) -> Result<RpcClient> {
 }
 
 async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
+    // The new session first (the old one's commands are refused from here), then the
+    // old one's commands still running finish: the report shows what every command
+    // answered before the `Register` arrives did, as the master assumes.
+    let session = shared.begin_registration();
+    shared.settle_commands().await;
     let (replicas, totals) = report_parts(shared, client).await?;
     let (capacity, used) = space(&shared.config.dir, shared.config.capacity, totals.bytes);
     let count = totals.replicas;
@@ -265,7 +270,7 @@ async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
             capacity,
             used,
             replicas,
-            session: shared.begin_registration(),
+            session,
         },
     )
     .await?;

@@ -69,6 +69,10 @@ pub(crate) struct Shared {
     /// The master's commands admitted in this registration session
     /// ([`stampfs_proto::replay`]): each is applied at most once.
     replay: Mutex<ReplayWindow>,
+    /// Held shared by every master command from its admission to its answer, and
+    /// taken exclusively by a registration once it changed sessions
+    /// ([`Shared::settle_commands`]).
+    commands: tokio::sync::RwLock<()>,
     /// Write streams currently open (reported in heartbeats).
     pub active_streams: AtomicU32,
     /// Caps concurrent outgoing replications; each holds a permit while it runs.
@@ -123,6 +127,15 @@ impl Shared {
         let session = rand::random();
         lock(&self.replay).begin(self.id(), session);
         session
+    }
+
+    /// Waits for the master commands admitted before now to be done. A registration
+    /// calls it after [`Shared::begin_registration`] and before it builds its report:
+    /// every command the master heard answered before the `Register` arrived then
+    /// shows in the report, which the master relies on to take replicas away (its
+    /// "mark", DESIGN.md "The report mark").
+    pub async fn settle_commands(&self) {
+        drop(self.commands.write().await);
     }
 
     /// Authenticates a signed master request and admits it once
@@ -295,6 +308,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         advertised,
         id: Mutex::new(id),
         replay: Mutex::new(ReplayWindow::default()),
+        commands: tokio::sync::RwLock::new(()),
         active_streams: AtomicU32::new(0),
         replications: Arc::new(Semaphore::new(config.max_replications)),
         deletions,
@@ -517,6 +531,8 @@ pub(crate) async fn run_command(
     shared: &Arc<Shared>,
     cmd: Signed<ChunkCommand>,
 ) -> std::result::Result<Option<ReplicaReport>, RemoteError> {
+    // Held until the answer: a registration waits for it (`Shared::settle_commands`).
+    let _running = shared.commands.read().await;
     let cmd = shared
         .admit(cmd, "master command")
         .map_err(|e| e.to_remote())?;

@@ -6,7 +6,7 @@
 
 use crate::handle_set::HandleSet;
 use crate::placement::Candidate;
-use stampfs_proto::{ChunkserverAddr, ChunkserverId, ReplicaReport};
+use stampfs_proto::{ChunkHandle, ChunkserverAddr, ChunkserverId, ReplicaReport};
 use std::collections::HashMap;
 
 /// One registered chunkserver.
@@ -33,6 +33,16 @@ pub struct Chunkserver {
     /// batches: a batched report that finds it changed stops (a newer report, or the
     /// registration's, replaces it).
     pub report_epoch: u64,
+    /// Replicas recorded from this chunkserver's own answers to commands (a bump, a
+    /// finalize, a recovery's seal), each with the master's acknowledgement clock when
+    /// recorded ([`crate::state::MasterState::ack_mark`]), until a report built after
+    /// that answer covers them. A report built before the command ran may arrive
+    /// after its answer: it must not take such a replica away for omitting it.
+    pub acked: HashMap<ChunkHandle, u64>,
+    /// The highest mark up to which `acked` was forgotten (at a heartbeat, or once a
+    /// report was applied): a report marked below it cannot tell which of the replicas
+    /// it omits it never saw, and takes none away.
+    pub covered: u64,
 }
 
 impl Chunkserver {
@@ -84,6 +94,8 @@ impl Registry {
             orphans: Vec::new(),
             marked_dead: false,
             report_epoch: 0,
+            acked: HashMap::new(),
+            covered: 0,
         });
         cs.addr = addr.to_string();
         cs.capacity = capacity;

@@ -393,6 +393,9 @@ async fn handle_connection(
     let mut parts = ReportParts::default();
     // What this connection has proven (a chunkserver's handshake).
     let mut auth = ConnAuth::default();
+    // The mark of the next chunk report on this connection, and whose (see
+    // `state/report.rs`).
+    let mut mark = None;
     loop {
         let frame = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -436,7 +439,7 @@ async fn handle_connection(
                     reply::<()>(id, Err(e))
                 }
                 Ok(()) => match parts.take(req) {
-                    Ok(Some(req)) => dispatch(&core, id, req).await,
+                    Ok(Some(req)) => dispatch(&core, id, req, &mut mark).await,
                     Ok(None) => reply(id, Ok(())),
                     Err(e) => reply::<()>(id, Err(e)),
                 },
@@ -472,7 +475,15 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
         .unwrap_or_default()
 }
 
-async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
+/// Serves one request; `mark`: the connection's report mark and the chunkserver it is
+/// for, set by a heartbeat or a registration and used by the chunk report that
+/// follows it.
+async fn dispatch(
+    core: &Arc<Core>,
+    id: u64,
+    req: MasterRequest,
+    mark: &mut Option<(stampfs_proto::ChunkserverId, u64)>,
+) -> Frame {
     // A halted master (its state ahead of its log) refuses everything, reads included.
     if let Err(e) = core.check_running() {
         return reply::<()>(id, Err(e));
@@ -492,9 +503,27 @@ async fn dispatch(core: &Arc<Core>, id: u64, req: MasterRequest) -> Frame {
         MasterRequest::Delete(r) => reply(id, core.delete(r).await),
         MasterRequest::RecoverLease(r) => reply(id, core.recover_lease(r).await),
         MasterRequest::ReportCorrupt(r) => reply(id, core.report_corrupt(r).await),
-        MasterRequest::Register(r) => reply(id, core.register(r).await),
-        MasterRequest::Heartbeat(r) => reply(id, core.heartbeat(r).await),
-        MasterRequest::ChunkReport(r) => reply(id, core.chunk_report(r).await),
+        MasterRequest::Register(r) => match core.register_marked(r).await {
+            Ok((done, m)) => {
+                *mark = Some((done.id, m));
+                reply(id, Ok(done))
+            }
+            Err(e) => reply::<()>(id, Err(e)),
+        },
+        MasterRequest::Heartbeat(r) => {
+            let from = r.id;
+            match core.heartbeat_marked(r).await {
+                Ok((done, m)) => {
+                    *mark = Some((from, m));
+                    reply(id, Ok(done))
+                }
+                Err(e) => reply::<()>(id, Err(e)),
+            }
+        }
+        MasterRequest::ChunkReport(r) => {
+            let m = mark.filter(|(from, _)| *from == r.id).map_or(0, |(_, m)| m);
+            reply(id, core.chunk_report(r, m).await)
+        }
         MasterRequest::Fsck(r) => reply(id, core.fsck(r).await),
         MasterRequest::ClusterReport(r) => reply(id, core.cluster_report(r).await),
         // Kept by the connection (`ReportParts`), never dispatched.

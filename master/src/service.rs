@@ -748,19 +748,28 @@ impl Core {
 
     // ------------------------------------------------------------ chunkservers
 
-    #[tracing::instrument(skip_all, fields(addr = %req.addr))]
     pub async fn register(&self, req: Register) -> Result<RegisterReply> {
+        self.register_marked(req).await.map(|(reply, _)| reply)
+    }
+
+    /// [`Core::register`], with the registration report's mark (`state/report.rs`):
+    /// the mark of a chunk report that follows it on the same connection.
+    #[tracing::instrument(skip_all, fields(addr = %req.addr))]
+    pub async fn register_marked(&self, req: Register) -> Result<(RegisterReply, u64)> {
+        // The report's mark: the chunkserver built it in its new session, after the
+        // commands of the old one were done; those of the new one are signed below.
+        let covered = self.state().ack_mark();
         // The chunkserver refuses its previous session from the moment it sent this:
         // sign for the new one at once rather than after the durable registration.
         if let Some(id) = req.id {
             self.commands.registered(id, req.session);
         }
         let id = self
-            .mutate_durable(|st, now, _| st.register(&req, now))
+            .mutate_durable(|st, now, _| st.register(&req, now, covered))
             .await?;
         self.commands.registered(id, req.session);
         self.replicas_back(&[id]);
-        Ok(RegisterReply { id })
+        Ok((RegisterReply { id }, covered))
     }
 
     /// Files waiting in lease recovery for a replica on one of `servers`, which just
@@ -777,21 +786,38 @@ impl Core {
     }
 
     pub async fn heartbeat(&self, req: Heartbeat) -> Result<HeartbeatReply> {
+        self.heartbeat_marked(req).await.map(|(reply, _)| reply)
+    }
+
+    /// [`Core::heartbeat`], with the mark of the chunk report that may follow it on the
+    /// same connection (`state/report.rs`): the acknowledgement clock on its arrival.
+    /// The command answers up to the mark are forgotten: that report, built after
+    /// this reply, shows what they did.
+    pub async fn heartbeat_marked(&self, req: Heartbeat) -> Result<(HeartbeatReply, u64)> {
         let now = self.clock.now_ms();
-        let known = self.state().registry.heartbeat(
-            req.id,
-            req.capacity,
-            req.used,
-            req.replica_count,
-            req.active_streams,
-            now,
-        );
+        let (known, mark) = {
+            let mut st = self.state();
+            let mark = st.ack_mark();
+            let known = st.registry.heartbeat(
+                req.id,
+                req.capacity,
+                req.used,
+                req.replica_count,
+                req.active_streams,
+                now,
+            );
+            st.forget_acks(req.id, mark);
+            (known, mark)
+        };
         if !known {
             tracing::info!(chunkserver = %req.id, "heartbeat from an unregistered chunkserver; asking it to register");
-            return Ok(HeartbeatReply {
-                commands: Vec::new(),
-                reregister: true,
-            });
+            return Ok((
+                HeartbeatReply {
+                    commands: Vec::new(),
+                    reregister: true,
+                },
+                mark,
+            ));
         }
         let (queued, lsn) = {
             let mut st = self.state();
@@ -816,23 +842,30 @@ impl Core {
         if !commands.is_empty() {
             tracing::debug!(chunkserver = %req.id, commands = commands.len(), "commands sent in a heartbeat reply");
         }
-        Ok(HeartbeatReply {
-            commands,
-            reregister: false,
-        })
+        Ok((
+            HeartbeatReply {
+                commands,
+                reregister: false,
+            },
+            mark,
+        ))
     }
 
     /// A periodic full report, applied in batches of [`crate::state::REPORT_BATCH`]
     /// replicas with the state lock released between them (`state/report.rs`), so a
     /// report of millions of replicas does not stall the master.
+    ///
+    /// `covered`: the report's mark (`state/report.rs`), from the last heartbeat or
+    /// registration of this chunkserver on the report's connection; 0 when there was
+    /// none (the report then takes no replica away).
     #[tracing::instrument(skip_all, fields(chunkserver = %req.id, replicas = req.replicas.len()))]
-    pub async fn chunk_report(&self, req: ChunkReport) -> Result<()> {
+    pub async fn chunk_report(&self, req: ChunkReport, covered: u64) -> Result<()> {
         let mut reported: Vec<_> = req.replicas.iter().map(|r| r.handle).collect();
         reported.sort_unstable();
         reported.dedup();
-        let Some(mut apply) = self
-            .state()
-            .begin_sorted_report(req.id, req.replicas, reported)
+        let Some(mut apply) =
+            self.state()
+                .begin_sorted_report(req.id, req.replicas, reported, covered)
         else {
             return Err(Error::NotFound {
                 path: format!("chunkserver {} is not registered (register again)", req.id),
@@ -855,6 +888,11 @@ impl Core {
             "chunk report"
         );
         Ok(())
+    }
+
+    /// The acknowledgement clock ([`crate::state::MasterState::ack_mark`]).
+    pub fn ack_mark(&self) -> u64 {
+        self.state().ack_mark()
     }
 
     // ------------------------------------------------------------ background

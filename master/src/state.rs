@@ -366,6 +366,9 @@ pub struct MasterState {
     /// Soft: the replica-health worker's state (corrupt replicas, commands in flight,
     /// per-chunkserver command queues).
     pub health: Tracker,
+    /// Soft: the acknowledgement clock, raised by every command answer recorded
+    /// ([`MasterState::record_replicas`]); see [`MasterState::ack_mark`].
+    acks: u64,
     /// Committed records not yet handed to the log: `(lsn, encoded record)`.
     outbox: Vec<(u64, Vec<u8>)>,
 }
@@ -413,6 +416,7 @@ impl MasterState {
             recovering: BTreeSet::new(),
             missing_chunks: BTreeSet::new(),
             health: Tracker::default(),
+            acks: 0,
             outbox: Vec::new(),
         }
     }
@@ -809,8 +813,9 @@ impl MasterState {
     // ------------------------------------------------------------ chunkservers
 
     /// `register`: keeps a known id, otherwise hands out a new one (logged), then
-    /// records the server and its replicas.
-    pub fn register(&mut self, req: &Register, now_ms: u64) -> Result<ChunkserverId> {
+    /// records the server and its replicas. `covered`: the report's mark, the
+    /// acknowledgement clock when the `Register` arrived ([`Self::ack_mark`]).
+    pub fn register(&mut self, req: &Register, now_ms: u64, covered: u64) -> Result<ChunkserverId> {
         let id = match req.id {
             Some(id) if self.servers.contains_key(&id) => {
                 if self.servers.get(&id) != Some(&req.addr) {
@@ -844,7 +849,7 @@ impl MasterState {
         };
         self.registry
             .register(id, &req.addr, req.capacity, req.used, now_ms);
-        let s = self.apply_report(id, &req.replicas);
+        let s = self.apply_report(id, &req.replicas, covered);
         self.health.forget_server(id);
         tracing::info!(chunkserver = %id, addr = %req.addr, replicas = req.replicas.len(), current = s.current, stale = s.stale, ahead = s.ahead, short = s.short, orphans = s.orphans, "chunkserver registered");
         Ok(id)

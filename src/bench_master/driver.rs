@@ -50,7 +50,17 @@ serve! {
     Delete => delete;
     Register => register;
     Heartbeat => heartbeat;
-    ChunkReport => chunk_report;
+}
+
+impl Serve for stampfs_proto::ChunkReport {
+    /// In process there is no connection to keep a heartbeat's mark: the clock now,
+    /// as the simulated chunkservers build their reports when no command is running.
+    fn serve(
+        self,
+        core: &Arc<Core>,
+    ) -> impl Future<Output = stampfs_master::Result<Self::Response>> + Send + '_ {
+        core.chunk_report(self, core.ack_mark())
+    }
 }
 
 /// Idle connections to the master, taken for one request and put back after it.

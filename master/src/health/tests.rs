@@ -39,6 +39,7 @@ pub(super) fn servers(settings: Settings, used: &[u64]) -> MasterState {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     }
@@ -180,7 +181,7 @@ pub(super) fn copies(actions: &[Action]) -> Vec<(ChunkHandle, ChunkserverId, Chu
 
 /// The chunkserver `s` reports exactly `replicas` (a full chunk report).
 pub(super) fn report(st: &mut MasterState, s: u64, replicas: &[ReplicaReport]) {
-    st.apply_report(id(s), replicas);
+    st.apply_report(id(s), replicas, st.ack_mark());
 }
 
 use ReplicaState::{Finalized as F, Writing as W};
@@ -313,6 +314,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
             session: 0,
         },
         NOW + 200,
+        st.ack_mark(),
     )
     .expect("register");
     assert_eq!(
@@ -330,6 +332,7 @@ fn commands_delivered_to_a_chunkserver_that_restarted_are_ordered_again_at_once(
             session: 0,
         },
         NOW + 400,
+        st.ack_mark(),
     )
     .expect("register");
     assert!(deletes(&pass(&mut st, NOW + 500)).is_empty());
@@ -828,7 +831,7 @@ fn a_replica_that_took_a_bump_late_is_short_never_served_and_replaced() {
     beat(&mut st, &[1, 2, 3], NOW);
     // Server 3 wakes up and applies the bump it was sent: at the master's version,
     // but with only the 100 bytes it had.
-    let s = st.apply_report(id(3), &[rep_len(h, 2, 100, W)]);
+    let s = st.apply_report(id(3), &[rep_len(h, 2, 100, W)], st.ack_mark());
     assert_eq!((s.current, s.short), (0, 1));
     let info = st.chunks.get(h).expect("chunk");
     assert_eq!(
@@ -837,7 +840,7 @@ fn a_replica_that_took_a_bump_late_is_short_never_served_and_replaced() {
     );
     // A report from server 1 built before its finalize (Writing, 100 bytes) arriving
     // late does not make it short.
-    st.apply_report(id(1), &[rep_len(h, 2, 100, W)]);
+    st.apply_report(id(1), &[rep_len(h, 2, 100, W)], st.ack_mark());
     let loc = st
         .locations("/f", A, &ClusterKey::from_bytes([1; 32]), NOW)
         .expect("locations");
@@ -881,7 +884,7 @@ fn a_short_replica_is_replaced_before_it_is_deleted_when_there_is_room() {
     let mut st = servers(settings(), &[10, 10, 10, 10]);
     let h = appended_without_server_3(&mut st);
     beat(&mut st, &[1, 2, 3, 4], NOW);
-    st.apply_report(id(3), &[rep_len(h, 2, 100, W)]);
+    st.apply_report(id(3), &[rep_len(h, 2, 100, W)], st.ack_mark());
     let a = pass(&mut st, NOW);
     assert!(deletes(&a).is_empty(), "{a:?}");
     let c = copies(&a);
@@ -1167,6 +1170,7 @@ fn newcomer(st: &mut MasterState, addr: &str, now: u64) -> ChunkserverId {
             session: 0,
         },
         now,
+        st.ack_mark(),
     )
     .expect("register")
 }
@@ -1223,6 +1227,7 @@ fn an_answer_after_the_chunkserver_registered_elsewhere_is_ignored() {
             session: 0,
         },
         NOW + 10,
+        st.ack_mark(),
     )
     .expect("register again");
     assert_eq!(
@@ -1245,6 +1250,7 @@ fn an_answer_after_the_chunkserver_registered_elsewhere_is_ignored() {
             session: 0,
         },
         NOW + 10,
+        st.ack_mark(),
     )
     .expect("register again");
     assert_eq!(

@@ -28,6 +28,7 @@ fn state_with_servers(n: u64) -> MasterState {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     }

@@ -494,6 +494,7 @@ mod tests {
                     session: 0,
                 },
                 0,
+                st.ack_mark(),
             )
             .expect("register");
         }
@@ -747,6 +748,7 @@ mod tests {
                     session: 0,
                 },
                 100,
+                back.ack_mark(),
             )
             .expect("register");
         }
@@ -840,6 +842,7 @@ mod tests {
                     session: 0,
                 },
                 22_000,
+                st.ack_mark(),
             )
             .expect("register");
         }
@@ -859,7 +862,11 @@ mod tests {
         assert!(outcome.closed);
         assert!(st.missing_chunks.contains(&h));
         // A replica at the version reported again takes it off the list.
-        st.apply_report(ids[0], &[report(h, 2, 0, ReplicaState::Writing)]);
+        st.apply_report(
+            ids[0],
+            &[report(h, 2, 0, ReplicaState::Writing)],
+            st.ack_mark(),
+        );
         assert!(st.missing_chunks.is_empty());
         let log = st.take_outbox();
         replay(&st, &log);
@@ -872,7 +879,7 @@ mod tests {
         let (ino, h, _) = open_file(&mut st);
         let ids: Vec<ChunkserverId> = st.servers.keys().copied().collect();
         for id in &ids {
-            st.apply_report(*id, &[]);
+            st.apply_report(*id, &[], st.ack_mark());
         }
         let RecoveryBegin::Done { outcome, how } = st
             .begin_recovery(ino, Trigger::HardLimit { holder: A }, 1_000, 2)
@@ -904,7 +911,7 @@ mod tests {
         // Every pipeline chunkserver's periodic report, built before the bump, arrives
         // after it: the replicas stay listed, so recovery does not take them for gone.
         for id in &ids {
-            st.apply_periodic_report(*id, &[]);
+            st.apply_periodic_report(*id, &[], st.ack_mark());
         }
         assert_eq!(st.chunks.get(h).expect("chunk").replicas.len(), 3);
         let RecoveryBegin::Waiting { .. } = st
@@ -914,7 +921,7 @@ mod tests {
             panic!("expected to wait for the pipeline's replicas");
         };
         // A registration (a restarted chunkserver's full scan) is believed.
-        st.apply_report(ids[0], &[]);
+        st.apply_report(ids[0], &[], st.ack_mark());
         assert_eq!(st.chunks.get(h).expect("chunk").replicas.len(), 2);
     }
 
@@ -929,7 +936,11 @@ mod tests {
             .find(|id| !ids.contains(id))
             .expect("a fourth chunkserver");
         // It applied a bump of the same version late and reports it, with no bytes.
-        st.apply_report(outsider, &[report(h, 1, 0, ReplicaState::Writing)]);
+        st.apply_report(
+            outsider,
+            &[report(h, 1, 0, ReplicaState::Writing)],
+            st.ack_mark(),
+        );
         let key = stampfs_proto::ClusterKey::from_bytes([1; 32]);
         let loc = st.locations("/f", B, &key, 0).expect("locations");
         let mut got: Vec<_> = loc.chunks[0]
@@ -1258,7 +1269,11 @@ mod tests {
         // seals them at the committed length.
         for id in &ids {
             st.registry.heartbeat(*id, 1 << 40, 0, 1, 0, 20_000);
-            st.apply_report(*id, &[report(h, 1, 10, ReplicaState::Finalized)]);
+            st.apply_report(
+                *id,
+                &[report(h, 1, 10, ReplicaState::Finalized)],
+                st.ack_mark(),
+            );
         }
         assert_eq!(st.recovering_with_replica_on(&ids[..1]), vec![ino]);
         assert!(st

@@ -13,10 +13,32 @@
 //! 2. each batch of reported replicas is applied as before (versions never lowered, a
 //!    finalized replica never reopened, corrupt marks kept or cleared) and joins the
 //!    chunkserver's set;
-//! 3. each batch of the old set: a replica the report omits leaves its chunk (unless it
-//!    is in an open file's granted pipeline, judged on the pipelines of that batch's
-//!    hold: a periodic report may have been built before the bump that created it);
+//! 3. each batch of the old set: a replica the report omits leaves its chunk, unless
+//!    the report may predate it: the master recorded it from the chunkserver's answer
+//!    to a command after the report's *mark* (below), or it is in an open file's
+//!    granted pipeline (judged on the pipelines of that batch's hold);
 //! 4. `finish`: corrupt marks of replicas no longer reported go, the orphans are set.
+//!
+//! **The mark.** A report is built at one moment and applied at a later one, while
+//! commands reach the chunkserver on other connections: a report built just before a
+//! bump created a replica may arrive after the bump's answer was recorded. Every
+//! recorded answer raises the master's acknowledgement clock and is kept with its
+//! value ([`crate::registry::Chunkserver::acked`]); each report gets a *mark*: a value
+//! the clock had before the chunkserver started building it, so every answer at or
+//! below the mark was sent (its command had run) before the report was built. A
+//! periodic report's mark is the clock read when the heartbeat that precedes it on
+//! the same connection arrived (the chunkserver builds its report only after that
+//! heartbeat's reply); a registration's is the clock read when its `Register` arrived
+//! (the chunkserver takes its new session, which refuses the old one's commands, and
+//! waits for the commands still running before it builds the report). An omitted
+//! replica recorded from an answer above the mark stays. Answers at or below a mark
+//! are forgotten as soon as the mark is read ([`MasterState::forget_acks`]): every
+//! later report on that connection is marked at least as high. A report marked below
+//! what was forgotten ([`crate::registry::Chunkserver::covered`]: one from an older
+//! connection, or with no heartbeat before it) takes nothing away. (A replica
+//! recorded before the grant that names it in a pipeline was the window the fsx test
+//! found: readers of the new chunk saw its pipeline short a member, so only its
+//! committed length, 0, was readable.)
 //!
 //! Between batches each chunk shows either what the master knew before the report or
 //! what the report says, both states the master could have had had the report come a
@@ -39,6 +61,8 @@ pub struct ReportApply {
     id: ChunkserverId,
     idx: u32,
     epoch: u64,
+    /// Command answers recorded at or below this clock are covered by the report.
+    covered: u64,
     reports: Vec<ReplicaReport>,
     /// The reported handles, sorted.
     reported: Vec<ChunkHandle>,
@@ -73,13 +97,15 @@ impl MasterState {
     /// been built before a bump that created a replica and arrive after the bump's
     /// reply: a replica of an open file's granted pipeline that it omits is kept (lease
     /// recovery must not take it for gone; the chunkserver's next report, or its
-    /// registration after a restart, settles it).
+    /// registration after a restart, settles it). `covered`: the report's mark (see
+    /// the module docs).
     pub fn apply_periodic_report(
         &mut self,
         id: ChunkserverId,
         reports: &[ReplicaReport],
+        covered: u64,
     ) -> ReportSummary {
-        let Some(mut apply) = self.begin_report(id, reports.to_vec()) else {
+        let Some(mut apply) = self.begin_report(id, reports.to_vec(), covered) else {
             return ReportSummary::default();
         };
         while !apply.done() {
@@ -95,11 +121,12 @@ impl MasterState {
         &mut self,
         id: ChunkserverId,
         reports: Vec<ReplicaReport>,
+        covered: u64,
     ) -> Option<ReportApply> {
         let mut reported: Vec<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
         reported.sort_unstable();
         reported.dedup();
-        self.begin_sorted_report(id, reports, reported)
+        self.begin_sorted_report(id, reports, reported, covered)
     }
 
     /// [`Self::begin_report`] with the reported handles already sorted and deduplicated
@@ -109,6 +136,7 @@ impl MasterState {
         id: ChunkserverId,
         reports: Vec<ReplicaReport>,
         reported: Vec<ChunkHandle>,
+        covered: u64,
     ) -> Option<ReportApply> {
         let idx = server_index(id)?;
         let cs = self.registry.get_mut(id)?;
@@ -118,6 +146,7 @@ impl MasterState {
             id,
             idx,
             epoch: cs.report_epoch,
+            covered,
             reports,
             reported,
             next: 0,
@@ -167,7 +196,10 @@ impl MasterState {
                 let h = apply.old[apply.next_old];
                 apply.next_old += 1;
                 left -= 1;
-                if apply.reported.binary_search(&h).is_ok() || keep.contains(&h) {
+                if apply.reported.binary_search(&h).is_ok()
+                    || keep.contains(&h)
+                    || !self.omission_counts(id, h, apply.covered)
+                {
                     continue;
                 }
                 if let Some(info) = self.chunks.get_mut(h) {
@@ -186,7 +218,28 @@ impl MasterState {
             if let Some(cs) = self.registry.get_mut(id) {
                 cs.orphans = std::mem::take(&mut apply.orphans);
             }
+            self.forget_acks(id, apply.covered);
             apply.done = true;
+        }
+    }
+
+    /// Whether a report of `id` marked `mark` that omits its replica of `h` shows it
+    /// gone: not when the master recorded that replica from a command answer later
+    /// than the mark, nor when answers above the mark were already forgotten.
+    fn omission_counts(&self, id: ChunkserverId, h: ChunkHandle, mark: u64) -> bool {
+        self.registry.get(id).is_some_and(|cs| {
+            mark >= cs.covered && cs.acked.get(&h).is_none_or(|clock| *clock <= mark)
+        })
+    }
+
+    /// Forgets `id`'s command answers up to `mark`: every report of it from now on
+    /// (on its connection) was built after they were sent. See the module docs.
+    pub fn forget_acks(&mut self, id: ChunkserverId, mark: u64) {
+        if let Some(cs) = self.registry.get_mut(id) {
+            if mark > cs.covered {
+                cs.acked.retain(|_, clock| *clock > mark);
+                cs.covered = mark;
+            }
         }
     }
 
@@ -199,8 +252,15 @@ impl MasterState {
             .collect()
     }
 
-    /// Replaces `id`'s replica list with a full report, in one piece (a registration).
-    pub fn apply_report(&mut self, id: ChunkserverId, reports: &[ReplicaReport]) -> ReportSummary {
+    /// Replaces `id`'s replica list with a full report, in one piece (a registration),
+    /// but for the replicas recorded from command answers above `covered`, the
+    /// report's mark (see the module docs).
+    pub fn apply_report(
+        &mut self,
+        id: ChunkserverId,
+        reports: &[ReplicaReport],
+        covered: u64,
+    ) -> ReportSummary {
         let mut summary = ReportSummary::default();
         let Some(idx) = server_index(id) else {
             return summary;
@@ -210,15 +270,25 @@ impl MasterState {
         };
         let old = std::mem::take(&mut cs.replicas);
         cs.orphans.clear();
+        let trusted = covered >= cs.covered;
+        if trusted {
+            cs.acked.retain(|_, clock| *clock > covered);
+            cs.covered = covered;
+        }
         let new: HashSet<ChunkHandle> = reports.iter().map(|r| r.handle).collect();
+        let mut mine = HandleSet::new();
         for h in old.iter().filter(|h| !new.contains(h)) {
+            if !trusted || cs.acked.contains_key(&h) {
+                // Answered after the report was built, or it cannot tell: it stays.
+                mine.insert(h);
+                continue;
+            }
             if let Some(info) = self.chunks.get_mut(h) {
                 info.remove_replica(idx);
             }
         }
         self.health
             .retain_corrupt_reported(id, |h| new.contains(&h));
-        let mut mine = HandleSet::new();
         let mut orphans = Vec::new();
         for r in reports {
             match self.apply_reported(id, idx, r, &mut summary) {

@@ -31,6 +31,7 @@ fn state_with_servers(n: u64) -> MasterState {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     }
@@ -625,6 +626,7 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
                     session: 0,
                 },
                 0,
+                replayed.ack_mark(),
             )
             .expect("re-register keeps the id");
         let ino = replayed.resolve_path("/f0").expect("f0");
@@ -750,6 +752,7 @@ fn registration_keeps_known_ids_and_classifies_reports() {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     assert_eq!(id, ChunkserverId(1));
@@ -757,14 +760,14 @@ fn registration_keeps_known_ids_and_classifies_reports() {
     assert_eq!(cs.orphans, vec![orphan]);
     assert_eq!(st.chunks.get(h).expect("c").current().count(), 1);
     // A report above the master's version is never handed out.
-    let s = st.apply_report(id, &[rep(7)]);
+    let s = st.apply_report(id, &[rep(7)], st.ack_mark());
     assert_eq!(s.ahead, 1);
     let loc = st
         .locations("/f", A, &ClusterKey::from_bytes([1; 32]), 0)
         .expect("locations");
     assert!(loc.chunks[0].replicas.is_empty());
     // An empty full report removes the replica.
-    st.apply_report(id, &[]);
+    st.apply_report(id, &[], st.ack_mark());
     assert!(st.chunks.get(h).expect("c").replicas.is_empty());
     // An unknown id gets a fresh one.
     let new = st
@@ -778,6 +781,7 @@ fn registration_keeps_known_ids_and_classifies_reports() {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     assert_eq!(new, ChunkserverId(2));

@@ -780,10 +780,20 @@ impl MasterState {
                 continue;
             };
             info.record_report(idx, rep);
+            self.acks += 1;
             if let Some(cs) = self.registry.get_mut(*id) {
                 cs.replicas.insert(handle);
+                cs.acked.insert(handle, self.acks);
             }
         }
+    }
+
+    /// The acknowledgement clock now. Every command answer recorded so far has a
+    /// clock at most this; a report the chunkserver built after hearing something the
+    /// master sent once it read this mark (a heartbeat reply, see `server.rs`) covers
+    /// them all: those commands had run by then.
+    pub fn ack_mark(&self) -> u64 {
+        self.acks
     }
 
     /// Renews every lease `client` holds.

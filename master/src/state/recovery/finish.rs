@@ -227,6 +227,7 @@ mod tests {
                         session: 0,
                     },
                     100,
+                    back.ack_mark(),
                 )
                 .expect("register");
             }

@@ -33,6 +33,7 @@ fn state(n: u64) -> (MasterState, ChunkserverId) {
                 session: 0,
             },
             0,
+            st.ack_mark(),
         )
         .expect("register");
     for h in 1..=n {
@@ -83,12 +84,14 @@ fn a_report_in_batches_ends_where_the_one_piece_report_ends() {
         .map(|h| rep(h, if h % 7 == 0 { 1 } else { 2 }))
         .collect();
     let (mut whole, id) = state(80);
-    whole.apply_report(id, &first);
-    let ws = whole.apply_report(id, &second);
+    whole.apply_report(id, &first, whole.ack_mark());
+    let ws = whole.apply_report(id, &second, whole.ack_mark());
     for budget in [1, 3, 16, 1000] {
         let (mut st, id) = state(80);
-        st.apply_report(id, &first);
-        let mut apply = st.begin_report(id, second.clone()).expect("registered");
+        st.apply_report(id, &first, st.ack_mark());
+        let mut apply = st
+            .begin_report(id, second.clone(), st.ack_mark())
+            .expect("registered");
         let mut steps = 0;
         while !apply.done() {
             st.report_step(&mut apply, budget);
@@ -107,9 +110,13 @@ fn a_report_in_batches_ends_where_the_one_piece_report_ends() {
 #[test]
 fn a_replica_is_dropped_only_after_the_whole_report_is_in() {
     let (mut st, id) = state(10);
-    st.apply_report(id, &(1..=10).map(|h| rep(h, 2)).collect::<Vec<_>>());
+    st.apply_report(
+        id,
+        &(1..=10).map(|h| rep(h, 2)).collect::<Vec<_>>(),
+        st.ack_mark(),
+    );
     let mut apply = st
-        .begin_report(id, (1..=5).map(|h| rep(h, 2)).collect())
+        .begin_report(id, (1..=5).map(|h| rep(h, 2)).collect(), st.ack_mark())
         .expect("registered");
     st.report_step(&mut apply, 5);
     assert_eq!(
@@ -130,7 +137,7 @@ fn a_replica_is_dropped_only_after_the_whole_report_is_in() {
 fn a_registration_between_batches_supersedes_the_report() {
     let (mut st, id) = state(10);
     let mut apply = st
-        .begin_report(id, (1..=10).map(|h| rep(h, 2)).collect())
+        .begin_report(id, (1..=10).map(|h| rep(h, 2)).collect(), st.ack_mark())
         .expect("registered");
     st.report_step(&mut apply, 4);
     // The chunkserver restarted and registered again with its fresh scan: 7..=10.
@@ -145,6 +152,7 @@ fn a_registration_between_batches_supersedes_the_report() {
             session: 0,
         },
         5,
+        st.ack_mark(),
     )
     .expect("register");
     st.report_step(&mut apply, 100);
@@ -158,10 +166,14 @@ fn a_registration_between_batches_supersedes_the_report() {
 #[test]
 fn changes_between_batches_are_neither_lost_nor_reverted() {
     let (mut st, id) = state(10);
-    st.apply_report(id, &(1..=10).map(|h| rep(h, 2)).collect::<Vec<_>>());
+    st.apply_report(
+        id,
+        &(1..=10).map(|h| rep(h, 2)).collect::<Vec<_>>(),
+        st.ack_mark(),
+    );
     // A report built before chunk 3 was bumped to version 3 and chunk 10 deleted.
     let mut apply = st
-        .begin_report(id, (1..=10).map(|h| rep(h, 2)).collect())
+        .begin_report(id, (1..=10).map(|h| rep(h, 2)).collect(), st.ack_mark())
         .expect("registered");
     st.report_step(&mut apply, 2);
     st.chunks.get_mut(ChunkHandle(3)).expect("c").version = ChunkVersion(3);
@@ -182,4 +194,109 @@ fn changes_between_batches_are_neither_lost_nor_reverted() {
     );
     assert!(!held.iter().any(|(h, _)| *h == 10));
     assert_eq!(orphans, vec![10], "a deleted chunk's replica is an orphan");
+}
+
+/// `id`'s registration again, holding `replicas`, with the report mark `covered`.
+fn reregister(st: &mut MasterState, id: ChunkserverId, replicas: Vec<ReplicaReport>, covered: u64) {
+    let req = Register {
+        id: Some(id),
+        addr: "127.0.0.1:9001".into(),
+        capacity: 1 << 40,
+        used: 0,
+        replicas,
+        session: 1,
+    };
+    st.register(&req, 10, covered).expect("register");
+}
+
+fn holds(st: &MasterState, id: ChunkserverId, h: u64) -> bool {
+    known(st, id).0.iter().any(|(k, _)| *k == h)
+}
+
+/// A periodic report built before a command created a replica arrives after the
+/// command's answer was recorded: the replica stays (no pipeline names it: the grant
+/// that would is still being logged). A report marked after the answer decides.
+#[test]
+fn a_periodic_report_older_than_a_command_answer_keeps_its_replica() {
+    let (mut st, id) = state(3);
+    let built = |h: &[u64]| h.iter().map(|h| rep(*h, 2)).collect::<Vec<_>>();
+    st.apply_periodic_report(id, &built(&[1, 2]), st.ack_mark());
+    let before = st.ack_mark();
+    st.record_replicas(ChunkHandle(3), &[(id, rep(3, 2))]);
+    st.apply_periodic_report(id, &built(&[1, 2]), before);
+    assert!(
+        holds(&st, id, 3),
+        "a report built before the answer omits it"
+    );
+    assert!(st
+        .chunks
+        .get(ChunkHandle(3))
+        .and_then(|c| c.replica(id))
+        .is_some());
+    // Batched, with the answer recorded before the report began: the same.
+    let mut apply = st
+        .begin_report(id, built(&[1, 2]), before)
+        .expect("registered");
+    while !apply.done() {
+        st.report_step(&mut apply, 1);
+    }
+    assert!(holds(&st, id, 3));
+    // Built after the answer: the chunkserver no longer holds it.
+    st.apply_periodic_report(id, &built(&[1, 2]), st.ack_mark());
+    assert!(
+        !holds(&st, id, 3),
+        "a report newer than the answer takes it away"
+    );
+    assert!(st
+        .chunks
+        .get(ChunkHandle(3))
+        .and_then(|c| c.replica(id))
+        .is_none());
+    assert!(
+        st.registry.get(id).expect("cs").acked.is_empty(),
+        "covered: forgotten"
+    );
+}
+
+/// The same for a registration's report: marked when the `Register` arrived, it keeps
+/// a replica answered for after that, and takes away one answered for before.
+#[test]
+fn a_registration_keeps_what_was_answered_after_its_report() {
+    let (mut st, id) = state(3);
+    let before = st.ack_mark();
+    st.record_replicas(ChunkHandle(2), &[(id, rep(2, 2))]);
+    st.record_replicas(ChunkHandle(3), &[(id, rep(3, 2))]);
+    reregister(&mut st, id, vec![rep(1, 2)], before);
+    assert!(holds(&st, id, 1) && holds(&st, id, 2) && holds(&st, id, 3));
+    let mid = st.ack_mark();
+    st.record_replicas(ChunkHandle(3), &[(id, rep(3, 2))]);
+    reregister(&mut st, id, vec![rep(1, 2)], mid);
+    assert!(
+        !holds(&st, id, 2),
+        "answered before the mark, not reported: gone"
+    );
+    assert!(holds(&st, id, 3), "answered again after the mark: stays");
+}
+
+/// Answers are forgotten once a heartbeat's mark passes them (the report after that
+/// heartbeat is built later); a report marked below what was forgotten (from an older
+/// connection) cannot tell what it never saw, and takes nothing away.
+#[test]
+fn a_report_marked_below_what_was_forgotten_takes_nothing_away() {
+    let (mut st, id) = state(3);
+    let built = |h: &[u64]| h.iter().map(|h| rep(*h, 2)).collect::<Vec<_>>();
+    let old_mark = st.ack_mark();
+    st.record_replicas(ChunkHandle(3), &[(id, rep(3, 2))]);
+    let heartbeat = st.ack_mark();
+    st.forget_acks(id, heartbeat);
+    assert!(st.registry.get(id).expect("cs").acked.is_empty());
+    st.apply_periodic_report(id, &built(&[1]), old_mark);
+    assert!(
+        holds(&st, id, 3),
+        "an older report omits nothing it can prove"
+    );
+    st.apply_periodic_report(id, &built(&[1]), heartbeat);
+    assert!(!holds(&st, id, 3), "the report after the heartbeat decides");
+    // Chunk 2 was never held: it was not in the master's view either.
+    assert!(!holds(&st, id, 2));
 }
