@@ -11,20 +11,26 @@
 # unmounts and stops everything it started (by pid / its own config).
 #
 # Usage (as root, for FUSE):
-#   scripts/mount-metadata-bench.sh [STAMPFS_BINARY] [--baseline OTHER_BINARY] [--no-moosefs] [-- BENCH ARGS]
+#   scripts/mount-metadata-bench.sh [STAMPFS_BINARY] [--baseline OTHER_BINARY] [--no-moosefs]
+#       [--negative SECONDS] [-- BENCH ARGS]
 #   e.g. scripts/mount-metadata-bench.sh target/release/stampfs -- --files 5000 --rounds 3
 # --baseline also runs a second stampfs cluster and mount from another build (e.g. the
 # code before a change), measured as `stampfs-base` in the same run.
+# --negative S also measures a second mount of each system with negative lookups cached
+# for S seconds (`stampfs mount --negative-timeout`, mfsmount `-o mfsnegentrycacheto`),
+# as `stampfs-neg` and `moosefs-neg`.
 set -euo pipefail
 
 BIN=target/release/stampfs
 MOOSEFS=1
 BASELINE=""
+NEGATIVE=""
 BENCH_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-moosefs) MOOSEFS=0 ;;
         --baseline) shift; BASELINE=$(readlink -f "$1") ;;
+        --negative) shift; NEGATIVE="$1" ;;
         --) shift; BENCH_ARGS=("$@"); break ;;
         *) BIN="$1" ;;
     esac
@@ -72,6 +78,15 @@ start_stampfs() { # BINARY NAME PORT
     wait_for "grep -q 'stampfs: mounted' '$WORK/$name-mount.out'" "the $name mount"
     MOUNTS+=("$WORK/mnt-$name")
     TARGETS+=(--target "$name=$WORK/mnt-$name")
+    if [ -n "$NEGATIVE" ] && [ "$name" = stampfs ]; then
+        mkdir -p "$WORK/mnt-$name-neg"
+        "$bin" mount --foreground --negative-timeout "${NEGATIVE}s" --master "127.0.0.1:$port" \
+            "$WORK/mnt-$name-neg" >"$WORK/$name-neg-mount.out" 2>"$WORK/$name-neg-mount.log" &
+        PIDS+=($!)
+        wait_for "grep -q 'stampfs: mounted' '$WORK/$name-neg-mount.out'" "the $name-neg mount"
+        MOUNTS+=("$WORK/mnt-$name-neg")
+        TARGETS+=(--target "$name-neg=$WORK/mnt-$name-neg")
+    fi
 }
 PORT=$((20000 + RANDOM % 20000))
 TARGETS=()
@@ -108,6 +123,14 @@ CFG
     MOUNTS+=("$WORK/mnt-moosefs")
     wait_for "grep -q ' $WORK/mnt-moosefs ' /proc/mounts" "the MooseFS mount"
     TARGETS+=(--target "moosefs=$WORK/mnt-moosefs")
+    if [ -n "$NEGATIVE" ]; then
+        mkdir -p "$WORK/mnt-moosefs-neg"
+        mfsmount -H 127.0.0.1 -P "$CLP" -o "mfsnegentrycacheto=$NEGATIVE" "$WORK/mnt-moosefs-neg" \
+            >"$WORK/mfsmount-neg.log" 2>&1 || { cat "$WORK/mfsmount-neg.log" >&2; exit 1; }
+        MOUNTS+=("$WORK/mnt-moosefs-neg")
+        wait_for "grep -q ' $WORK/mnt-moosefs-neg ' /proc/mounts" "the second MooseFS mount"
+        TARGETS+=(--target "moosefs-neg=$WORK/mnt-moosefs-neg")
+    fi
 fi
 
 "$BIN" bench mount-metadata "${TARGETS[@]}" --dir "$WORK" "${BENCH_ARGS[@]}"

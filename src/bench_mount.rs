@@ -198,7 +198,11 @@ fn measure(args: &BenchMountArgs) -> std::io::Result<()> {
         // timed loops.
         let mut work = Vec::new();
         for (name, dir) in &args.targets {
-            let base = dir.join(format!("stampfs-bench-{}-{round}", std::process::id()));
+            // Named after the target too: two targets may be mounts of one cluster.
+            let base = dir.join(format!(
+                "stampfs-bench-{}-{name}-{round}",
+                std::process::id()
+            ));
             std::fs::create_dir(&base)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", base.display())))?;
             let files: Vec<PathBuf> = (0..args.files)

@@ -345,6 +345,18 @@ pub struct MountArgs {
     /// mount run as root. Identities are not authenticated yet.
     #[arg(long)]
     pub allow_other: bool,
+    /// How long the mount and the kernel trust the attributes and directory entries
+    /// they learned (a directory walked name by name is listed whole, once per this
+    /// time). Another client's changes show within it (like mfsmount's attribute and
+    /// entry cache timeouts). 0 asks the master every time.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub cache_timeout: std::time::Duration,
+    /// How long a name missing from the mount's listing of its directory is taken not
+    /// to exist: the lookup that starts every create of a new name is then answered
+    /// without the master. A name another client makes meanwhile is not seen for that
+    /// long (mfsmount's negative entry cache timeout). Default 0: always ask.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub negative_timeout: std::time::Duration,
     /// Serve in this process until SIGINT/SIGTERM or `umount`, logging on stderr (or
     /// to --log-file).
     ///

@@ -131,6 +131,8 @@ async fn foreground(args: MountArgs) -> u8 {
         fsname: format!("stampfs:{master}"),
         nonempty: args.nonempty,
         allow_other: args.allow_other,
+        attr_ttl: args.cache_timeout,
+        negative_ttl: args.negative_timeout,
         ..MountConfig::default()
     };
     let mut mount = match Mount::start(client, &args.mountpoint, config).await {
@@ -274,6 +276,10 @@ async fn background(args: MountArgs) -> u8 {
     if args.allow_other {
         cmd.arg("--allow-other");
     }
+    cmd.arg("--cache-timeout")
+        .arg(humantime::format_duration(args.cache_timeout).to_string())
+        .arg("--negative-timeout")
+        .arg(humantime::format_duration(args.negative_timeout).to_string());
     let spawned = cmd
         .arg(&mountpoint)
         .current_dir("/")

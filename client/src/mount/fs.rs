@@ -11,7 +11,7 @@ use super::errno::errno_for;
 use super::handles::{
     settles_at_once, DirEntry, DirHandle, Handle, Handles, ReadHandle, WriteHandle, WriteState,
 };
-use super::inodes::{base_name, AttrCache, Cached, Inodes, ROOT};
+use super::inodes::{base_name, parent_of, AttrCache, Cached, Inodes, ROOT};
 use crate::client::{Client, CreateOptions};
 use crate::error::Error;
 use crate::reader::FileReader;
@@ -154,6 +154,9 @@ impl fuser::Filesystem for StampFs {
         };
         if let Some(c) = self.shared.cached(&path) {
             return self.shared.reply_entry(reply, &c.status, c.size);
+        }
+        if self.shared.known_absent(&path) {
+            return reply.error(Errno::ENOENT);
         }
         let sh = self.shared.clone();
         self.spawn(async move {
@@ -730,12 +733,22 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let append_mode = flags & libc::O_APPEND != 0;
+        let exclusive = flags & libc::O_EXCL != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
         let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
         self.spawn_as(req, async move {
-            match sh.create(path, append_mode, attr).await {
-                Ok((st, fh)) => {
-                    let attr = sh.attr(&st, 0);
+            let created = match sh.create(path.clone(), append_mode, attr).await {
+                Ok((st, fh)) => Ok((sh.attr(&st, 0), st, fh)),
+                // The kernel thought the name free (a cached listing, or another
+                // client's create in between): without O_EXCL, open(2) opens the file.
+                Err(Errno::EEXIST) if !exclusive => {
+                    sh.open_existing(&path, append_mode, truncate).await
+                }
+                Err(e) => Err(e),
+            };
+            match created {
+                Ok((attr, st, fh)) => {
                     lock(&sh.inodes).remember(st.inode.0, &st.path);
                     reply.created(
                         &sh.ttl,

@@ -5,10 +5,14 @@
 //! both sides), and [`Inodes`] remembers the path of every inode the kernel holds a
 //! reference to, counting lookups so `forget` can drop it. [`AttrCache`] keeps recent
 //! [`FileStatus`] answers by path for a short TTL so `ls -l` costs one `List` and not
-//! one `Stat` per entry.
+//! one `Stat` per entry, and the complete lists of names of the directories this mount
+//! walks: a lookup of a name in it is answered from the cached attributes, and, with
+//! a negative timeout, a lookup of a name that is not in it (every `open(O_CREAT)` of
+//! a new file starts with one) is answered "no such file", without a round trip to
+//! the master either way.
 
 use stampfs_proto::FileStatus;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// The kernel's inode number for the root directory (and the master's).
@@ -16,6 +20,22 @@ pub(crate) const ROOT: u64 = 1;
 
 /// Entries kept in the attribute cache before stale ones are swept out.
 const ATTR_CACHE_SWEEP_AT: usize = 16 * 1024;
+
+/// Lookups in one directory within a TTL that make the mount list it whole (a
+/// directory being walked or filled) rather than ask for each name.
+pub(crate) const LIST_AFTER_LOOKUPS: u32 = 2;
+
+/// The most names a directory listing kept for lookups may hold; a larger directory
+/// is asked name by name (listing it every TTL would cost more than it saves).
+pub(crate) const MAX_LISTED_NAMES: usize = 16 * 1024;
+
+/// The parent directory of a path (`/` for the root and its entries).
+pub(crate) fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
 
 /// `parent/name` as a namespace path.
 pub(crate) fn join(parent: &str, name: &str) -> String {
@@ -133,25 +153,144 @@ pub(crate) struct Cached {
     at: Instant,
 }
 
-/// Recent `Stat`/`List` answers by path, trusted for `ttl`.
+/// The complete list of names of one directory, as listed at `at` and changed since
+/// by this mount's own creates, removes and renames in it.
+struct Listing {
+    names: HashSet<String>,
+    at: Instant,
+}
+
+/// Recent `Stat`/`List` answers by path, trusted for `ttl`, and recent complete
+/// listings of directories: a name missing from a listing younger than the negative
+/// timeout is taken not to exist (another client's create shows within that time, as
+/// its changes to a file show within the TTL; 0, the default, never answers so). A
+/// create the master then refuses because the name exists after all opens the
+/// existing file (`create` without `O_EXCL`), as it must.
 pub(crate) struct AttrCache {
     ttl: Duration,
-    entries: HashMap<String, Cached>,
+    /// How long a listing answers for the names it lacks.
+    negative_ttl: Duration,
+    /// Ordered, so that a directory's entries (`dir/...`) are one range.
+    entries: BTreeMap<String, Cached>,
+    listings: HashMap<String, Listing>,
+    /// Lookups that went to the master, per directory: when the count started, and
+    /// how many (see [`LIST_AFTER_LOOKUPS`]).
+    lookups: HashMap<String, (Instant, u32)>,
+    /// Raised by every change this mount makes or forgets ([`AttrCache::changes`]).
+    changes: u64,
 }
 
 impl AttrCache {
-    pub(crate) fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration, negative_ttl: Duration) -> Self {
         Self {
             ttl,
-            entries: HashMap::new(),
+            negative_ttl,
+            entries: BTreeMap::new(),
+            listings: HashMap::new(),
+            lookups: HashMap::new(),
+            changes: 0,
         }
+    }
+
+    /// A count of the changes this mount made (names made, removed, attributes
+    /// dropped). Read before asking the master for a listing: if it moved by the
+    /// answer, the answer may predate one of them and is not kept.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    fn fresh(&self, at: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(at) < self.ttl
+    }
+
+    /// Whether `path` is known not to exist at `now`: its directory was listed within
+    /// the negative timeout and the name is not in it.
+    pub(crate) fn absent(&self, path: &str, now: Instant) -> bool {
+        self.listings.get(parent_of(path)).is_some_and(|l| {
+            now.saturating_duration_since(l.at) < self.negative_ttl
+                && !l.names.contains(base_name(path))
+        })
+    }
+
+    /// Counts a lookup of `path` that goes to the master; true when its directory is
+    /// being walked ([`LIST_AFTER_LOOKUPS`] within a TTL) and has no fresh listing:
+    /// list it instead.
+    pub(crate) fn should_list_parent(&mut self, path: &str, now: Instant) -> bool {
+        let dir = parent_of(path);
+        if self
+            .listings
+            .get(dir)
+            .is_some_and(|l| self.fresh(l.at, now))
+        {
+            return false;
+        }
+        if self.lookups.len() >= ATTR_CACHE_SWEEP_AT {
+            let ttl = self.ttl;
+            self.lookups
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+        }
+        let ttl = self.ttl;
+        let (at, n) = self.lookups.entry(dir.to_string()).or_insert((now, 0));
+        if now.saturating_duration_since(*at) >= ttl {
+            (*at, *n) = (now, 0);
+        }
+        *n += 1;
+        *n >= LIST_AFTER_LOOKUPS
+    }
+
+    /// Keeps the complete list of names of `dir` as listed at `now` (not when it has
+    /// more than [`MAX_LISTED_NAMES`]).
+    pub(crate) fn listed<'a>(
+        &mut self,
+        dir: &str,
+        names: impl ExactSizeIterator<Item = &'a str>,
+        now: Instant,
+    ) {
+        self.lookups.remove(dir);
+        if names.len() > MAX_LISTED_NAMES {
+            self.listings.remove(dir);
+            return;
+        }
+        if self.listings.len() >= ATTR_CACHE_SWEEP_AT {
+            let ttl = self.ttl;
+            self.listings
+                .retain(|_, l| now.saturating_duration_since(l.at) < ttl);
+        }
+        let names = names.map(str::to_string).collect();
+        self.listings
+            .insert(dir.to_string(), Listing { names, at: now });
+    }
+
+    /// This mount made `path`: its directory's listing gains the name.
+    pub(crate) fn name_added(&mut self, path: &str) {
+        self.changes += 1;
+        if let Some(l) = self.listings.get_mut(parent_of(path)) {
+            l.names.insert(base_name(path).to_string());
+        }
+    }
+
+    /// A change of `path` failed in a way that leaves unknown whether it exists:
+    /// its directory's listing goes.
+    pub(crate) fn name_unknown(&mut self, path: &str) {
+        self.changes += 1;
+        self.listings.remove(parent_of(path));
+    }
+
+    /// This mount removed `path` (or renamed it away): its directory's listing loses
+    /// the name, and listings of `path` and below go.
+    pub(crate) fn name_removed(&mut self, path: &str) {
+        self.changes += 1;
+        if let Some(l) = self.listings.get_mut(parent_of(path)) {
+            l.names.remove(base_name(path));
+        }
+        self.listings.retain(|d, _| !within(d, path));
     }
 
     /// The answer for `path` if it is younger than the TTL at `now`.
     pub(crate) fn get(&self, path: &str, now: Instant) -> Option<Cached> {
         self.entries
             .get(path)
-            .filter(|c| now.saturating_duration_since(c.at) < self.ttl)
+            .filter(|c| self.fresh(c.at, now))
             .cloned()
     }
 
@@ -172,9 +311,22 @@ impl AttrCache {
         );
     }
 
-    /// Drops `path` and everything below it.
+    /// Drops the attributes of `path` and of everything below it.
     pub(crate) fn invalidate(&mut self, path: &str) {
-        self.entries.retain(|p, _| !within(p, path));
+        self.changes += 1;
+        self.entries.remove(path);
+        // Below `path`: the range from `path/` up to `path0` ('0' follows '/').
+        let below: Vec<String> = self
+            .entries
+            .range(
+                format!("{}/", path.trim_end_matches('/'))
+                    ..format!("{}0", path.trim_end_matches('/')),
+            )
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in below {
+            self.entries.remove(&p);
+        }
     }
 }
 
@@ -238,7 +390,7 @@ mod tests {
 
     #[test]
     fn attributes_expire_after_the_ttl() {
-        let mut c = AttrCache::new(Duration::from_secs(1));
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
         let t0 = Instant::now();
         c.put(status("/f", 9), 7, t0);
         assert!(c.get("/f", t0 + Duration::from_millis(999)).is_some());
@@ -247,5 +399,100 @@ mod tests {
         c.invalidate("/d");
         assert!(c.get("/d/g", t0).is_none());
         assert!(c.get("/f", t0).is_some());
+    }
+
+    #[test]
+    fn invalidation_takes_a_subtree_and_nothing_beside_it() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        for (p, i) in [
+            ("/a", 1),
+            ("/a/b", 2),
+            ("/a/b/c", 3),
+            ("/ab", 4),
+            ("/a0", 5),
+        ] {
+            c.put(status(p, i), 7, t0);
+        }
+        c.invalidate("/a");
+        for gone in ["/a", "/a/b", "/a/b/c"] {
+            assert!(c.get(gone, t0).is_none(), "{gone}");
+        }
+        assert!(c.get("/ab", t0).is_some() && c.get("/a0", t0).is_some());
+        c.invalidate("/");
+        assert!(c.get("/ab", t0).is_none(), "the root takes everything");
+    }
+
+    #[test]
+    fn a_name_missing_from_a_fresh_listing_is_absent() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert!(!c.absent("/d/x", t0), "nothing is known before a listing");
+        c.listed("/d", ["a", "b"].into_iter(), t0);
+        assert!(c.absent("/d/x", t0));
+        assert!(!c.absent("/d/a", t0));
+        assert!(!c.absent("/e/x", t0), "another directory is not known");
+        assert!(
+            !c.absent("/d/x", t0 + Duration::from_secs(1)),
+            "a listing is trusted for the TTL only"
+        );
+        let before = c.changes();
+        c.name_added("/d/x");
+        assert!(!c.absent("/d/x", t0), "this mount's create is in it");
+        assert_ne!(c.changes(), before, "a listing asked before it is not kept");
+        c.name_removed("/d/a");
+        assert!(c.absent("/d/a", t0), "and its removal");
+        // The root's entries.
+        c.listed("/", ["d"].into_iter(), t0);
+        assert!(c.absent("/q", t0) && !c.absent("/d", t0));
+        // A directory removed or renamed away loses its listing.
+        c.name_removed("/d");
+        assert!(!c.absent("/d/x", t0) && !c.absent("/d/zz", t0));
+    }
+
+    #[test]
+    fn without_a_negative_timeout_a_listing_answers_for_no_missing_name() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::ZERO);
+        let t0 = Instant::now();
+        c.listed("/d", ["a"].into_iter(), t0);
+        assert!(!c.absent("/d/x", t0), "another client may have made it");
+        assert!(
+            !c.should_list_parent("/d/x", t0),
+            "still listed: its attributes answer for the names it has"
+        );
+    }
+
+    #[test]
+    fn a_directory_is_listed_once_it_is_walked() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert!(
+            !c.should_list_parent("/d/a", t0),
+            "one lookup: ask for the name"
+        );
+        assert!(
+            c.should_list_parent("/d/b", t0),
+            "a second within the TTL: list"
+        );
+        assert!(!c.should_list_parent("/e/a", t0), "counted per directory");
+        c.listed("/d", ["a"].into_iter(), t0);
+        assert!(!c.should_list_parent("/d/c", t0), "listed: no need");
+        let later = t0 + Duration::from_secs(2);
+        assert!(
+            !c.should_list_parent("/d/c", later),
+            "the count starts again"
+        );
+        assert!(c.should_list_parent("/d/e", later));
+    }
+
+    #[test]
+    fn a_directory_too_large_is_not_kept() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        let names: Vec<String> = (0..=MAX_LISTED_NAMES).map(|i| format!("f{i}")).collect();
+        c.listed("/big", names.iter().map(String::as_str), t0);
+        assert!(!c.absent("/big/x", t0));
+        assert_eq!(parent_of("/big/x"), "/big");
+        assert_eq!(parent_of("/x"), "/");
     }
 }

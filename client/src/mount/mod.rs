@@ -80,6 +80,9 @@ pub async fn check_mountpoint(mountpoint: &Path, nonempty: bool) -> Result<PathB
 pub struct MountConfig {
     /// How long the kernel and the mount trust attributes and directory entries.
     pub attr_ttl: Duration,
+    /// How long the mount takes a name missing from a listing of its directory not to
+    /// exist (answering the lookup without the master); zero: never.
+    pub negative_ttl: Duration,
     /// How long [`Mount::unmount`] waits for requests in progress, then for open
     /// writers to close.
     pub drain_timeout: Duration,
@@ -98,6 +101,7 @@ impl Default for MountConfig {
     fn default() -> Self {
         Self {
             attr_ttl: Duration::from_secs(1),
+            negative_ttl: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
             fsname: "stampfs".to_string(),
             nonempty: false,
@@ -141,6 +145,7 @@ impl Mount {
             client,
             tokio::runtime::Handle::current(),
             config.attr_ttl,
+            config.negative_ttl,
         ));
         // Learn the root's attributes now, so that a getattr of the root can be answered
         // from them later if the master is slow or gone (`df` must not hang).

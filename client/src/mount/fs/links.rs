@@ -17,11 +17,9 @@ impl Shared {
         if target.len() > stampfs_proto::MAX_SYMLINK_TARGET {
             return Err(Errno::ENAMETOOLONG);
         }
-        let st = self
-            .client
-            .symlink_with(&path, target, attr)
-            .await
-            .map_err(|e| errno_for(&e, "symlink", &path))?;
+        let res = self.client.symlink_with(&path, target, attr).await;
+        self.name_changed(&path, res.as_ref().ok().map(|_| true));
+        let st = res.map_err(|e| errno_for(&e, "symlink", &path))?;
         self.invalidate(&path);
         Ok(st)
     }

@@ -11,11 +11,9 @@ impl Shared {
         path: String,
         attr: stampfs_proto::NewAttr,
     ) -> Result<FileStatus, Errno> {
-        let st = self
-            .client
-            .mkdir_with(&path, false, attr)
-            .await
-            .map_err(|e| errno_for(&e, "mkdir", &path))?;
+        let res = self.client.mkdir_with(&path, false, attr).await;
+        self.name_changed(&path, res.as_ref().ok().map(|_| true));
+        let st = res.map_err(|e| errno_for(&e, "mkdir", &path))?;
         self.invalidate(&path);
         Ok(st)
     }
@@ -24,6 +22,7 @@ impl Shared {
     pub(super) async fn remove(&self, path: String, op: &'static str) -> Result<(), Errno> {
         let res = self.client.delete(&path, false).await;
         self.invalidate(&path);
+        self.name_changed(&path, res.as_ref().ok().map(|_| false));
         res.map_err(|e| errno_for(&e, op, &path))
     }
 
@@ -39,7 +38,13 @@ impl Shared {
         } else {
             self.client.rename(&from, &to).await
         };
+        if res.is_err() {
+            self.name_changed(&from, None);
+            self.name_changed(&to, None);
+        }
         res.map_err(|e| errno_for(&e, "rename", &from))?;
+        self.name_changed(&from, Some(false));
+        self.name_changed(&to, Some(true));
         lock(&self.inodes).renamed(&from, &to);
         self.invalidate(&from);
         self.invalidate(&to);
@@ -59,11 +64,9 @@ impl Shared {
             attr: Some(attr),
             ..CreateOptions::default()
         };
-        let st = self
-            .client
-            .make_file(&path, opts)
-            .await
-            .map_err(|e| errno_for(&e, "create", &path))?;
+        let res = self.client.make_file(&path, opts).await;
+        self.name_changed(&path, res.as_ref().ok().map(|_| true));
+        let st = res.map_err(|e| errno_for(&e, "create", &path))?;
         let handle = WriteHandle::created(st.inode.0, st.path.clone(), append_mode);
         let fh = lock(&self.handles).insert(Handle::Write(Arc::new(handle)));
         lock(&self.attrs).put(st.clone(), 0, Instant::now());
@@ -80,12 +83,39 @@ impl Shared {
             attr: Some(attr),
             ..CreateOptions::default()
         };
-        let st = self
-            .client
-            .make_file(&path, opts)
-            .await
-            .map_err(|e| errno_for(&e, "mknod", &path))?;
+        let res = self.client.make_file(&path, opts).await;
+        self.name_changed(&path, res.as_ref().ok().map(|_| true));
+        let st = res.map_err(|e| errno_for(&e, "mknod", &path))?;
         lock(&self.attrs).put(st.clone(), 0, Instant::now());
         Ok(st)
+    }
+
+    /// `open(O_CREAT)` without `O_EXCL` of a name the master says exists: opens that
+    /// file for writing as `open(2)` would have (fresh from the master, the kernel's
+    /// view of the name was stale). Its attributes, status and handle.
+    pub(super) async fn open_existing(
+        &self,
+        path: &str,
+        append_mode: bool,
+        truncate: bool,
+    ) -> Result<(FileAttr, FileStatus, u64), Errno> {
+        self.invalidate(path);
+        let (st, size) = self.status_and_size(path).await?;
+        match st.kind {
+            FileKind::File => {}
+            FileKind::Directory => return Err(Errno::EISDIR),
+            // The kernel resolves links itself; one it did not see cannot be opened
+            // through here.
+            FileKind::Symlink => return Err(Errno::EEXIST),
+        }
+        let fh = self
+            .open_write(INodeNo(st.inode.0), path.to_string(), append_mode, truncate)
+            .await?;
+        let size = if truncate {
+            0
+        } else {
+            self.shown_size(&st, size)
+        };
+        Ok((self.attr(&st, size), st, fh))
     }
 }

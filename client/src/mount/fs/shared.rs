@@ -34,13 +34,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(client: Client, rt: tokio::runtime::Handle, ttl: Duration) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        rt: tokio::runtime::Handle,
+        ttl: Duration,
+        negative_ttl: Duration,
+    ) -> Self {
         Self {
             client,
             rt,
             ttl,
             inodes: Mutex::new(Inodes::default()),
-            attrs: Mutex::new(AttrCache::new(ttl)),
+            attrs: Mutex::new(AttrCache::new(ttl, negative_ttl)),
             handles: Mutex::new(Handles::default()),
             tasks: TaskTracker::new(),
             released: tokio::sync::Notify::new(),
@@ -155,10 +160,43 @@ impl Shared {
         lock(&self.attrs).invalidate(path);
     }
 
-    /// Status and readable size of `path`, from the cache when fresh.
+    /// Whether `path` is known not to exist: its directory was listed within the TTL
+    /// and the name is not in it (see [`AttrCache`]).
+    pub(super) fn known_absent(&self, path: &str) -> bool {
+        lock(&self.attrs).absent(path, Instant::now())
+    }
+
+    /// Records how a change of the name `path` by this mount went, for the listing of
+    /// its directory: `Some(true)` made, `Some(false)` removed, `None` unknown (it
+    /// failed).
+    pub(super) fn name_changed(&self, path: &str, exists: Option<bool>) {
+        let mut attrs = lock(&self.attrs);
+        match exists {
+            Some(true) => attrs.name_added(path),
+            Some(false) => attrs.name_removed(path),
+            None => attrs.name_unknown(path),
+        }
+    }
+
+    /// Status and readable size of `path`, from the cache when fresh. A directory
+    /// walked name by name is listed whole instead ([`AttrCache::should_list_parent`]):
+    /// one `List` answers the lookups of the TTL that follows, the names it lacks
+    /// included.
     pub(super) async fn status_and_size(&self, path: &str) -> Result<(FileStatus, u64), Errno> {
         if let Some(c) = self.cached(path) {
             return Ok((c.status, c.size));
+        }
+        if self.known_absent(path) {
+            return Err(Errno::ENOENT);
+        }
+        let walked = lock(&self.attrs).should_list_parent(path, Instant::now());
+        if walked && self.load_listing(parent_of(path)).await.is_ok() {
+            if let Some(c) = self.cached(path) {
+                return Ok((c.status, c.size));
+            }
+            if self.known_absent(path) {
+                return Err(Errno::ENOENT);
+            }
         }
         let st = self
             .client
@@ -272,22 +310,57 @@ impl Shared {
         Ok(self.attr(&st, self.shown_size(&st, size)))
     }
 
+    /// Lists directory `dir` at the master, keeping what it says: the attributes of
+    /// its entries and its names ([`Shared::absorb_listing`]).
+    #[tracing::instrument(skip_all, fields(%dir))]
+    async fn load_listing(&self, dir: &str) -> Result<(), Errno> {
+        let asked = self.listing_asked();
+        let entries = self
+            .client
+            .list(dir)
+            .await
+            .map_err(|e| errno_for(&e, "lookup", dir))?;
+        self.absorb_listing(dir, &entries, asked);
+        Ok(())
+    }
+
+    /// When a listing is asked for, and the count of this mount's changes then (see
+    /// [`Shared::absorb_listing`]).
+    fn listing_asked(&self) -> (Instant, u64) {
+        (Instant::now(), lock(&self.attrs).changes())
+    }
+
+    /// Keeps a listing of `dir` asked for at `asked` ([`Shared::listing_asked`]): the
+    /// attributes of its directories and closed files (files being written elsewhere
+    /// need their visible length: not cached here) and its complete list of names,
+    /// trusted from when it was asked. Not when this mount changed something since:
+    /// the answer may have been built before that change (a name this mount just made
+    /// would be missing from it).
+    fn absorb_listing(&self, dir: &str, entries: &[FileStatus], asked: (Instant, u64)) {
+        let (now, changes) = asked;
+        let mut attrs = lock(&self.attrs);
+        if attrs.changes() != changes {
+            return;
+        }
+        for e in entries {
+            if e.kind == FileKind::Directory || e.state == FileState::Closed {
+                attrs.put(e.clone(), e.length, now);
+            }
+        }
+        attrs.listed(dir, entries.iter().map(|e| base_name(&e.path)), now);
+    }
+
     #[tracing::instrument(skip_all, fields(ino = d.ino))]
     pub(super) async fn list(&self, d: &DirHandle) -> Result<(), Errno> {
         let path = self.path_of(INodeNo(d.ino))?;
+        let asked = self.listing_asked();
         let entries = self
             .client
             .list(&path)
             .await
             .map_err(|e| errno_for(&e, "readdir", &path))?;
-        let parent_ino = {
-            let inodes = lock(&self.inodes);
-            let parent = match path.rfind('/') {
-                Some(0) | None => "/",
-                Some(i) => &path[..i],
-            };
-            inodes.ino_of(parent).unwrap_or(ROOT)
-        };
+        self.absorb_listing(&path, &entries, asked);
+        let parent_ino = lock(&self.inodes).ino_of(parent_of(&path)).unwrap_or(ROOT);
         let mut out = vec![
             DirEntry {
                 ino: d.ino,
@@ -300,8 +373,6 @@ impl Shared {
                 name: "..".into(),
             },
         ];
-        let now = Instant::now();
-        let mut attrs = lock(&self.attrs);
         for e in entries {
             let kind = match e.kind {
                 FileKind::Directory => FileType::Directory,
@@ -313,13 +384,7 @@ impl Shared {
                 kind,
                 name: base_name(&e.path).to_string(),
             });
-            // Files being written elsewhere need their visible length: not cached here.
-            if e.kind == FileKind::Directory || e.state == FileState::Closed {
-                let size = e.length;
-                attrs.put(e, size, now);
-            }
         }
-        drop(attrs);
         *lock(&d.entries) = out;
         Ok(())
     }
