@@ -257,7 +257,7 @@ async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
     // old one's commands still running finish: the report shows what every command
     // answered before the `Register` arrives did, as the master assumes.
     let session = shared.begin_registration();
-    shared.settle_commands().await;
+    shared.settle_commands().await?;
     let (replicas, totals) = report_parts(shared, client).await?;
     let (capacity, used) = space(&shared.config.dir, shared.config.capacity, totals.bytes);
     let count = totals.replicas;

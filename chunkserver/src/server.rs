@@ -57,6 +57,10 @@ pub const ADDR_FILE: &str = "addr";
 /// Bytes of read replies in flight at once, across all connections.
 const READ_BUDGET: usize = 256 << 20;
 
+/// How long a registration waits for the master commands still running
+/// ([`Shared::settle_commands`]).
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// State shared by the listener, the handlers and the heartbeat task.
 pub(crate) struct Shared {
     pub config: ChunkserverConfig,
@@ -134,8 +138,21 @@ impl Shared {
     /// every command the master heard answered before the `Register` arrived then
     /// shows in the report, which the master relies on to take replicas away (its
     /// "mark", DESIGN.md "The report mark").
-    pub async fn settle_commands(&self) {
-        drop(self.commands.write().await);
+    ///
+    /// At most [`SETTLE_TIMEOUT`]: a command stuck on the disk fails the registration
+    /// (it is retried with backoff) rather than holding up every later command.
+    pub async fn settle_commands(&self) -> Result<()> {
+        match tokio::time::timeout(SETTLE_TIMEOUT, self.commands.write()).await {
+            Ok(held) => {
+                drop(held);
+                Ok(())
+            }
+            Err(_) => Err(Error::Unavailable {
+                reason: format!(
+                    "master commands still running after {SETTLE_TIMEOUT:?}; registering later"
+                ),
+            }),
+        }
     }
 
     /// Authenticates a signed master request and admits it once

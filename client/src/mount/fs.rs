@@ -734,21 +734,12 @@ impl fuser::Filesystem for StampFs {
         };
         let append_mode = flags & libc::O_APPEND != 0;
         let exclusive = flags & libc::O_EXCL != 0;
-        let truncate = flags & libc::O_TRUNC != 0;
         let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
         self.spawn_as(req, async move {
-            let created = match sh.create(path.clone(), append_mode, attr).await {
-                Ok((st, fh)) => Ok((sh.attr(&st, 0), st, fh)),
-                // The kernel thought the name free (a cached listing, or another
-                // client's create in between): without O_EXCL, open(2) opens the file.
-                Err(Errno::EEXIST) if !exclusive => {
-                    sh.open_existing(&path, append_mode, truncate).await
-                }
-                Err(e) => Err(e),
-            };
-            match created {
-                Ok((attr, st, fh)) => {
+            match sh.create(path, append_mode, attr).await {
+                Ok((st, fh)) => {
+                    let attr = sh.attr(&st, 0);
                     lock(&sh.inodes).remember(st.inode.0, &st.path);
                     reply.created(
                         &sh.ttl,
@@ -758,6 +749,12 @@ impl fuser::Filesystem for StampFs {
                         FopenFlags::empty(),
                     );
                 }
+                // The kernel thought the name free (a negative answer from a listing,
+                // or another client's create in between) and open(2) without O_EXCL
+                // must open the file: ESTALE makes the kernel look the name up again
+                // (the failed create dropped the listing) and open what it finds, with
+                // its own permission checks and symbolic links followed.
+                Err(Errno::EEXIST) if !exclusive => reply.error(Errno::ESTALE),
                 Err(e) => reply.error(e),
             }
         });

@@ -29,6 +29,18 @@ pub(crate) const LIST_AFTER_LOOKUPS: u32 = 2;
 /// is asked name by name (listing it every TTL would cost more than it saves).
 pub(crate) const MAX_LISTED_NAMES: usize = 16 * 1024;
 
+/// How long a directory found to hold more than [`MAX_LISTED_NAMES`] is not listed
+/// again for lookups.
+const TOO_LARGE_HOLD: Duration = Duration::from_secs(60);
+
+/// The most names all kept listings may hold together; past it, stale listings are
+/// dropped, and a new one is not kept while it stays past.
+const MAX_LISTED_TOTAL: usize = 256 * 1024;
+
+/// The master's trash directory at the root (`rm` moves entries there): hidden from
+/// the root's listing, so never judged by it.
+const TRASH: &str = "/.trash";
+
 /// The parent directory of a path (`/` for the root and its entries).
 pub(crate) fn parent_of(path: &str) -> &str {
     match path.rfind('/') {
@@ -154,18 +166,26 @@ pub(crate) struct Cached {
 }
 
 /// The complete list of names of one directory, as listed at `at` and changed since
-/// by this mount's own creates, removes and renames in it.
+/// by this mount's own creates, removes and renames in it; `None`: it had more than
+/// [`MAX_LISTED_NAMES`], and is asked name by name until `at` is a TTL old.
 struct Listing {
-    names: HashSet<String>,
+    names: Option<HashSet<String>>,
     at: Instant,
+}
+
+impl Listing {
+    fn len(&self) -> usize {
+        self.names.as_ref().map_or(0, HashSet::len)
+    }
 }
 
 /// Recent `Stat`/`List` answers by path, trusted for `ttl`, and recent complete
 /// listings of directories: a name missing from a listing younger than the negative
 /// timeout is taken not to exist (another client's create shows within that time, as
 /// its changes to a file show within the TTL; 0, the default, never answers so). A
-/// create the master then refuses because the name exists after all opens the
-/// existing file (`create` without `O_EXCL`), as it must.
+/// create the master then refuses because the name exists after all is answered so
+/// that the kernel looks the name up again and opens what it finds
+/// (`Shared::create`).
 pub(crate) struct AttrCache {
     ttl: Duration,
     /// How long a listing answers for the names it lacks.
@@ -178,6 +198,11 @@ pub(crate) struct AttrCache {
     lookups: HashMap<String, (Instant, u32)>,
     /// Raised by every change this mount makes or forgets ([`AttrCache::changes`]).
     changes: u64,
+    /// Names held by `listings`, together.
+    listed_names: usize,
+    /// `entries` is swept of stale answers when it reaches this size (then set to
+    /// twice what is left, so that caching a large listing is not quadratic).
+    sweep_at: usize,
 }
 
 impl AttrCache {
@@ -189,7 +214,15 @@ impl AttrCache {
             listings: HashMap::new(),
             lookups: HashMap::new(),
             changes: 0,
+            listed_names: 0,
+            sweep_at: ATTR_CACHE_SWEEP_AT,
         }
+    }
+
+    /// Whether a listing of `dir` may judge its names: not the trash (hidden from its
+    /// parent's listing), nor anything under it (`rm` adds names there unseen).
+    fn judged(path: &str) -> bool {
+        path != "/" && !within(path, TRASH)
     }
 
     /// A count of the changes this mount made (names made, removed, attributes
@@ -206,9 +239,14 @@ impl AttrCache {
     /// Whether `path` is known not to exist at `now`: its directory was listed within
     /// the negative timeout and the name is not in it.
     pub(crate) fn absent(&self, path: &str, now: Instant) -> bool {
+        if !Self::judged(path) {
+            return false;
+        }
         self.listings.get(parent_of(path)).is_some_and(|l| {
             now.saturating_duration_since(l.at) < self.negative_ttl
-                && !l.names.contains(base_name(path))
+                && l.names
+                    .as_ref()
+                    .is_some_and(|n| !n.contains(base_name(path)))
         })
     }
 
@@ -216,12 +254,14 @@ impl AttrCache {
     /// being walked ([`LIST_AFTER_LOOKUPS`] within a TTL) and has no fresh listing:
     /// list it instead.
     pub(crate) fn should_list_parent(&mut self, path: &str, now: Instant) -> bool {
+        if !Self::judged(path) {
+            return false;
+        }
         let dir = parent_of(path);
-        if self
-            .listings
-            .get(dir)
-            .is_some_and(|l| self.fresh(l.at, now))
-        {
+        if self.listings.get(dir).is_some_and(|l| {
+            let age = now.saturating_duration_since(l.at);
+            age < self.ttl || (l.names.is_none() && age < TOO_LARGE_HOLD)
+        }) {
             return false;
         }
         if self.lookups.len() >= ATTR_CACHE_SWEEP_AT {
@@ -235,7 +275,12 @@ impl AttrCache {
             (*at, *n) = (now, 0);
         }
         *n += 1;
-        *n >= LIST_AFTER_LOOKUPS
+        if *n < LIST_AFTER_LOOKUPS {
+            return false;
+        }
+        // One listing per TTL at most, whether it then succeeds or not.
+        *n = 0;
+        true
     }
 
     /// Keeps the complete list of names of `dir` as listed at `now` (not when it has
@@ -247,43 +292,81 @@ impl AttrCache {
         now: Instant,
     ) {
         self.lookups.remove(dir);
-        if names.len() > MAX_LISTED_NAMES {
-            self.listings.remove(dir);
-            return;
-        }
-        if self.listings.len() >= ATTR_CACHE_SWEEP_AT {
-            let ttl = self.ttl;
+        self.drop_listing(dir);
+        let count = names.len();
+        if self.listed_names + count > MAX_LISTED_TOTAL
+            || self.listings.len() >= ATTR_CACHE_SWEEP_AT
+        {
+            let keep = self.ttl.max(self.negative_ttl);
             self.listings
-                .retain(|_, l| now.saturating_duration_since(l.at) < ttl);
+                .retain(|_, l| now.saturating_duration_since(l.at) < keep);
+            self.listed_names = self.listings.values().map(Listing::len).sum();
         }
-        let names = names.map(str::to_string).collect();
+        let names = (count <= MAX_LISTED_NAMES && self.listed_names + count <= MAX_LISTED_TOTAL)
+            .then(|| names.map(str::to_string).collect::<HashSet<_>>());
+        self.listed_names += names.as_ref().map_or(0, HashSet::len);
         self.listings
             .insert(dir.to_string(), Listing { names, at: now });
     }
 
+    fn drop_listing(&mut self, dir: &str) {
+        if let Some(l) = self.listings.remove(dir) {
+            self.listed_names -= l.len();
+        }
+    }
+
+    /// Drops the listings of `path` and of every directory below it.
+    fn drop_listings_within(&mut self, path: &str) {
+        let mut dropped = 0;
+        self.listings.retain(|d, l| {
+            let keep = !within(d, path);
+            if !keep {
+                dropped += l.len();
+            }
+            keep
+        });
+        self.listed_names -= dropped;
+    }
+
     /// This mount made `path`: its directory's listing gains the name.
+    /// A directory made there (a rename over an empty one included) has no listing
+    /// yet.
     pub(crate) fn name_added(&mut self, path: &str) {
         self.changes += 1;
-        if let Some(l) = self.listings.get_mut(parent_of(path)) {
-            l.names.insert(base_name(path).to_string());
+        if let Some(names) = self
+            .listings
+            .get_mut(parent_of(path))
+            .and_then(|l| l.names.as_mut())
+        {
+            if names.insert(base_name(path).to_string()) {
+                self.listed_names += 1;
+            }
         }
+        self.drop_listings_within(path);
     }
 
     /// A change of `path` failed in a way that leaves unknown whether it exists:
     /// its directory's listing goes.
     pub(crate) fn name_unknown(&mut self, path: &str) {
         self.changes += 1;
-        self.listings.remove(parent_of(path));
+        self.drop_listing(parent_of(path));
+        self.drop_listings_within(path);
     }
 
     /// This mount removed `path` (or renamed it away): its directory's listing loses
     /// the name, and listings of `path` and below go.
     pub(crate) fn name_removed(&mut self, path: &str) {
         self.changes += 1;
-        if let Some(l) = self.listings.get_mut(parent_of(path)) {
-            l.names.remove(base_name(path));
+        if let Some(names) = self
+            .listings
+            .get_mut(parent_of(path))
+            .and_then(|l| l.names.as_mut())
+        {
+            if names.remove(base_name(path)) {
+                self.listed_names -= 1;
+            }
         }
-        self.listings.retain(|d, _| !within(d, path));
+        self.drop_listings_within(path);
     }
 
     /// The answer for `path` if it is younger than the TTL at `now`.
@@ -295,10 +378,11 @@ impl AttrCache {
     }
 
     pub(crate) fn put(&mut self, status: FileStatus, size: u64, now: Instant) {
-        if self.entries.len() >= ATTR_CACHE_SWEEP_AT {
+        if self.entries.len() >= self.sweep_at {
             let ttl = self.ttl;
             self.entries
                 .retain(|_, c| now.saturating_duration_since(c.at) < ttl);
+            self.sweep_at = (self.entries.len() * 2).max(ATTR_CACHE_SWEEP_AT);
         }
         let path = status.path.clone();
         self.entries.insert(
@@ -463,6 +547,49 @@ mod tests {
     }
 
     #[test]
+    fn the_root_and_the_trash_are_never_judged_by_a_listing() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        c.listed("/", ["d"].into_iter(), t0);
+        assert!(!c.absent("/", t0), "the root itself");
+        assert!(!c.absent("/.trash", t0), "hidden from the root's listing");
+        c.listed("/.trash", [].into_iter(), t0);
+        assert!(!c.absent("/.trash/1-2-x", t0), "rm adds names there unseen");
+        assert!(!c.should_list_parent("/.trash/a", t0));
+        assert!(!c.should_list_parent("/.trash/b", t0));
+    }
+
+    #[test]
+    fn a_directory_renamed_over_an_empty_one_has_no_listing() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
+        let t0 = Instant::now();
+        c.listed("/", ["src", "dst"].into_iter(), t0);
+        c.listed("/dst", [].into_iter(), t0);
+        c.listed("/src", ["child"].into_iter(), t0);
+        assert!(c.absent("/dst/child", t0));
+        c.name_removed("/src");
+        c.name_added("/dst");
+        assert!(
+            !c.absent("/dst/child", t0),
+            "the empty directory's listing went"
+        );
+        assert!(!c.absent("/src/child", t0));
+        assert_eq!(c.listed_names, 1, "the root's one name left");
+    }
+
+    #[test]
+    fn a_failed_listing_is_not_asked_again_within_the_ttl() {
+        let mut c = AttrCache::new(Duration::from_secs(1), Duration::ZERO);
+        let t0 = Instant::now();
+        assert!(!c.should_list_parent("/d/a", t0));
+        assert!(
+            c.should_list_parent("/d/b", t0),
+            "listed (and the listing failed)"
+        );
+        assert!(!c.should_list_parent("/d/c", t0), "the count starts over");
+    }
+
+    #[test]
     fn a_directory_is_listed_once_it_is_walked() {
         let mut c = AttrCache::new(Duration::from_secs(1), Duration::from_secs(1));
         let t0 = Instant::now();
@@ -492,6 +619,12 @@ mod tests {
         let names: Vec<String> = (0..=MAX_LISTED_NAMES).map(|i| format!("f{i}")).collect();
         c.listed("/big", names.iter().map(String::as_str), t0);
         assert!(!c.absent("/big/x", t0));
+        let later = t0 + Duration::from_secs(5);
+        assert!(
+            !c.should_list_parent("/big/x", later) && !c.should_list_parent("/big/y", later),
+            "a directory too large is not listed again soon"
+        );
+        assert_eq!(c.listed_names, 0, "and none of its names is kept");
         assert_eq!(parent_of("/big/x"), "/big");
         assert_eq!(parent_of("/x"), "/");
     }

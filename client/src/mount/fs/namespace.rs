@@ -89,33 +89,4 @@ impl Shared {
         lock(&self.attrs).put(st.clone(), 0, Instant::now());
         Ok(st)
     }
-
-    /// `open(O_CREAT)` without `O_EXCL` of a name the master says exists: opens that
-    /// file for writing as `open(2)` would have (fresh from the master, the kernel's
-    /// view of the name was stale). Its attributes, status and handle.
-    pub(super) async fn open_existing(
-        &self,
-        path: &str,
-        append_mode: bool,
-        truncate: bool,
-    ) -> Result<(FileAttr, FileStatus, u64), Errno> {
-        self.invalidate(path);
-        let (st, size) = self.status_and_size(path).await?;
-        match st.kind {
-            FileKind::File => {}
-            FileKind::Directory => return Err(Errno::EISDIR),
-            // The kernel resolves links itself; one it did not see cannot be opened
-            // through here.
-            FileKind::Symlink => return Err(Errno::EEXIST),
-        }
-        let fh = self
-            .open_write(INodeNo(st.inode.0), path.to_string(), append_mode, truncate)
-            .await?;
-        let size = if truncate {
-            0
-        } else {
-            self.shown_size(&st, size)
-        };
-        Ok((self.attr(&st, size), st, fh))
-    }
 }
