@@ -651,6 +651,9 @@ impl Client {
             // The first tick is immediate: the reply tells the master's soft limit, and
             // the period follows it from then on.
             let mut every = configured;
+            // Said once until a renewal renews something again: a writer the mount
+            // keeps open after it was fenced would otherwise have it said every tick.
+            let mut said_nothing_renewed = false;
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -667,7 +670,10 @@ impl Client {
                 let id = client.inner.id;
                 match client.call(RenewLease { client: id }).await {
                     Ok(terms) => {
-                        if terms.renewed == 0 {
+                        if terms.renewed > 0 {
+                            said_nothing_renewed = false;
+                        } else if !said_nothing_renewed {
+                            said_nothing_renewed = true;
                             tracing::warn!(held, "lease renewal renewed nothing: the master no longer counts this client as a writer (lease recovery took its files); their next writes will be refused");
                         }
                         let period = renew_period(configured, terms.soft_limit_ms);
