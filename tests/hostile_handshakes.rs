@@ -1,0 +1,137 @@
+//! The chunkserver handshake under abuse, against a real master process (issue 18,
+//! item 5): a proof sent without a challenge, a proof made with another key, a proof
+//! replayed from another connection, and a chunkserver's message on a connection that
+//! proved nothing are each refused with `Unauthenticated`, and the master closes that
+//! connection; it keeps serving everyone else, and an honest handshake still succeeds.
+
+mod common;
+
+use common::{runtime, TestCluster};
+use stampfs_proto::auth::{authenticate_chunkserver, nonce, server_proof};
+use stampfs_proto::{
+    ChunkserverId, ClusterKey, Error, Heartbeat, RemoteError, RpcClient, ServerHello, ServerProve,
+    Stat,
+};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn connect(c: &TestCluster) -> RpcClient {
+    RpcClient::connect(&c.master.addr, TIMEOUT)
+        .await
+        .expect("connect to the master")
+}
+
+/// The request was refused as unauthenticated, and the connection is then closed.
+async fn refused_and_closed<T: std::fmt::Debug>(
+    what: &str,
+    res: stampfs_proto::Result<T>,
+    conn: &mut RpcClient,
+) {
+    match res {
+        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
+            assert!(!reason.is_empty(), "{what}: the refusal says why");
+        }
+        other => panic!("{what}: expected Unauthenticated, got {other:?}"),
+    }
+    let after = conn
+        .call(Stat {
+            path: "/".into(),
+            caller: None,
+        })
+        .await;
+    assert!(
+        matches!(after, Err(ref e) if !matches!(e, Error::Remote(_))),
+        "{what}: the master closes the connection after refusing it, got {after:?}"
+    );
+}
+
+/// Someone else is still served: a plain request on a fresh connection.
+async fn still_serving(c: &TestCluster) {
+    let st = connect(c)
+        .await
+        .call(Stat {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("the master serves another connection");
+    assert_eq!(st.path, "/");
+}
+
+#[test]
+fn abused_handshakes_are_refused_and_close_only_their_connection() {
+    let c = TestCluster::start();
+    let key = ClusterKey::load(&c.key_file()).expect("the cluster key");
+    runtime().block_on(async {
+        // A proof with no challenge before it.
+        let mut conn = connect(&c).await;
+        let res = conn.call(ServerProve { proof: [7; 32] }).await;
+        refused_and_closed("a proof without a challenge", res, &mut conn).await;
+        still_serving(&c).await;
+
+        // A proof made with another cluster's key.
+        let mut conn = connect(&c).await;
+        let mine = nonce();
+        let challenge = conn
+            .call(ServerHello { nonce: mine })
+            .await
+            .expect("a challenge");
+        let other = ClusterKey::from_bytes([0x5a; 32]);
+        let res = conn
+            .call(ServerProve {
+                proof: server_proof(&other, &mine, &challenge.nonce),
+            })
+            .await;
+        refused_and_closed("a proof with another key", res, &mut conn).await;
+        still_serving(&c).await;
+
+        // A good proof, replayed on another connection with the same nonce of ours:
+        // the master's challenge is new, so the old proof proves nothing.
+        let mut first = connect(&c).await;
+        let mine = nonce();
+        let challenge = first
+            .call(ServerHello { nonce: mine })
+            .await
+            .expect("a challenge");
+        let proof = server_proof(&key, &mine, &challenge.nonce);
+        first
+            .call(ServerProve { proof })
+            .await
+            .expect("the honest proof is taken");
+        let mut second = connect(&c).await;
+        let again = second
+            .call(ServerHello { nonce: mine })
+            .await
+            .expect("a second challenge");
+        assert_ne!(again.nonce, challenge.nonce, "every challenge is fresh");
+        let res = second.call(ServerProve { proof }).await;
+        refused_and_closed("a replayed proof", res, &mut second).await;
+        still_serving(&c).await;
+
+        // A chunkserver's message on a connection that proved nothing.
+        let mut conn = connect(&c).await;
+        let res = conn
+            .call(Heartbeat {
+                id: ChunkserverId(1),
+                capacity: 1 << 30,
+                used: 0,
+                replica_count: 0,
+                active_streams: 0,
+            })
+            .await;
+        refused_and_closed("a heartbeat before any handshake", res, &mut conn).await;
+
+        // After all that, an honest chunkserver handshake still succeeds.
+        let mut honest = connect(&c).await;
+        authenticate_chunkserver(&mut honest, &key)
+            .await
+            .expect("the honest handshake");
+        still_serving(&c).await;
+    });
+    let warnings = c.warnings();
+    assert!(
+        warnings.contains("refusing it"),
+        "the master logs each refusal: {warnings}"
+    );
+}
