@@ -32,10 +32,10 @@ pub enum Command {
     /// Append a local file (or stdin with `-`) to REMOTE.
     Append(AppendArgs),
     /// Write a local file (or stdin with `-`) into REMOTE at --offset, over what is
-    /// there (the file's last chunk or past its end; a gap reads as zeros).
+    /// there (anywhere in the file, or past its end: a gap reads as zeros).
     Write(WriteArgs),
     /// Set REMOTE's length: a longer file reads zeros past its old end; a shorter one is
-    /// cut (within its last chunk only, so far: below it fails, changing nothing).
+    /// cut (the chunks past the new end are dropped).
     Truncate(TruncateArgs),
     /// Copy REMOTE to a local file (or stdout with `-`).
     Get(GetArgs),
