@@ -13,7 +13,7 @@
 //!
 //! The reader here never truncates anything: every record up to `lsn` is durable and
 //! must be whole, so a short or corrupt record below it is an error (and the master
-//! falls back to encoding under the lock, logging why). The segment the log writer
+//! falls back to encoding under the lock, logging why). The segment the log
 //! is appending to starts above `lsn` and is never opened.
 
 use crate::error::{Error, Result};

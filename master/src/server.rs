@@ -8,7 +8,8 @@
 //! frame closes that connection only. [`MasterHandle::shutdown`] stops accepting, lets
 //! handlers finish the request they are in, stops the workers and flushes the log.
 //! The directory lock is released only once nothing of this master writes into the
-//! directory any more: the handle is gone, the log writer thread joined, and no
+//! directory any more: the handle is gone, the log stopped (its segment closed after
+//! any batch being written, its sweeper thread joined), and no
 //! checkpoint write or trim is in flight (a dropped handle leaves a running one to
 //! finish first).
 
@@ -59,7 +60,8 @@ pub struct MasterHandle {
     stopped: bool,
     /// The exclusive lock on the directory, held while this master serves from it.
     /// Besides this handle, only work that writes into the directory holds it: the log
-    /// writer thread is joined before the handle lets go (by `shutdown`, or by `drop`),
+    /// is stopped before the handle lets go (by `shutdown`, or by `drop`: its segment
+    /// closed once the batch being written is done, so no request writes after),
     /// and a checkpoint holds its own reference until its write and trim are done
     /// (`Core::dir_guard`). So the lock is released once the handle is gone and no such
     /// work runs: when `shutdown` returns (it waited for the checkpoint worker), or on

@@ -121,7 +121,7 @@ pub struct Core {
     halt: CancellationToken,
     /// The directory lock, weakly. [`MasterHandle`](crate::server::MasterHandle) holds
     /// it while the master runs; work that writes into the directory outside the log
-    /// writer thread (a checkpoint: its write and its trim) holds it too, from start to
+    /// (a checkpoint: its write and its trim) holds it too, from start to
     /// end ([`Core::dir_guard`]). So the lock outlives a dropped handle until that work
     /// is done, and once the handle is gone no such work starts.
     dir_lock: Weak<DirLock>,
