@@ -228,6 +228,15 @@ impl Core {
         }
     }
 
+    /// Waits until the log's rotation to `next_lsn` is done (or the master stopped
+    /// serving).
+    async fn rotated(&self, next_lsn: u64) -> Result<()> {
+        tokio::select! {
+            r = self.log.wait_rotated(next_lsn) => r,
+            _ = self.halt.cancelled() => self.check_running(),
+        }
+    }
+
     /// The state, locked.
     pub fn state(&self) -> MutexGuard<'_, MasterState> {
         lock(&self.state)
@@ -772,6 +781,7 @@ impl Core {
             (lsn, st.settings)
         };
         self.durable(lsn).await?;
+        self.rotated(lsn + 1).await?;
         let dir = self.config.dir.clone();
         let built = {
             let dir = dir.clone();
@@ -794,6 +804,7 @@ impl Core {
                     (lsn, bytes)
                 };
                 self.durable(lsn).await?;
+                self.rotated(lsn + 1).await?;
                 (lsn, bytes)
             }
         };

@@ -11,8 +11,10 @@
 //! no hand-off to a writer thread and back, two wake-ups of sleeping threads that cost
 //! more than the `fdatasync` itself on a virtual machine.
 //!
-//! The leader blocks its runtime worker for the write. Only one task writes at a time
-//! (the segment's mutex), so the other workers keep serving.
+//! The leader blocks its runtime worker for the write (and, when its batch rotates,
+//! for sealing one segment and creating the next). Only one task writes at a time
+//! (the segment's mutex), so on the master's multi-thread runtime the other workers
+//! keep serving; on a current-thread runtime (unit tests) everything waits for it.
 //!
 //! A record no request waits for (its task was dropped) is written by the **sweeper**
 //! thread once it has been queued for [`SWEEP_AFTER`]; the sweeper sleeps without a
@@ -31,7 +33,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -46,6 +48,8 @@ const SWEEPS_BEFORE_PARKING: u32 = 20;
 pub struct Durable {
     pub lsn: u64,
     pub failed: Option<String>,
+    /// The first LSN of the segment being appended to (moves at each rotation).
+    pub segment: u64,
 }
 
 /// Counters about the log writes.
@@ -95,6 +99,24 @@ impl Queue {
     fn push(&mut self, item: Item) {
         self.oldest.get_or_insert_with(Instant::now);
         self.items.push(item);
+    }
+}
+
+/// What a batch wrote: its last record, and the segment it rotated to.
+#[derive(Clone, Copy, Debug, Default)]
+struct Written {
+    lsn: Option<u64>,
+    segment: Option<u64>,
+}
+
+impl Written {
+    fn publish(self, d: &mut Durable) {
+        if let Some(lsn) = self.lsn {
+            d.lsn = d.lsn.max(lsn);
+        }
+        if let Some(first) = self.segment {
+            d.segment = d.segment.max(first);
+        }
     }
 }
 
@@ -223,6 +245,7 @@ impl Oplog {
         let (durable, _) = watch::channel(Durable {
             lsn: next_lsn - 1,
             failed: None,
+            segment: next_lsn,
         });
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -302,11 +325,22 @@ impl Oplog {
     /// Waits until record `lsn` (and all before it) is on disk, writing the queued
     /// records itself when nobody else is (see the module doc).
     pub async fn wait_durable(&self, lsn: u64) -> Result<()> {
+        self.wait_until(|d| d.lsn >= lsn).await
+    }
+
+    /// Waits until the rotation to `next_lsn` ([`Oplog::rotate`]) is done: the
+    /// segment before it sealed, the new one created. A checkpoint waits for it before
+    /// it reads the sealed segments and trims them.
+    pub async fn wait_rotated(&self, next_lsn: u64) -> Result<()> {
+        self.wait_until(|d| d.segment >= next_lsn).await
+    }
+
+    async fn wait_until(&self, done: impl Fn(&Durable) -> bool) -> Result<()> {
         let mut rx = self.shared.durable.subscribe();
         loop {
             {
                 let d = rx.borrow_and_update();
-                if d.lsn >= lsn {
+                if done(&d) {
                     return Ok(());
                 }
                 if let Some(reason) = &d.failed {
@@ -317,7 +351,7 @@ impl Oplog {
             }
             // Marked seen before trying: a leader busy now publishes after it lets the
             // segment go, and that wakes `changed` below.
-            if self.shared.lead(false) != Led::Wrote && rx.changed().await.is_err() {
+            if self.shared.lead(false, false) != Led::Wrote && rx.changed().await.is_err() {
                 return Err(Error::LogFailed {
                     reason: "the operation log is gone".into(),
                 });
@@ -349,12 +383,9 @@ impl Oplog {
     /// batch being written), ends the log: `Drain` writes what is queued and cuts the
     /// zeros, `Halt` drops it.
     fn stop(&self, how: Stop) {
-        {
-            let mut q = lock(&self.shared.queue);
-            if q.stop.is_none() {
-                q.stop = Some(how);
-            }
-        }
+        // The first stop asked for is the one carried out (a halt that raced a close
+        // still drops what was queued).
+        let how = *lock(&self.shared.queue).stop.get_or_insert(how);
         self.shared.wake.notify_all();
         if let Some(t) = lock(&self.sweeper).take() {
             if t.join().is_err() {
@@ -362,7 +393,9 @@ impl Oplog {
             }
         }
         let s = &self.shared;
-        let mut seg = lock(&s.segment);
+        let Some(mut seg) = s.segment_guard(true) else {
+            return;
+        };
         let Some(mut segment) = seg.take() else {
             return;
         };
@@ -372,10 +405,8 @@ impl Oplog {
         }
         let items = lock(&s.queue).take();
         match s.write_batch(&mut segment, items) {
-            Ok(last) => {
-                if let Some(lsn) = last {
-                    s.durable.send_modify(|d| d.lsn = d.lsn.max(lsn));
-                }
+            Ok(written) => {
+                s.durable.send_modify(|d| written.publish(d));
                 if let Err(e) = segment.seal() {
                     tracing::warn!(error = %e, "cutting the log's preallocated zeros at close failed; the next start cuts them");
                 }
@@ -420,14 +451,37 @@ impl Shared {
         });
     }
 
+    /// The segment, locked (`wait`: blocking until it is free). `None` when it is
+    /// busy, or poisoned: a writer panicked with a batch taken from the queue and
+    /// perhaps half written, so the log is failed (nothing after that batch may ever
+    /// be published).
+    fn segment_guard(&self, wait: bool) -> Option<MutexGuard<'_, Option<Segment>>> {
+        let poisoned = match self.segment.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::WouldBlock) if !wait => return None,
+            Err(TryLockError::WouldBlock) => match self.segment.lock() {
+                Ok(g) => return Some(g),
+                Err(p) => p,
+            },
+            Err(TryLockError::Poisoned(p)) => p,
+        };
+        let mut g = poisoned.into_inner();
+        if g.take().is_some() {
+            tracing::error!(
+                "a log writer panicked in the middle of a batch; refusing further mutations"
+            );
+            self.fail("a log writer panicked in the middle of a batch".into());
+        }
+        self.segment.clear_poison();
+        Some(g)
+    }
+
     /// Writes everything queued as one batch if the segment is free (`wait`: once it
-    /// is). A failure is published before the segment is let go.
-    fn lead(&self, wait: bool) -> Led {
-        let mut seg = match self.segment.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) if wait => lock(&self.segment),
-            Err(TryLockError::WouldBlock) => return Led::Busy,
+    /// is). A failure is published before the segment is let go. `sweeper`: counted
+    /// as a sweep.
+    fn lead(&self, wait: bool, sweeper: bool) -> Led {
+        let Some(mut seg) = self.segment_guard(wait) else {
+            return Led::Busy;
         };
         let Some(segment) = seg.as_mut() else {
             // Closed, halted or failed: what is queued can never be written.
@@ -442,18 +496,24 @@ impl Shared {
             q.take()
         };
         if items.is_empty() {
+            drop(seg);
+            // A task may have found the segment busy while this one held it for
+            // nothing, and be waiting for a change: its records are queued now, and
+            // nobody else would wake it before the sweeper.
+            if !lock(&self.queue).items.is_empty() {
+                self.durable.send_modify(|_| {});
+            }
             return Led::Nothing;
         }
         match self.write_batch(segment, items) {
-            Ok(last) => {
+            Ok(written) => {
                 drop(seg);
+                if sweeper {
+                    self.swept.fetch_add(1, Ordering::Relaxed);
+                }
                 // Always published, even for a rotation alone: a task that found the
                 // segment busy waits for a change.
-                self.durable.send_modify(|d| {
-                    if let Some(lsn) = last {
-                        d.lsn = d.lsn.max(lsn);
-                    }
-                });
+                self.durable.send_modify(|d| written.publish(d));
             }
             Err(e) => {
                 tracing::error!(error = %e, "writing the operation log failed; refusing further mutations");
@@ -465,11 +525,12 @@ impl Shared {
     }
 
     /// Writes `items` to the segment (rotating where they say), each run of records
-    /// with one `fdatasync`. Returns the last LSN written.
-    fn write_batch(&self, segment: &mut Segment, items: Vec<Item>) -> Result<Option<u64>> {
+    /// with one `fdatasync`. Returns what to publish.
+    fn write_batch(&self, segment: &mut Segment, items: Vec<Item>) -> Result<Written> {
         let mut buf = Vec::new();
         let mut pending: Option<u64> = None;
         let mut written: Option<u64> = None;
+        let mut rotated: Option<u64> = None;
         let mut count = 0u64;
         let flush = |segment: &mut Segment, buf: &mut Vec<u8>, count: &mut u64| -> Result<()> {
             if *count == 0 {
@@ -498,12 +559,16 @@ impl Shared {
                     // may end in zeros.
                     segment.seal()?;
                     *segment = Segment::create(&self.dir, next_lsn)?;
+                    rotated = Some(next_lsn);
                     self.bytes_since_rotate.store(0, Ordering::Relaxed);
                 }
             }
         }
         flush(segment, &mut buf, &mut count)?;
-        Ok(pending.or(written))
+        Ok(Written {
+            lsn: pending.or(written),
+            segment: rotated,
+        })
     }
 }
 
@@ -533,20 +598,14 @@ fn sweeper(shared: &Shared) {
             }
             Some(_) => {
                 drop(q);
-                if shared.lead(true) == Led::Wrote {
-                    shared.swept.fetch_add(1, Ordering::Relaxed);
-                }
+                shared.lead(true, true);
                 q = lock(&shared.queue);
             }
         }
     }
 }
 
-fn wait_for<'a>(
-    shared: &Shared,
-    q: std::sync::MutexGuard<'a, Queue>,
-    d: Duration,
-) -> std::sync::MutexGuard<'a, Queue> {
+fn wait_for<'a>(shared: &Shared, q: MutexGuard<'a, Queue>, d: Duration) -> MutexGuard<'a, Queue> {
     match shared.wake.wait_timeout(q, d) {
         Ok((q, _)) => q,
         Err(e) => e.into_inner().0,

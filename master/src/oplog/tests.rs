@@ -374,3 +374,25 @@ async fn concurrent_leaders_and_rotations_lose_and_reorder_nothing() {
     }
     assert!(segments(dir.path()).expect("list").len() > 2);
 }
+
+#[tokio::test]
+async fn a_rotation_is_done_when_waited_for_even_with_nothing_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Oplog::open(dir.path(), 1).expect("open");
+    log.append(1, &payload(1)).expect("append");
+    log.wait_durable(1).await.expect("durable");
+    // The checkpoint's order: rotate after the last record, which is durable already;
+    // nothing follows to carry the rotation, and the checkpoint must not read or trim
+    // before it is done.
+    log.rotate(2).expect("rotate");
+    log.wait_rotated(2).await.expect("rotated");
+    let segs = segments(dir.path()).expect("list");
+    assert_eq!(segs.iter().map(|s| s.0).collect::<Vec<_>>(), vec![1, 2]);
+    // The first segment is sealed: records only, no zeros.
+    let len = std::fs::metadata(&segs[0].1).expect("stat").len();
+    assert_eq!(
+        len,
+        (SEGMENT_MAGIC.len() + encode_record(1, &payload(1)).expect("enc").len()) as u64
+    );
+    log.close().expect("close");
+}
