@@ -102,6 +102,8 @@ start_stampfs() { # BINARY NAME PORT
             --cluster-key-file "$d/master/cluster.key" >"$WORK/$name-cs$i.log" 2>&1 &
         PIDS+=($!)
     done
+    # The cluster's superuser credentials (builds from before authentication ignore them).
+    export STAMPFS_CREDENTIALS="$d/master/admin.credentials"
     "$bin" mount --foreground --master "$NS_IP:$port" "$WORK/mnt-$name" \
         >"$WORK/$name-mount.out" 2>"$WORK/$name-mount.log" &
     PIDS+=($!)

@@ -72,6 +72,8 @@ start_stampfs() { # BINARY NAME PORT
     PIDS+=($!)
     wait_for "grep -q 'cluster is up' '$WORK/$name-dev.log'" "the $name cluster"
     mkdir -p "$WORK/mnt-$name"
+    # The cluster's superuser credentials (builds from before authentication ignore them).
+    export STAMPFS_CREDENTIALS="$WORK/$name/master/admin.credentials"
     "$bin" mount --foreground --master "127.0.0.1:$port" "$WORK/mnt-$name" \
         >"$WORK/$name-mount.out" 2>"$WORK/$name-mount.log" &
     PIDS+=($!)

@@ -1170,9 +1170,12 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
             (None, Some(m)) => m.clone(),
             (None, None) => bail!("no cluster to measure"),
         };
-        let client = Client::connect_with(&master, client_config.clone())
-            .await
-            .with_context(|| format!("connecting to the master at {master}"))?;
+        let client = match &cluster {
+            Some(c) => c.client_with(client_config.clone()).await?,
+            None => Client::connect_with(&master, client_config.clone())
+                .await
+                .with_context(|| format!("connecting to the master at {master}"))?,
+        };
         let outcome = measure_target(
             &args,
             &replication,

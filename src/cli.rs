@@ -17,6 +17,11 @@ pub struct MasterAddr {
     /// Address of the master.
     #[arg(long, env = "STAMPFS_MASTER", default_value = "127.0.0.1:7070")]
     pub master: String,
+    /// The user's credentials file (its name and key). Default: the file named by
+    /// STAMPFS_CREDENTIALS, else ~/.config/stampfs/credentials. A master writes its
+    /// superuser's to DIR/admin.credentials at its first start.
+    #[arg(long, value_name = "FILE")]
+    pub credentials: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -319,6 +324,50 @@ pub enum AdminCommand {
         master: MasterAddr,
         #[arg(long)]
         json: bool,
+    },
+    /// Users clients authenticate as (superusers only).
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Create a user and write its credentials file (mode 0600): hand that file to
+    /// the user, who passes it with --credentials or STAMPFS_CREDENTIALS.
+    Add {
+        #[command(flatten)]
+        master: MasterAddr,
+        /// The user's name (letters, digits, '_', '-', '.').
+        name: String,
+        /// Its uid (unique among users).
+        #[arg(long)]
+        uid: u32,
+        /// Its primary group (default: the uid).
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Supplementary groups, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<u32>,
+        /// May administer the cluster and act as any uid (a mount serving others).
+        #[arg(long)]
+        superuser: bool,
+        /// Where to write the credentials (default: ./NAME.credentials); never
+        /// replaces an existing file.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// List users (never their keys).
+    List {
+        #[command(flatten)]
+        master: MasterAddr,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a user: new connections with its credentials are refused.
+    Remove {
+        #[command(flatten)]
+        master: MasterAddr,
+        name: String,
     },
 }
 

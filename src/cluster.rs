@@ -158,6 +158,35 @@ impl LocalCluster {
         &self.dir
     }
 
+    /// The superuser's credentials file, written by the master at its first start.
+    pub fn credentials_file(&self) -> PathBuf {
+        self.dir
+            .join("master")
+            .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE)
+    }
+
+    /// A client of this cluster, as its superuser, with `config` otherwise.
+    pub async fn client_with(
+        &self,
+        mut config: stampfs_client::ClientConfig,
+    ) -> Result<stampfs_client::Client> {
+        let path = self.credentials_file();
+        config.credentials = Some(
+            stampfs_proto::Credentials::load(&path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        );
+        let master = self.master_addr();
+        stampfs_client::Client::connect_with(&master, config)
+            .await
+            .with_context(|| format!("connecting to the master at {master}"))
+    }
+
+    /// A client of this cluster, as its superuser.
+    pub async fn client(&self) -> Result<stampfs_client::Client> {
+        self.client_with(stampfs_client::ClientConfig::default())
+            .await
+    }
+
     async fn wait_registered(&self) -> Result<()> {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {

@@ -226,15 +226,18 @@ pub async fn dev(args: DevArgs) -> u8 {
         say!("  chunkserver {i} {cs}");
     }
     say!("  data          {}", dir.display());
+    say!(
+        "  credentials   {} (the superuser)",
+        cluster.credentials_file().display()
+    );
     say!();
     say!(
-        "try:  echo hello | stampfs put --master {} - /hello.txt",
-        cluster.master_addr()
+        "try:  export STAMPFS_MASTER={} STAMPFS_CREDENTIALS={}",
+        cluster.master_addr(),
+        cluster.credentials_file().display()
     );
-    say!(
-        "      stampfs cat --master {} /hello.txt",
-        cluster.master_addr()
-    );
+    say!("      echo hello | stampfs put - /hello.txt");
+    say!("      stampfs cat /hello.txt");
     say!("Ctrl-C stops it.");
     let sig = wait_for_signal().await;
     say!("{sig}: stopping");
@@ -248,9 +251,13 @@ pub async fn dev(args: DevArgs) -> u8 {
 }
 
 async fn connect(m: &MasterAddr) -> Result<Client> {
-    Client::connect(&m.master)
+    let config = stampfs_client::ClientConfig {
+        credentials: Some(crate::users::credentials(m)?),
+        ..Default::default()
+    };
+    Client::connect_with(&m.master, config)
         .await
-        .with_context(|| format!("cannot reach the master at {}", m.master))
+        .with_context(|| format!("cannot connect to the master at {}", m.master))
 }
 
 /// A progress bar on a terminal for transfers of at least 8 MiB; hidden otherwise.

@@ -278,14 +278,15 @@ async fn story(n: &mut Narrator) -> Result<()> {
         "cluster",
         &format!("master at {master}, 3 chunkservers registered"),
     );
-    let client = Client::connect(&master).await?;
+    let client = cluster.client().await?;
     client.mkdir("/demo", true).await?;
 
     // Writer A: a real child process that writes what it is told where it is told,
     // each write hsynced.
     let exe = std::env::current_exe().context("locating the stampfs binary")?;
     let mut a = tokio::process::Command::new(exe)
-        .args(["demo-writer", PATH, "--master", &master])
+        .args(["demo-writer", PATH, "--master", &master, "--credentials"])
+        .arg(cluster.credentials_file())
         .env("RUST_LOG", "off")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -501,7 +502,11 @@ fn signal(pid: i32, sig: Signal) -> Result<()> {
 /// for each stdin line `OFFSET TEXT`, writes `TEXT` and a newline at OFFSET, hsyncs,
 /// and prints `synced OFFSET LEN`; closes the file at the end of its input.
 pub async fn writer(args: crate::cli::DemoWriterArgs) -> Result<()> {
-    let client = Client::connect(&args.master.master)
+    let config = stampfs_client::ClientConfig {
+        credentials: Some(crate::users::credentials(&args.master)?),
+        ..Default::default()
+    };
+    let client = Client::connect_with(&args.master.master, config)
         .await
         .with_context(|| format!("cannot reach the master at {}", args.master.master))?;
     let mut w = client

@@ -10,25 +10,8 @@ use crate::{EXIT_ERROR, EXIT_OK};
 use stampfs_proto::units::format_size;
 use stampfs_proto::{
     ChunkserverState, ClusterReport, ClusterReportRequest, FileState, Fsck, FsckReport,
-    HealthCounts, Rpc, RpcClient,
+    HealthCounts,
 };
-use std::time::Duration;
-
-/// How long connecting to the master and waiting for its answer may take.
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
-    master: &str,
-    req: R,
-) -> Result<R::Response, String> {
-    let mut client = RpcClient::connect(master, TIMEOUT)
-        .await
-        .map_err(|e| format!("cannot reach the master at {master}: {e}"))?;
-    tokio::time::timeout(TIMEOUT, client.call(req))
-        .await
-        .map_err(|_| format!("the master at {master} did not answer within {TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())
-}
 
 /// Writes `text` to stdout; a reader that went away (`| head`) is not an error, and
 /// nothing here panics on a failed write.
@@ -64,10 +47,10 @@ fn state_word(s: FileState) -> &'static str {
 
 /// `stampfs fsck [PATH] [--json]`.
 pub async fn fsck(args: FsckArgs) -> u8 {
-    let report = match ask(&args.master.master, Fsck { path: args.path }).await {
+    let report = match crate::users::ask(&args.master, Fsck { path: args.path }).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("stampfs: error: fsck: {e}");
+            eprintln!("stampfs: error: fsck: {e:#}");
             return EXIT_ERROR;
         }
     };
@@ -192,10 +175,10 @@ fn counts_text(t: &HealthCounts) -> String {
 
 /// `stampfs admin report [--json]`.
 pub async fn admin_report(master: &MasterAddr, json: bool) -> u8 {
-    let report = match ask(&master.master, ClusterReportRequest {}).await {
+    let report = match crate::users::ask(master, ClusterReportRequest {}).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("stampfs: error: admin report: {e}");
+            eprintln!("stampfs: error: admin report: {e:#}");
             return EXIT_ERROR;
         }
     };

@@ -23,6 +23,7 @@ pub mod commands;
 pub mod demo;
 pub mod health;
 pub mod mount;
+pub mod users;
 
 use cli::{AdminCommand, BenchCommand, Cli, Command};
 use std::process::ExitCode;
@@ -148,6 +149,7 @@ async fn dispatch(command: Command) -> u8 {
         Command::Admin(AdminCommand::Report { master, json }) => {
             health::admin_report(&master, json).await
         }
+        Command::Admin(AdminCommand::User(cmd)) => users::run(cmd).await,
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,

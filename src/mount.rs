@@ -118,7 +118,17 @@ async fn foreground(args: MountArgs) -> u8 {
         return EXIT_ERROR;
     }
     let master = &args.master.master;
-    let client = match Client::connect(master).await {
+    let config = match crate::users::credentials(&args.master) {
+        Ok(c) => stampfs_client::ClientConfig {
+            credentials: Some(c),
+            ..Default::default()
+        },
+        Err(e) => {
+            fail(format!("stampfs mount: {e:#}"));
+            return EXIT_ERROR;
+        }
+    };
+    let client = match Client::connect_with(master, config).await {
         Ok(c) => c,
         Err(e) => {
             fail(format!(
@@ -270,6 +280,22 @@ async fn background(args: MountArgs) -> u8 {
         .arg(&log)
         .arg("--master")
         .arg(&args.master.master);
+    // The server runs in `/`: its credentials file by absolute path, found here so
+    // that a missing one is reported before anything starts.
+    let creds = match stampfs_proto::Credentials::discover(args.master.credentials.as_deref()) {
+        Ok(Some((_, path))) => std::path::absolute(&path).unwrap_or(path),
+        Ok(None) => {
+            if let Err(e) = crate::users::credentials(&args.master) {
+                say(format_args!("stampfs mount: {e:#}"));
+            }
+            return EXIT_ERROR;
+        }
+        Err(e) => {
+            say(format_args!("stampfs mount: {e}"));
+            return EXIT_ERROR;
+        }
+    };
+    cmd.arg("--credentials").arg(&creds);
     if args.nonempty {
         cmd.arg("--nonempty");
     }

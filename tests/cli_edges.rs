@@ -170,10 +170,18 @@ fn dev_takes_the_default_replication_and_chunk_size() {
     // The reader goes away: what dev prints next must not take its servers down (it
     // did: a panic on the broken pipe ended the process).
     drop(lines);
+    // dev's master wrote its superuser's credentials at its first start.
+    let creds = common::wait_credentials_file(
+        &dir.path()
+            .join("good")
+            .join("master")
+            .join("admin.credentials"),
+    );
     let stampfs = |args: &[&str]| {
         let out = Command::new(BIN)
             .args(args)
             .env("STAMPFS_MASTER", &master)
+            .env(common::CREDENTIALS_ENV, &creds)
             .stdin(Stdio::null())
             .output()
             .expect("run");

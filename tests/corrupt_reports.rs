@@ -36,12 +36,16 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Sends `ReportCorrupt { handle, chunkserver }` `times` times as a client would.
+/// Sends `ReportCorrupt { handle, chunkserver }` `times` times as a client would (on
+/// a connection that proved the superuser's key).
 fn report(c: &TestCluster, handle: ChunkHandle, chunkserver: u64, times: usize) {
     runtime().block_on(async {
         let mut master = RpcClient::connect(&c.master.addr, Duration::from_secs(5))
             .await
             .expect("connect to the master");
+        stampfs_proto::auth::authenticate_client(&mut master, &common::test_credentials())
+            .await
+            .expect("authenticate to the master");
         for _ in 0..times {
             master
                 .call(ReportCorrupt {

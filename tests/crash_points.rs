@@ -330,9 +330,7 @@ fn a_replica_that_took_a_bump_without_answering_is_stale_after_an_overwrite() {
     // Every replica the master hands out holds the new bytes.
     let rt = common::runtime();
     rt.block_on(async {
-        let client = stampfs_client::Client::connect(&c.master.addr)
-            .await
-            .expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let v = stampfs_nemesis::replicas::check_replicas(&client, "/ow", None)
             .await
             .expect("replica check");

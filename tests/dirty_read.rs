@@ -55,7 +55,7 @@ mod common;
 
 use common::writer::{replica_length, Writer, WriterProcess, MORE};
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
-use stampfs_client::{Client, ClientConfig};
+use stampfs_client::ClientConfig;
 use stampfs_proto::{ChunkVersion, LocatedChunk};
 use std::time::{Duration, Instant};
 
@@ -105,7 +105,7 @@ fn reader_config() -> ClientConfig {
 
 /// The file's last chunk as the master hands it to readers.
 async fn last_chunk(c: &TestCluster) -> LocatedChunk {
-    let client = Client::connect_with(&c.master.addr, reader_config())
+    let client = common::connect_with(&c.master.addr, reader_config())
         .await
         .expect("connect to the master");
     let locs = client.locations(PATH).await.expect("locations");
@@ -248,7 +248,7 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
     // 6. The writer dies; its lease is recovered.
     w.kill();
     let outcome = rt.block_on(async {
-        let client = Client::connect(&c.master.addr)
+        let client = common::connect(&c.master.addr)
             .await
             .expect("connect to the master");
         client.recover_lease(PATH).await.expect("recover the lease")

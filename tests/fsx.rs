@@ -158,7 +158,7 @@ async fn last_chunk_seen(client: &Client, path: &str) -> String {
 fn run_library(seed: u64, ops: usize) {
     let c = cluster();
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let path = "/fsx-lib";
         let mut rng = StdRng::seed_from_u64(seed);
         let mut model: Vec<u8> = Vec::new();
@@ -319,7 +319,7 @@ fn fsx_through_the_mount() {
                 let mut got = vec![0u8; to - from];
                 if let Err(e) = f.read_exact_at(&mut got, from as u64) {
                     let seen = runtime().block_on(async {
-                        let client = Client::connect(&c.master.addr).await.expect("connect");
+                        let client = common::connect(&c.master.addr).await.expect("connect");
                         last_chunk_seen(&client, "/fsx-mount").await
                     });
                     panic!("{}: {e}; {seen}", ctx());

@@ -2,12 +2,14 @@
 //! item 5): a proof sent without a challenge, a proof made with another key, a proof
 //! replayed from another connection, and a chunkserver's message on a connection that
 //! proved nothing are each refused with `Unauthenticated`, and the master closes that
-//! connection; it keeps serving everyone else, and an honest handshake still succeeds.
+//! connection; it keeps serving everyone else (a client that proved its user's key),
+//! and an honest handshake still succeeds. A client's request on a connection that
+//! proved nothing is refused the same way.
 
 mod common;
 
-use common::{runtime, TestCluster};
-use stampfs_proto::auth::{authenticate_chunkserver, nonce, server_proof};
+use common::{runtime, test_credentials, TestCluster};
+use stampfs_proto::auth::{authenticate_chunkserver, authenticate_client, nonce, server_proof};
 use stampfs_proto::{
     ChunkserverId, ClusterKey, Error, Heartbeat, RemoteError, RpcClient, ServerHello, ServerProve,
     Stat,
@@ -46,10 +48,14 @@ async fn refused_and_closed<T: std::fmt::Debug>(
     );
 }
 
-/// Someone else is still served: a plain request on a fresh connection.
+/// Someone else is still served: a plain request on a fresh connection of a client
+/// that proved its user's key.
 async fn still_serving(c: &TestCluster) {
-    let st = connect(c)
+    let mut conn = connect(c).await;
+    authenticate_client(&mut conn, &test_credentials())
         .await
+        .expect("the master takes a client's honest handshake");
+    let st = conn
         .call(Stat {
             path: "/".into(),
             caller: None,
@@ -121,6 +127,35 @@ fn abused_handshakes_are_refused_and_close_only_their_connection() {
             })
             .await;
         refused_and_closed("a heartbeat before any handshake", res, &mut conn).await;
+        still_serving(&c).await;
+
+        // A client's request on a connection that proved nothing.
+        let mut conn = connect(&c).await;
+        let res = conn
+            .call(Stat {
+                path: "/".into(),
+                caller: None,
+            })
+            .await;
+        refused_and_closed("a client request before any handshake", res, &mut conn).await;
+        still_serving(&c).await;
+
+        // A chunkserver's message on a connection that proved a user's key, not the
+        // cluster key.
+        let mut conn = connect(&c).await;
+        authenticate_client(&mut conn, &test_credentials())
+            .await
+            .expect("the client's handshake");
+        let res = conn
+            .call(Heartbeat {
+                id: ChunkserverId(1),
+                capacity: 1 << 30,
+                used: 0,
+                replica_count: 0,
+                active_streams: 0,
+            })
+            .await;
+        refused_and_closed("a heartbeat from a client", res, &mut conn).await;
 
         // After all that, an honest chunkserver handshake still succeeds.
         let mut honest = connect(&c).await;

@@ -72,7 +72,7 @@ fn pausing_writer_keeps_its_replicas(stream_idle_close: Option<Duration>, pool_i
         ..ClientConfig::default()
     };
     rt.block_on(async {
-        let client = Client::connect_with(&c.master.addr, config)
+        let client = common::connect_with(&c.master.addr, config)
             .await
             .expect("connect");
         client.mkdir("/logs", true).await.expect("mkdir");

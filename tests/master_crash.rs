@@ -5,7 +5,7 @@
 mod common;
 
 use common::TestCluster;
-use stampfs_client::{Client, ClientConfig, CreateOptions};
+use stampfs_client::{ClientConfig, CreateOptions};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +44,7 @@ async fn mutate(master: String, acked: Arc<Mutex<Acked>>) {
         request_timeout: Duration::from_secs(2),
         ..ClientConfig::default()
     };
-    let Ok(client) = Client::connect_with(&master, cfg).await else {
+    let Ok(client) = common::connect_with(&master, cfg).await else {
         return;
     };
     for i in 0.. {
@@ -100,7 +100,7 @@ fn acknowledged_mutations_and_versions_survive_a_master_sigkill() {
     c.master.restart();
     c.wait_live(3);
     rt.block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         for d in &acked.dirs {
             client.stat(d).await.unwrap_or_else(|e| panic!("acknowledged {d} lost: {e}"));
         }

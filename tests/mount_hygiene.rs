@@ -297,6 +297,7 @@ fn a_background_mount_returns_once_ready_and_keeps_none_of_the_callers_descripto
         .arg(&log)
         .arg(&root)
         .env("STAMPFS_MASTER", &c.master.addr)
+        .env(common::CREDENTIALS_ENV, c.credentials_file())
         // The log file's own default level (info) must say what the server did.
         .env_remove("RUST_LOG");
     let ran = run_limited(sh, LIMIT, &root);

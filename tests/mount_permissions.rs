@@ -135,7 +135,7 @@ fn the_master_checks_permissions_for_the_callers_identity() {
     let c = TestCluster::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let root = Client::connect(&c.master.addr).await.expect("connect");
+        let root = common::connect(&c.master.addr).await.expect("connect");
         root.mkdir("/pub", false).await.expect("mkdir");
         root.set_attr(SetAttr {
             mode: Some(0o1777),

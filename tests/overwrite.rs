@@ -50,7 +50,7 @@ async fn written_then_reopened(
 fn round_trips(engine: &str) {
     let c = cluster(engine);
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let path = "/ow/f";
         client.mkdir("/ow", true).await.expect("mkdir");
         // Chunk 0 full, chunk 1 holding 37 856 bytes.
@@ -162,7 +162,7 @@ fn the_cli_writes_at_an_offset_and_refuses_what_it_does_not_support() {
 fn kill_a_chunkserver_mid_stream(engine: &str) {
     let mut c = cluster(engine);
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let path = "/killcs";
         let len = 1_000_000usize;
         let old = pattern(len, 11);
@@ -215,7 +215,7 @@ fn a_writer_killed_in_the_middle_of_an_overwrite_leaves_old_or_new_bytes_and_ide
     stdin.flush().expect("flush");
     let client_rt = runtime();
     let client = client_rt
-        .block_on(Client::connect(&c.master.addr))
+        .block_on(common::connect(&c.master.addr))
         .expect("connect");
     // Wait until the replicas hold some of the new bytes, then kill the writer.
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -63,7 +63,7 @@ async fn wait_closed(client: &Client, path: &str) {
 fn moves_between_chunks(engine: &str) {
     let c = cluster(engine);
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let path = "/chunks";
         // Five full chunks and 1000 bytes in a sixth.
         let mut model = pattern(5 * CHUNK as usize + 1000, 31);
@@ -147,8 +147,8 @@ fn a_writer_moves_between_chunks_threads() {
 fn a_paused_writer_is_fenced_in_an_earlier_chunk() {
     let c = cluster("auto");
     runtime().block_on(async {
-        let a = Client::connect(&c.master.addr).await.expect("connect a");
-        let b = Client::connect(&c.master.addr).await.expect("connect b");
+        let a = common::connect(&c.master.addr).await.expect("connect a");
+        let b = common::connect(&c.master.addr).await.expect("connect b");
         let path = "/seed";
         let old = pattern(2 * CHUNK as usize + 300, 41);
         put(&a, path, CHUNK, &old).await;
@@ -204,7 +204,7 @@ fn a_writer_killed_in_an_earlier_chunk_leaves_old_or_new_bytes_and_identical_rep
     stdin.flush().expect("flush");
     let rt = runtime();
     let client = rt
-        .block_on(Client::connect(&c.master.addr))
+        .block_on(common::connect(&c.master.addr))
         .expect("connect");
     // Wait until the replicas hold new bytes of chunk 1, then kill the writer.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -249,7 +249,7 @@ fn a_writer_killed_in_an_earlier_chunk_leaves_old_or_new_bytes_and_identical_rep
 fn a_shrink_below_the_last_chunk_drops_chunks_and_their_replicas() {
     let c = cluster("auto");
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let path = "/shrink";
         let mut model = pattern(6 * CHUNK as usize + 123, 61);
         put(&client, path, CHUNK, &model).await;

@@ -38,7 +38,7 @@ use common::writer::{
     last_chunk, read_all, recover_and_read, replica_length, Writer, WriterProcess, MORE,
 };
 use common::{common_prefix, runtime, wait_for, Opts, TestCluster};
-use stampfs_client::{Client, ClientConfig};
+use stampfs_client::ClientConfig;
 use stampfs_proto::{FileLocations, FileState};
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
@@ -191,7 +191,7 @@ fn a_reader_of_the_survivor_of_a_pipeline_update_the_master_crashed_in_keeps_its
     assert_eq!(st["state"], "closed", "{st}");
     assert_eq!(
         rt.block_on(async {
-            Client::connect(&c.master.addr)
+            common::connect(&c.master.addr)
                 .await
                 .expect("connect")
                 .stat(PATH)

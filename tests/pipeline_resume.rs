@@ -19,7 +19,7 @@
 mod common;
 
 use common::pattern;
-use stampfs_client::{Client, ClientConfig, CreateOptions};
+use stampfs_client::{ClientConfig, CreateOptions};
 use stampfs_nemesis::cluster::{Cluster, ClusterConfig};
 use stampfs_nemesis::net::{enter_on_exec, Net, NetMode};
 use stampfs_nemesis::schedule::Target;
@@ -54,12 +54,15 @@ fn writer_process_of_the_resume_test() {
     };
     stampfs_proto::crash::arm_from_env().expect("arm the crash points");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // The run's superuser, whose credentials file the test names.
+    let creds = std::env::var_os(common::CREDENTIALS_ENV).expect("the writer is given credentials");
     let config = ClientConfig {
         ack_timeout: ACK_TIMEOUT,
+        credentials: Some(stampfs_proto::Credentials::load(creds.as_ref()).expect("credentials")),
         ..ClientConfig::default()
     };
     let (_client, mut writer) = rt.block_on(async {
-        let client = Client::connect_with(&master, config)
+        let client = common::connect_with(&master, config)
             .await
             .expect("connect");
         let opts = CreateOptions {
@@ -112,11 +115,23 @@ async fn a_pipeline_recovery_keeps_what_a_reader_saw_when_the_writer_dies_before
         .await
         .expect("cluster");
     let master = cluster.master_addr().to_string();
+    // Its master wrote its superuser's credentials at its first start: every client of
+    // this test presents them.
+    let creds_file = stampfs_nemesis::cluster::credentials_file(dir.path());
+    let creds = stampfs_proto::Credentials::load(&creds_file).expect("the superuser's credentials");
+    let connect = move |m: String| {
+        let config = ClientConfig {
+            credentials: Some(creds.clone()),
+            ..ClientConfig::default()
+        };
+        async move { common::connect_with(&m, config).await }
+    };
 
     let exe = std::env::current_exe().expect("this test binary");
     let mut cmd = Command::new(exe);
     cmd.args([WRITER_TEST, "--exact", "--ignored", "--nocapture"])
         .env(MASTER_ENV, &master)
+        .env(common::CREDENTIALS_ENV, &creds_file)
         .env(
             stampfs_proto::crash::ENV_POINTS,
             "writer-reopen-before-resend=1",
@@ -137,10 +152,10 @@ async fn a_pipeline_recovery_keeps_what_a_reader_saw_when_the_writer_dies_before
     assert!(hsynced, "the writer did not hsync:\n{}", writer_log());
 
     // The head of the open chunk's pipeline (listed first).
-    let m = master.clone();
+    let (m, conn) = (master.clone(), connect.clone());
     let head_addr = net
         .admin(move || async move {
-            let c = Client::connect(&m).await.expect("connect");
+            let c = conn(m).await.expect("connect");
             let loc = c.locations(PATH).await.expect("locations");
             Ok(loc.chunks[0].replicas[0].addr.clone())
         })
@@ -158,10 +173,10 @@ async fn a_pipeline_recovery_keeps_what_a_reader_saw_when_the_writer_dies_before
 
     // A reader sees B while the writer waits for its acks.
     let want: Vec<u8> = [synced(), unacked()].concat();
-    let m = master.clone();
+    let (m, conn) = (master.clone(), connect.clone());
     let seen = net
         .admin(move || async move {
-            let c = Client::connect(&m).await.expect("connect");
+            let c = conn(m).await.expect("connect");
             let deadline = Instant::now() + ACK_TIMEOUT;
             let mut got = Vec::new();
             while Instant::now() < deadline {
@@ -204,10 +219,10 @@ async fn a_pipeline_recovery_keeps_what_a_reader_saw_when_the_writer_dies_before
     net.heal().expect("heal");
 
     // Lease recovery (the hard limit passed) closes the file at what the replicas hold.
-    let m = master.clone();
+    let (m, conn) = (master.clone(), connect.clone());
     let (state, after) = net
         .admin(move || async move {
-            let c = Client::connect(&m).await.expect("connect");
+            let c = conn(m).await.expect("connect");
             let deadline = Instant::now() + WAIT;
             loop {
                 let st = c.stat(PATH).await.expect("stat");

@@ -47,7 +47,7 @@ async fn read_in_steps(r: &mut stampfs_client::FileReader, len: usize, step: usi
 fn sequential_reads_with_read_ahead_return_the_files_bytes_across_chunks_and_seeks() {
     let c = TestCluster::start();
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let data = pattern((9 << 20) + 12_345, 17);
         let mut w = create(&client, "/f").await;
         w.write_all(&data).await.expect("write");
@@ -87,7 +87,7 @@ fn sequential_reads_with_read_ahead_return_the_files_bytes_across_chunks_and_see
 fn read_ahead_of_a_file_being_written_stops_at_what_the_reader_may_read() {
     let c = TestCluster::start();
     runtime().block_on(async {
-        let client = Client::connect(&c.master.addr).await.expect("connect");
+        let client = common::connect(&c.master.addr).await.expect("connect");
         let first = pattern((3 << 20) + 999, 5);
         let mut w = create(&client, "/g").await;
         w.write_all(&first).await.expect("write");

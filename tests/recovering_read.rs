@@ -127,7 +127,7 @@ fn writer_process() {
 }
 
 async fn client(c: &TestCluster) -> Client {
-    Client::connect(&c.master.addr)
+    common::connect(&c.master.addr)
         .await
         .expect("connect to the master")
 }
@@ -233,7 +233,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
     c.chunkservers[tail].stop();
     let master = c.master.addr.clone();
     let recover = std::thread::spawn(move || -> stampfs_client::Result<RecoveryOutcome> {
-        runtime().block_on(async { Client::connect(&master).await?.recover_lease(PATH).await })
+        runtime().block_on(async { common::connect(&master).await?.recover_lease(PATH).await })
     });
     let mut recovering = None;
     wait_for(

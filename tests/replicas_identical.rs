@@ -121,7 +121,7 @@ fn replicas_of_a_closed_file_are_identical_until_one_is_changed_on_disk() {
         .build()
         .expect("tokio runtime");
     let client = rt
-        .block_on(Client::connect(&c.master.addr))
+        .block_on(common::connect(&c.master.addr))
         .expect("connect");
     let data = pattern(LEN, 42);
 

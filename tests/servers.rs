@@ -33,8 +33,12 @@ fn dev_runs_a_cluster_that_file_commands_can_use_and_stops_on_ctrl_c() {
         }
     }
     let master = master.expect("dev prints the master address");
+    // dev's master wrote its superuser's credentials at its first start: the file
+    // commands present them.
+    let creds = common::wait_credentials_file(&dir.path().join("master").join("admin.credentials"));
     let put = Command::new(BIN)
         .args(["put", "-", "/hello", "--master", &master])
+        .env(common::CREDENTIALS_ENV, &creds)
         .stdin(Stdio::piped())
         .spawn()
         .and_then(|mut c| {
@@ -45,7 +49,8 @@ fn dev_runs_a_cluster_that_file_commands_can_use_and_stops_on_ctrl_c() {
         .expect("put");
     assert!(put.success());
     let out = Command::new(BIN)
-        .args(["cat", "/hello", "--master", &master])
+        .args(["cat", "/hello", "--master", &master, "--credentials"])
+        .arg(&creds)
         .output()
         .expect("cat");
     assert_eq!(out.stdout, b"hello dev");

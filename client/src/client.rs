@@ -11,12 +11,13 @@
 //! harmless.
 
 use crate::error::{Error, Result};
+use stampfs_proto::auth::{authenticate_client, AuthFailure};
 use stampfs_proto::rpc::Rpc;
 use stampfs_proto::{
-    Caller, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Delete, FileLocations,
-    FileStatus, GetLocations, GetXattr, List, ListXattr, MasterRequest, Mkdir, NewAttr, Read,
-    ReadLink, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease, ReplicaInfo,
-    RpcClient, SetAttr, SetXattr, Stat, Symlink, XattrSet,
+    Caller, ChunkRequest, ClientId, ClusterReport, ClusterReportRequest, Credentials, Delete,
+    FileLocations, FileStatus, GetLocations, GetXattr, List, ListXattr, MasterRequest, Mkdir,
+    NewAttr, Read, ReadLink, RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease,
+    ReplicaInfo, RpcClient, SetAttr, SetXattr, Stat, Symlink, UserInfo, XattrSet,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,6 +65,10 @@ pub struct ClientConfig {
     /// after which they close idle connections themselves; a pooled connection found
     /// closed anyway is replaced once by a fresh one.
     pub pooled_connection_max_idle: Duration,
+    /// The user this client authenticates as on every master connection. `None`: the
+    /// file [`Credentials::discover`] finds (`STAMPFS_CREDENTIALS`, then
+    /// `~/.config/stampfs/credentials`); connecting fails when there is none.
+    pub credentials: Option<Credentials>,
 }
 
 impl Default for ClientConfig {
@@ -78,6 +83,7 @@ impl Default for ClientConfig {
             ack_timeout: Duration::from_secs(15),
             stream_idle_close: Some(Duration::from_secs(20)),
             pooled_connection_max_idle: Duration::from_secs(20),
+            credentials: None,
         }
     }
 }
@@ -124,6 +130,10 @@ pub(crate) struct Inner {
     pub(crate) master: String,
     pub(crate) id: ClientId,
     pub(crate) config: ClientConfig,
+    /// Who this client proves to be on each master connection, and who the master
+    /// said that is.
+    creds: Credentials,
+    identity: UserInfo,
     /// Idle master connections; a call takes one out and puts it back on success.
     master_pool: Mutex<Vec<RpcClient>>,
     /// Idle chunkserver connections by address, reused by reads and replica queries;
@@ -181,22 +191,6 @@ tokio::task_local! {
     pub(crate) static REQUEST_CALLER: Caller;
 }
 
-/// This process's identity: effective uid and gid, and its supplementary groups.
-pub fn process_caller() -> Caller {
-    // SAFETY: geteuid and getegid take no arguments and cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    // SAFETY: with a size of 0 getgroups only counts; then it fills at most `n`
-    // entries of a buffer of `n`.
-    let groups = unsafe {
-        let n = libc::getgroups(0, std::ptr::null_mut());
-        let mut buf = vec![0; usize::try_from(n).unwrap_or(0)];
-        let got = libc::getgroups(n.max(0), buf.as_mut_ptr());
-        buf.truncate(usize::try_from(got).unwrap_or(0));
-        buf
-    };
-    Caller { uid, gid, groups }
-}
-
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
@@ -232,25 +226,44 @@ impl Client {
                 reason: "the stream idle close must be above zero (or off)".into(),
             });
         }
-        let conn = RpcClient::connect(addr, config.connect_timeout).await?;
+        let creds = match &config.credentials {
+            Some(c) => c.clone(),
+            None => match Credentials::discover(None)? {
+                Some((c, _)) => c,
+                None => {
+                    return Err(Error::Remote(RemoteError::Unauthenticated {
+                        reason: format!(
+                            "no credentials to present to the master: pass --credentials FILE or set {} (a master writes its superuser's to DIR/{})",
+                            stampfs_proto::credentials::CREDENTIALS_ENV,
+                            stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE
+                        ),
+                    }))
+                }
+            },
+        };
+        let (conn, identity) = dial_master(addr, config.connect_timeout, &creds).await?;
         let client = Client {
             inner: Arc::new(Inner {
                 master: addr.to_string(),
                 id: ClientId::random(),
                 config,
+                creds,
+                identity,
                 master_pool: Mutex::new(vec![conn]),
                 chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
             }),
-            caller: Some(Arc::new(process_caller())),
+            // The master takes requests without a caller as the authenticated user.
+            caller: None,
         };
         Ok(client)
     }
 
     /// The same client (connections, leases, id) sending its namespace requests as
-    /// `caller`: the master checks permissions for that identity. Identities are not
-    /// authenticated yet: a client may claim any.
+    /// `caller`: the master checks permissions for that identity. Only a superuser's
+    /// client may name a caller other than its own user (the master refuses it
+    /// otherwise).
     pub fn as_caller(&self, caller: Caller) -> Client {
         Client {
             inner: self.inner.clone(),
@@ -280,12 +293,44 @@ impl Client {
                 master: "127.0.0.1:1".into(),
                 id: ClientId::random(),
                 config: ClientConfig::default(),
+                creds: Credentials::new("test", [0; 32]).expect("a good name"),
+                identity: UserInfo {
+                    name: "test".into(),
+                    uid: 0,
+                    gid: 0,
+                    groups: Vec::new(),
+                    superuser: true,
+                },
                 master_pool: Mutex::new(Vec::new()),
                 chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
             }),
             caller: None,
+        }
+    }
+
+    /// Who the master says this client is (its authenticated user).
+    pub fn identity(&self) -> &UserInfo {
+        &self.inner.identity
+    }
+
+    /// Mode and owner of an entry this client creates: the caller's ids (the FUSE
+    /// request a mount task serves, else the authenticated user) and `base` less this
+    /// process's umask.
+    pub(crate) fn new_attr(&self, base: u32) -> NewAttr {
+        let mode = process_attr(base).mode;
+        match self.caller() {
+            Some(c) => NewAttr {
+                mode,
+                uid: c.uid,
+                gid: c.gid,
+            },
+            None => NewAttr {
+                mode,
+                uid: self.inner.identity.uid,
+                gid: self.inner.identity.gid,
+            },
         }
     }
 
@@ -320,7 +365,13 @@ impl Client {
         let mut conn = match pooled {
             Some(c) => c,
             None => {
-                RpcClient::connect(&self.inner.master, self.inner.config.connect_timeout).await?
+                dial_master(
+                    &self.inner.master,
+                    self.inner.config.connect_timeout,
+                    &self.inner.creds,
+                )
+                .await?
+                .0
             }
         };
         let reply =
@@ -434,7 +485,7 @@ impl Client {
     /// exists).
     /// The directories get this process's owner and `0o777` less its umask.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStatus> {
-        self.mkdir_with(path, parents, process_attr(0o777)).await
+        self.mkdir_with(path, parents, self.new_attr(0o777)).await
     }
 
     /// [`Client::mkdir`] with the given mode and owner for every directory it
@@ -452,7 +503,7 @@ impl Client {
     /// Creates a symbolic link at `path` holding `target` (never resolved by stampfs:
     /// a mount's kernel follows it), owned by this process's uid and gid.
     pub async fn symlink(&self, path: &str, target: &str) -> Result<FileStatus> {
-        self.symlink_with(path, target, process_attr(0o777)).await
+        self.symlink_with(path, target, self.new_attr(0o777)).await
     }
 
     /// [`Client::symlink`] owned by `attr`'s uid and gid (a link's mode is always
@@ -726,6 +777,34 @@ impl PooledChunkRequest for ReplicaInfo {}
 
 /// True for I/O errors that mean the peer closed the connection (EOF, reset, broken
 /// pipe), as a chunkserver does to a connection or stream that stayed idle.
+/// A new, authenticated connection to the master at `addr`, and who the master says
+/// `creds` are.
+async fn dial_master(
+    addr: &str,
+    timeout: Duration,
+    creds: &Credentials,
+) -> Result<(RpcClient, UserInfo)> {
+    let mut conn = RpcClient::connect(addr, timeout).await?;
+    match stampfs_proto::pause::timeout(timeout, authenticate_client(&mut conn, creds)).await {
+        Err(_) => Err(Error::Remote(RemoteError::Unavailable {
+            reason: format!("master {addr} did not answer the handshake in time"),
+        })),
+        Ok(Ok(identity)) => Ok((conn, identity)),
+        Ok(Err(AuthFailure::Transport(e))) => Err(e.into()),
+        Ok(Err(AuthFailure::Refused { reason })) => {
+            Err(Error::Remote(RemoteError::Unauthenticated {
+                reason: format!("the master refused user {}: {reason}", creds.user),
+            }))
+        }
+        Ok(Err(AuthFailure::MasterUnproven)) => Err(Error::Remote(RemoteError::Unauthenticated {
+            reason: format!(
+                "the master at {addr} did not prove that it knows user {}'s key: not the master these credentials are for",
+                creds.user
+            ),
+        })),
+    }
+}
+
 pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
     use std::io::ErrorKind::*;
     matches!(

@@ -1,14 +1,37 @@
 //! Who a connection to the master has proven to be (see [`stampfs_proto::auth`]).
 //!
-//! Pure per-connection state, driven by the connection handler: a chunkserver's
+//! Pure per-connection state, driven by the connection handler. A chunkserver's
 //! connection must complete the challenge-response with the cluster key before it may
-//! register, heartbeat or report. A wrong proof is refused (`Unauthenticated`) and the
-//! handler closes the connection, so a chunkserver with another cluster's key is never
-//! registered, listed or given chunks.
+//! register, heartbeat or report; a client's must prove a user's key before any other
+//! request, and administration needs a superuser. A wrong proof is refused
+//! (`Unauthenticated`) and the handler closes the connection, so a chunkserver with
+//! another cluster's key is never registered, listed or given chunks, and a client
+//! without a valid credential reaches nothing.
+//!
+//! Once proven, a client's requests act as its user ([`ConnAuth::act_as`]): the
+//! caller a request names is checked against the user and replaced by the user's
+//! identity as the master knows it (uid, gid, groups). Only a superuser may name
+//! another caller (a mount serving other local users). [`ClientBindings`] keeps a
+//! client id to the user that first used it, so that nobody else can renew, close or
+//! write under that client's leases.
 
 use crate::error::{Error, Result};
 use stampfs_proto::auth;
-use stampfs_proto::{ClusterKey, MasterRequest, ServerChallenge, ServerProveReply};
+use stampfs_proto::credentials::check_user_name;
+use stampfs_proto::{
+    Caller, ClientChallenge, ClientId, ClientProveReply, ClusterKey, MasterRequest, RequestClass,
+    ServerChallenge, ServerProveReply, UserInfo,
+};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A client's handshake under way: the user it claims and both challenges.
+#[derive(Debug)]
+struct ClientPending {
+    user: String,
+    theirs: [u8; 32],
+    ours: [u8; 32],
+}
 
 /// What a connection has proven.
 #[derive(Debug, Default)]
@@ -17,23 +40,84 @@ pub struct ConnAuth {
     pending: Option<([u8; 32], [u8; 32])>,
     /// It proved the cluster key: it may speak as a chunkserver.
     chunkserver: bool,
+    /// A client's handshake under way.
+    client_pending: Option<ClientPending>,
+    /// The user it proved to be.
+    user: Option<UserInfo>,
 }
 
 impl ConnAuth {
     /// Whether the connection may send `req`: chunkserver messages need a proven
-    /// chunkserver; the rest is for anyone (clients are not authenticated yet).
+    /// chunkserver, client requests a proven user, administration a superuser.
     pub fn admits(&self, req: &MasterRequest) -> Result<()> {
-        let chunkserver_only = matches!(
-            req,
-            MasterRequest::Register(_)
-                | MasterRequest::Heartbeat(_)
-                | MasterRequest::ChunkReport(_)
-                | MasterRequest::ReportPart(_)
-        );
-        if chunkserver_only && !self.chunkserver {
-            return Err(Error::Unauthenticated {
+        match req.class() {
+            RequestClass::Handshake => Ok(()),
+            RequestClass::Chunkserver if self.chunkserver => Ok(()),
+            RequestClass::ClientOrChunkserver if self.chunkserver || self.user.is_some() => {
+                Ok(())
+            }
+            RequestClass::ClientOrChunkserver => Err(Error::Unauthenticated {
+                reason: "a corruption report needs a proven chunkserver or user on this connection".into(),
+            }),
+            RequestClass::Chunkserver => Err(Error::Unauthenticated {
                 reason: "a chunkserver must prove the cluster key on this connection before it registers, heartbeats or reports".into(),
+            }),
+            RequestClass::Client | RequestClass::Admin => {
+                let Some(user) = &self.user else {
+                    return Err(Error::Unauthenticated {
+                        reason: "no credentials presented on this connection: a client proves a user's key first (--credentials FILE, STAMPFS_CREDENTIALS, or ~/.config/stampfs/credentials; a master writes its superuser's to DIR/admin.credentials)".into(),
+                    });
+                };
+                if req.class() == RequestClass::Admin && !user.superuser {
+                    return Err(Error::PermissionDenied {
+                        path: "administration".into(),
+                        reason: format!("user {} is not a superuser", user.name),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The user this connection proved to be.
+    pub fn user(&self) -> Option<&UserInfo> {
+        self.user.as_ref()
+    }
+
+    /// Makes a client request act as the connection's user: a caller it does not
+    /// name becomes the user; one it names must be the user's uid (then it gets the
+    /// user's gid and groups as the master knows them), unless the user is a
+    /// superuser, who may name anyone: a uid `known` finds is then that user, with its
+    /// gid and groups (a mount serving other local users), any other as named.
+    pub fn act_as(
+        &self,
+        req: &mut MasterRequest,
+        known: impl FnOnce(u32) -> Option<Caller>,
+    ) -> Result<()> {
+        let Some(user) = &self.user else {
+            return Err(Error::Unauthenticated {
+                reason: "no credentials presented on this connection".into(),
             });
+        };
+        let Some(slot) = req.caller_mut() else {
+            return Ok(());
+        };
+        match slot {
+            Some(c) if user.superuser => {
+                if let Some(k) = known(c.uid) {
+                    *c = k;
+                }
+            }
+            Some(c) if c.uid != user.uid => {
+                return Err(Error::PermissionDenied {
+                    path: "caller".into(),
+                    reason: format!(
+                        "user {} (uid {}) may not act as uid {}; only a superuser may",
+                        user.name, user.uid, c.uid
+                    ),
+                })
+            }
+            _ => *slot = Some(user.caller()),
         }
         Ok(())
     }
@@ -66,12 +150,95 @@ impl ConnAuth {
             proof: auth::master_proof(key, &theirs, &ours),
         })
     }
+
+    /// A client's hello: our challenge back, for a user that exists or not (the
+    /// answer is the same). Starts over: the connection is nobody until it proves.
+    pub fn client_hello(
+        &mut self,
+        user: String,
+        theirs: [u8; 32],
+        ours: [u8; 32],
+    ) -> ClientChallenge {
+        self.user = None;
+        self.client_pending = Some(ClientPending { user, theirs, ours });
+        ClientChallenge { nonce: ours }
+    }
+
+    /// The client's proof: the master's proof and the user's identity when it holds
+    /// the key `lookup` finds for its user, `Unauthenticated` otherwise (the same for
+    /// an unknown user). Either way the challenges are spent.
+    pub fn client_prove(
+        &mut self,
+        lookup: impl FnOnce(&str) -> Option<([u8; 32], UserInfo)>,
+        proof: &[u8; 32],
+    ) -> Result<ClientProveReply> {
+        let Some(p) = self.client_pending.take() else {
+            return Err(Error::Unauthenticated {
+                reason: "a proof without a challenge (send ClientHello first)".into(),
+            });
+        };
+        let refused = || Error::Unauthenticated {
+            reason: format!(
+                "unknown user {:?} or wrong key (check the credentials file)",
+                p.user
+            ),
+        };
+        if check_user_name(&p.user).is_err() {
+            return Err(refused());
+        }
+        let Some((key, info)) = lookup(&p.user) else {
+            return Err(refused());
+        };
+        let key = ClusterKey::from_bytes(key);
+        if !auth::verify_client_proof(&key, &p.user, &p.theirs, &p.ours, proof) {
+            return Err(refused());
+        }
+        let reply = ClientProveReply {
+            proof: auth::master_to_client_proof(&key, &p.user, &p.theirs, &p.ours),
+            identity: info.clone(),
+        };
+        self.user = Some(info);
+        Ok(reply)
+    }
+}
+
+/// Which user each client id belongs to: the first user to send a request with it.
+/// Entries unused for [`BINDING_IDLE_MS`] are forgotten once there are many (by then
+/// the client's leases expired long ago).
+#[derive(Debug, Default)]
+pub struct ClientBindings {
+    by_client: Mutex<HashMap<ClientId, (String, u64)>>,
+}
+
+/// How long an unused binding is kept once there are [`BINDINGS_BEFORE_PRUNING`].
+pub const BINDING_IDLE_MS: u64 = 6 * 3600 * 1000;
+/// Bindings held before old ones are pruned.
+pub const BINDINGS_BEFORE_PRUNING: usize = 1 << 16;
+
+impl ClientBindings {
+    /// Binds `client` to `user` at its first use; refuses it to anyone else after.
+    pub fn bind(&self, client: ClientId, user: &str, now_ms: u64) -> Result<()> {
+        let mut m = crate::oplog::lock(&self.by_client);
+        if m.len() >= BINDINGS_BEFORE_PRUNING && !m.contains_key(&client) {
+            m.retain(|_, (_, seen)| now_ms.saturating_sub(*seen) < BINDING_IDLE_MS);
+        }
+        let (owner, seen) = m
+            .entry(client)
+            .or_insert_with(|| (user.to_string(), now_ms));
+        if owner != user {
+            return Err(Error::Unauthenticated {
+                reason: format!("client id {client} belongs to another user"),
+            });
+        }
+        *seen = now_ms;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stampfs_proto::{ChunkserverId, Heartbeat, Stat};
+    use stampfs_proto::{ChunkserverId, Fsck, Heartbeat, Stat};
 
     fn heartbeat() -> MasterRequest {
         MasterRequest::Heartbeat(Heartbeat {
@@ -95,10 +262,7 @@ mod tests {
         let key = ClusterKey::from_bytes([9; 32]);
         let mut a = ConnAuth::default();
         assert!(a.admits(&heartbeat()).is_err(), "nothing proven yet");
-        assert!(
-            a.admits(&stat()).is_ok(),
-            "clients are not authenticated yet"
-        );
+        assert!(a.admits(&stat()).is_err(), "no user proven either");
         // A proof before any challenge is refused.
         assert!(a.prove(&key, &[0; 32]).is_err());
         let (c, m) = ([1; 32], [2; 32]);
@@ -108,6 +272,14 @@ mod tests {
             .expect("a good proof");
         assert!(auth::verify_master_proof(&key, &c, &m, &reply.proof));
         assert!(a.admits(&heartbeat()).is_ok());
+        // A chunkserver reports its corrupt replicas; a user may not speak for it.
+        let corrupt = MasterRequest::ReportCorrupt(stampfs_proto::ReportCorrupt {
+            handle: stampfs_proto::ChunkHandle(1),
+            chunkserver: ChunkserverId(1),
+        });
+        assert!(a.admits(&corrupt).is_ok());
+        assert!(ConnAuth::default().admits(&corrupt).is_err());
+        assert!(a.admits(&stat()).is_err(), "a chunkserver is no user");
         // The challenges are spent: the same proof again is refused, and a failed
         // handshake takes the admission away.
         assert!(a.prove(&key, &auth::server_proof(&key, &c, &m)).is_err());
@@ -132,5 +304,179 @@ mod tests {
         a.hello(c, m);
         assert!(a.prove(&key, &auth::master_proof(&key, &c, &m)).is_err());
         assert!(a.admits(&heartbeat()).is_err());
+    }
+
+    fn alice() -> UserInfo {
+        UserInfo {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 100,
+            groups: vec![100, 200],
+            superuser: false,
+        }
+    }
+
+    fn lookup_alice(name: &str) -> Option<([u8; 32], UserInfo)> {
+        (name == "alice").then(|| ([5; 32], alice()))
+    }
+
+    fn stat_as(caller: Option<Caller>) -> MasterRequest {
+        MasterRequest::Stat(Stat {
+            path: "/".into(),
+            caller,
+        })
+    }
+
+    fn caller_of(req: &mut MasterRequest) -> Option<Caller> {
+        req.caller_mut().and_then(|c| c.clone())
+    }
+
+    #[test]
+    fn a_client_is_admitted_only_after_proving_its_users_key() {
+        let key = ClusterKey::from_bytes([5; 32]);
+        let mut a = ConnAuth::default();
+        let err = a.admits(&stat()).unwrap_err();
+        assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+        assert!(
+            a.client_prove(lookup_alice, &[0; 32]).is_err(),
+            "no challenge"
+        );
+        let (c, m) = ([1; 32], [2; 32]);
+        assert_eq!(a.client_hello("alice".into(), c, m).nonce, m);
+        let reply = a
+            .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .expect("a good proof");
+        assert!(auth::verify_master_to_client_proof(
+            &key,
+            "alice",
+            &c,
+            &m,
+            &reply.proof
+        ));
+        assert_eq!(reply.identity, alice());
+        assert!(a.admits(&stat()).is_ok());
+        assert!(a.admits(&heartbeat()).is_err(), "a user is no chunkserver");
+        let admin = a
+            .admits(&MasterRequest::Fsck(Fsck { path: None }))
+            .unwrap_err();
+        assert!(matches!(admin, Error::PermissionDenied { .. }), "{admin}");
+        // Spent challenges; a new hello makes the connection nobody until it proves.
+        assert!(a
+            .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .is_err());
+        a.client_hello("alice".into(), c, [3; 32]);
+        assert!(a.admits(&stat()).is_err());
+    }
+
+    #[test]
+    fn wrong_keys_unknown_users_replays_and_reflections_are_refused_alike() {
+        let key = ClusterKey::from_bytes([5; 32]);
+        let wrong = ClusterKey::from_bytes([6; 32]);
+        let (c, m) = ([1; 32], [2; 32]);
+        let mut cases: Vec<(&str, [u8; 32], [u8; 32])> = vec![
+            ("alice", auth::client_proof(&wrong, "alice", &c, &m), m),
+            ("mallory", auth::client_proof(&key, "mallory", &c, &m), m),
+            // Recorded on another connection (another challenge of ours).
+            ("alice", auth::client_proof(&key, "alice", &c, &m), [9; 32]),
+            // The master's own proof sent back.
+            (
+                "alice",
+                auth::master_to_client_proof(&key, "alice", &c, &m),
+                m,
+            ),
+        ];
+        cases.push(("bad name!", [0; 32], m));
+        for (user, proof, ours) in cases {
+            let mut a = ConnAuth::default();
+            a.client_hello(user.into(), c, ours);
+            let err = a.client_prove(lookup_alice, &proof).unwrap_err();
+            assert!(
+                matches!(err, Error::Unauthenticated { .. }),
+                "{user}: {err}"
+            );
+            assert!(a.user().is_none());
+        }
+    }
+
+    #[test]
+    fn requests_act_as_the_user_and_only_a_superuser_names_another_caller() {
+        let key = ClusterKey::from_bytes([5; 32]);
+        let (c, m) = ([1; 32], [2; 32]);
+        let mut a = ConnAuth::default();
+        assert!(
+            a.act_as(&mut stat_as(None), |_| None).is_err(),
+            "nobody yet"
+        );
+        a.client_hello("alice".into(), c, m);
+        a.client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .expect("proof");
+        let me = Some(alice().caller());
+        let mut r = stat_as(None);
+        a.act_as(&mut r, |_| None).expect("none");
+        assert_eq!(caller_of(&mut r), me);
+        // Her own uid with other groups: the master's groups count.
+        let mut r = stat_as(Some(Caller {
+            uid: 1000,
+            gid: 0,
+            groups: vec![0],
+        }));
+        a.act_as(&mut r, |_| None).expect("own uid");
+        assert_eq!(caller_of(&mut r), me);
+        let root = Some(Caller {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        });
+        let err = a.act_as(&mut stat_as(root.clone()), |_| None).unwrap_err();
+        assert!(matches!(err, Error::PermissionDenied { .. }), "{err}");
+
+        let mut admin = ConnAuth::default();
+        let boss = UserInfo {
+            name: "admin".into(),
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+            superuser: true,
+        };
+        admin.client_hello("admin".into(), c, m);
+        admin
+            .client_prove(
+                |_| Some(([5; 32], boss.clone())),
+                &auth::client_proof(&key, "admin", &c, &m),
+            )
+            .expect("proof");
+        let bob = Some(Caller {
+            uid: 1001,
+            gid: 1001,
+            groups: vec![],
+        });
+        let mut r = stat_as(bob.clone());
+        admin
+            .act_as(&mut r, |_| None)
+            .expect("a superuser names anyone");
+        assert_eq!(caller_of(&mut r), bob);
+        // A uid the master knows is that user, with the groups it has there.
+        let mut r = stat_as(Some(Caller {
+            uid: 1000,
+            gid: 1,
+            groups: vec![1],
+        }));
+        admin
+            .act_as(&mut r, |uid| (uid == 1000).then(|| alice().caller()))
+            .expect("a known uid");
+        assert_eq!(caller_of(&mut r), Some(alice().caller()));
+        assert!(admin
+            .admits(&MasterRequest::Fsck(Fsck { path: None }))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_client_id_belongs_to_the_first_user_that_used_it() {
+        let b = ClientBindings::default();
+        b.bind(ClientId(7), "alice", 0).expect("first use");
+        b.bind(ClientId(7), "alice", 1).expect("again");
+        let err = b.bind(ClientId(7), "bob", 2).unwrap_err();
+        assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+        b.bind(ClientId(8), "bob", 2).expect("another id");
     }
 }

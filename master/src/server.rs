@@ -243,6 +243,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         shutdown.clone(),
         &dir_lock,
     ));
+    core.bootstrap_admin().await?;
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
         listener,
@@ -393,7 +394,7 @@ async fn handle_connection(
     let mut writer = FrameWriter::new(w);
     // The parts of a long chunk report sent so far on this connection.
     let mut parts = ReportParts::default();
-    // What this connection has proven (a chunkserver's handshake).
+    // What this connection has proven (a chunkserver's or a client's handshake).
     let mut auth = ConnAuth::default();
     // The mark of the next chunk report on this connection, and whose (see
     // `state/report.rs`).
@@ -434,12 +435,30 @@ async fn handle_connection(
                     reply::<()>(id, Err(e))
                 }
             },
-            req => match auth.admits(&req) {
-                Err(e) => {
-                    tracing::warn!(%peer, error = %e, "chunkserver message on an unauthenticated connection; refusing it and closing the connection");
+            MasterRequest::ClientHello(h) => reply(
+                id,
+                Ok(auth.client_hello(h.user, h.nonce, stampfs_proto::auth::nonce())),
+            ),
+            MasterRequest::ClientProve(p) => {
+                match auth.client_prove(|name| core.user_key(name), &p.proof) {
+                    Ok(r) => {
+                        tracing::debug!(%peer, user = %r.identity.name, "a client proved its user's key");
+                        reply(id, Ok(r))
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "a client failed to prove a user's key; refusing it and closing its connection");
+                        refused = true;
+                        reply::<()>(id, Err(e))
+                    }
+                }
+            }
+            mut req => match authorize(&core, &auth, &mut req) {
+                Err(e @ Error::Unauthenticated { .. }) => {
+                    tracing::warn!(%peer, error = %e, "request on an unauthenticated connection; refusing it and closing the connection");
                     refused = true;
                     reply::<()>(id, Err(e))
                 }
+                Err(e) => reply::<()>(id, Err(e)),
                 Ok(()) => match parts.take(req) {
                     Ok(Some(req)) => dispatch(&core, id, req, &mut mark).await,
                     Ok(None) => reply(id, Ok(())),
@@ -455,6 +474,20 @@ async fn handle_connection(
             break;
         }
     }
+}
+
+/// Whether the connection may send `req`, and as whom (see `auth.rs`): a client
+/// request is made to act as the connection's user, and its client id is bound to
+/// that user.
+fn authorize(core: &Core, auth: &ConnAuth, req: &mut MasterRequest) -> Result<()> {
+    auth.admits(req)?;
+    if let Some(user) = auth.user() {
+        auth.act_as(req, |uid| core.state().user_by_uid(uid))?;
+        if let Some(client) = req.client_id() {
+            core.clients.bind(client, &user.name, core.clock.now_ms())?;
+        }
+    }
+    Ok(())
 }
 
 fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
@@ -531,7 +564,13 @@ async fn dispatch(
         // Kept by the connection (`ReportParts`), never dispatched.
         MasterRequest::ReportPart(_) => reply(id, Ok(())),
         // The connection's handshake (`ConnAuth`), never dispatched.
-        MasterRequest::ServerHello(_) | MasterRequest::ServerProve(_) => reply::<()>(
+        MasterRequest::AddUser(r) => reply(id, core.add_user(r).await),
+        MasterRequest::ListUsers(r) => reply(id, core.list_users(r).await),
+        MasterRequest::RemoveUser(r) => reply(id, core.remove_user(r).await),
+        MasterRequest::ServerHello(_)
+        | MasterRequest::ServerProve(_)
+        | MasterRequest::ClientHello(_)
+        | MasterRequest::ClientProve(_) => reply::<()>(
             id,
             Err(Error::BadRequest {
                 reason: "a handshake message outside the connection handler".into(),

@@ -50,6 +50,7 @@ use tokio_util::task::TaskTracker;
 mod chunkservers;
 mod health;
 mod recovery;
+mod users;
 pub use health::PassSummary;
 pub use recovery::Recoveries;
 
@@ -125,6 +126,8 @@ pub struct Core {
     /// end ([`Core::dir_guard`]). So the lock outlives a dropped handle until that work
     /// is done, and once the handle is gone no such work starts.
     dir_lock: Weak<DirLock>,
+    /// Which user each client id belongs to.
+    pub clients: crate::auth::ClientBindings,
 }
 
 impl std::fmt::Debug for Core {
@@ -176,6 +179,7 @@ impl Core {
             halted: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),
             dir_lock: Arc::downgrade(dir_lock),
+            clients: crate::auth::ClientBindings::default(),
         }
     }
 

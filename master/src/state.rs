@@ -40,11 +40,13 @@ mod health;
 mod ops;
 mod recovery;
 mod report;
+mod users;
 mod write;
 mod xattr;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 pub use report::{ReportApply, REPORT_BATCH};
+pub use users::User;
 pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, OpenChunkPlan};
 
 /// Version of the checkpoint payload layout. Format 1 (no granted version in open
@@ -52,8 +54,9 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 /// last), format 4 (no symbolic links: the same layout, which a master that knows
 /// no links cannot read once one is in it) and format 5 (no attributes: an inode
 /// held its modification time in milliseconds only, and no extended attributes) are
-/// still read and upgraded.
-const SNAPSHOT_FORMAT: u32 = 6;
+/// still read and upgraded, as is format 6 (no users: a master that reads it creates
+/// its superuser at start, as on a first start).
+const SNAPSHOT_FORMAT: u32 = 7;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -245,6 +248,11 @@ pub enum Record {
         mtime_ns: Option<i64>,
         ctime_ns: Option<i64>,
     },
+    /// A user clients may authenticate as. After every older variant, so that each
+    /// keeps its wire index.
+    UserAdded { name: String, user: User },
+    /// A user removed.
+    UserRemoved { name: String },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -352,6 +360,8 @@ pub struct MasterState {
     /// its file closes, gets a new chunk, or is deleted). Without an entry a file is
     /// written in its last chunk. See [`MasterState::open_chunk_of`].
     pub open_chunks: BTreeMap<InodeId, ChunkHandle>,
+    /// The users clients authenticate as, by name (persisted; see `state/users.rs`).
+    users: BTreeMap<String, User>,
     /// Soft: registered chunkservers.
     pub registry: Registry,
     /// Soft: lease timers of open files.
@@ -411,6 +421,7 @@ impl MasterState {
             next_server: 1,
             pipelines: BTreeMap::new(),
             open_chunks: BTreeMap::new(),
+            users: BTreeMap::new(),
             registry: Registry::default(),
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),
@@ -434,6 +445,7 @@ impl MasterState {
             self.next_server,
             &self.pipelines,
             &self.open_chunks,
+            &self.users,
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -444,6 +456,17 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+            BTreeMap<String, User>,
+        );
+        type SnapV6 = (
             u32,
             u64,
             Namespace,
@@ -497,10 +520,19 @@ impl MasterState {
         // a file open at the time lets every replica at a recoverable version vote.
         // Checkpoints older than format 4 know no chunk opened before the last: every
         // open file was written in its last chunk.
+        let mut users = BTreeMap::new();
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
             SNAPSHOT_FORMAT => {
-                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u), _): (
                     Snap,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                users = u;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            6 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open), _): (
+                    SnapV6,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 (last_lsn, ns, chunks, servers, next_server, pipelines, open)
@@ -572,6 +604,7 @@ impl MasterState {
         st.next_server = next_server;
         st.pipelines = pipelines;
         st.open_chunks = open_chunks;
+        st.users = users;
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()

@@ -2,6 +2,8 @@
 //! replicas' on-disk headers before grants are returned, stale replicas are never
 //! handed out, and versions keep growing across master restarts and crashes.
 
+mod admin;
+
 use stampfs_chunkserver::header::{Header, SLOT_SIZE};
 use stampfs_chunkserver::{ChunkserverConfig, ChunkserverHandle};
 use stampfs_master::{start, MasterConfig, MasterHandle};
@@ -10,7 +12,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const TIMEOUT: Duration = Duration::from_secs(5);
 const A: ClientId = ClientId(0xa11ce);
 const B: ClientId = ClientId(0xb0b);
 const CHUNK: u64 = 1 << 20;
@@ -60,13 +61,8 @@ impl Cluster {
     }
 
     async fn client(&self) -> RpcClient {
-        let addr = self
-            .master
-            .as_ref()
-            .expect("master running")
-            .addr()
-            .to_string();
-        RpcClient::connect(&addr, TIMEOUT).await.expect("connect")
+        let m = self.master.as_ref().expect("master running");
+        admin::connect(&m.addr().to_string(), &m.core().config.dir).await
     }
 
     fn header(&self, id: ChunkserverId, handle: ChunkHandle) -> Header {

@@ -4,11 +4,11 @@
 //! whether it shuts down cleanly or is dropped (a crash) — but not before a checkpoint
 //! that was being written and trimmed at that moment has finished.
 
+mod admin;
+
 use stampfs_master::{start, Error, MasterConfig};
 use stampfs_proto::*;
 use std::time::Duration;
-
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn config(dir: std::path::PathBuf) -> MasterConfig {
     let mut cfg = MasterConfig::new(dir);
@@ -48,9 +48,7 @@ async fn a_second_master_on_the_same_directory_fails_and_leaves_the_first_alone(
         std::fs::read_to_string(&addr_file).expect("addr file"),
         first_addr
     );
-    let mut c = RpcClient::connect(&first.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&first.addr().to_string(), &first.core().config.dir).await;
     c.call(Mkdir {
         path: "/still-here".into(),
         parents: false,
@@ -65,9 +63,7 @@ async fn a_second_master_on_the_same_directory_fails_and_leaves_the_first_alone(
     // what the first acknowledged.
     drop(first);
     let second = start(cfg.clone()).await.expect("master after a crash");
-    let mut c = RpcClient::connect(&second.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&second.addr().to_string(), &second.core().config.dir).await;
     let st = c
         .call(Stat {
             path: "/still-here".into(),
@@ -174,9 +170,7 @@ async fn a_dropped_master_keeps_its_directory_until_its_checkpoint_has_finished(
     cfg.checkpoint_log_size = 1;
     let dir = cfg.dir.clone();
     let first = start(cfg.clone()).await.expect("master");
-    let mut c = RpcClient::connect(&first.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&first.addr().to_string(), &first.core().config.dir).await;
     let mut made = Vec::new();
     for _ in 0..20 {
         mkdir_next(&mut c, &mut made).await;
@@ -229,9 +223,7 @@ async fn a_dropped_master_keeps_its_directory_until_its_checkpoint_has_finished(
         "the trim finished before the lock was released: {:?}",
         segment_starts(&dir)
     );
-    let mut c = RpcClient::connect(&second.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&second.addr().to_string(), &second.core().config.dir).await;
     for path in &made {
         let st = c
             .call(Stat {

@@ -7,11 +7,12 @@
 //! Uses the `fail-points` feature; fail points are process-wide, so this file holds
 //! the only test that enables `log-append`.
 
+mod admin;
+
 use stampfs_master::{fail, start, MasterConfig};
 use stampfs_proto::*;
 use std::time::Duration;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
 const CLIENT: ClientId = ClientId(7);
 
 fn mkdir(path: &str) -> Mkdir {
@@ -37,9 +38,7 @@ async fn a_record_the_log_refuses_halts_the_master_until_a_restart() {
     cfg.health_interval = Duration::ZERO;
     let master = start(cfg.clone()).await.expect("master");
     cfg.listen = master.addr().to_string();
-    let mut c = RpcClient::connect(&cfg.listen, TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&cfg.listen, &cfg.dir).await;
     c.call(mkdir("/kept")).await.expect("mkdir");
 
     fail::enable("log-append");
@@ -90,9 +89,7 @@ async fn a_record_the_log_refuses_halts_the_master_until_a_restart() {
 
     // The restart replays what was logged: /kept, not /lost.
     let master = start(cfg.clone()).await.expect("restart");
-    let mut c = RpcClient::connect(&cfg.listen, TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = admin::connect(&cfg.listen, &cfg.dir).await;
     c.call(Stat {
         path: "/kept".into(),
         caller: None,

@@ -1,5 +1,7 @@
 //! An in-process master on a temp dir, driven by real TCP clients.
 
+mod admin;
+
 use stampfs_master::{start, MasterConfig, MasterHandle};
 use stampfs_proto::*;
 use std::path::Path;
@@ -17,9 +19,7 @@ async fn master(dir: &Path) -> MasterHandle {
 }
 
 async fn client(m: &MasterHandle) -> RpcClient {
-    RpcClient::connect(&m.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect")
+    admin::connect(&m.addr().to_string(), &m.core().config.dir).await
 }
 
 fn remote(e: Error) -> RemoteError {
@@ -640,11 +640,13 @@ async fn a_crash_in_a_stream_of_mutations_keeps_every_acknowledged_one() {
     let addr = m.addr().to_string();
     let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let mut writers = Vec::new();
+    let mdir = m.core().config.dir.clone();
     for w in 0..8 {
         let addr = addr.clone();
+        let mdir = mdir.clone();
         let acked = acked_tx.clone();
         writers.push(tokio::spawn(async move {
-            let Ok(mut c) = RpcClient::connect(&addr, TIMEOUT).await else {
+            let Some(mut c) = admin::try_connect(&addr, &mdir).await else {
                 return;
             };
             for i in 0.. {

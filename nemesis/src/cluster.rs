@@ -50,11 +50,16 @@ pub struct Proc {
     env: Vec<(String, String)>,
     /// Where the log ended when the process last started.
     log_start: u64,
+    /// The credentials file its clients present (`STAMPFS_CREDENTIALS`).
+    credentials: Option<PathBuf>,
 }
 
 impl Proc {
     /// A process not started yet.
     pub fn new(name: &str, bin: &Path, dir: &Path, logs: &Path, server: bool) -> Proc {
+        // Every process of a run presents the superuser's credentials (the master
+        // itself ignores them): `logs` is `ROOT/logs`.
+        let credentials = logs.parent().map(credentials_file);
         Proc {
             name: name.to_string(),
             dir: dir.to_path_buf(),
@@ -69,6 +74,7 @@ impl Proc {
             netns: None,
             env: Vec::new(),
             log_start: 0,
+            credentials,
         }
     }
 
@@ -133,6 +139,11 @@ impl Proc {
             .env_remove(stampfs_proto::crash::ENV_POINTS)
             .env_remove(stampfs_proto::crash::ENV_SEED)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.credentials
+                    .iter()
+                    .map(|c| (stampfs_proto::credentials::CREDENTIALS_ENV, c)),
+            )
             .stdin(Stdio::null())
             .stdout(log2)
             .stderr(log)
@@ -323,6 +334,13 @@ pub fn arm(p: &mut Proc, seed: Option<u64>, t: Target) {
 }
 
 /// A master and chunkservers under one directory.
+/// The superuser's credentials of the run under `root`: the file its master writes
+/// at its first start.
+pub fn credentials_file(root: &Path) -> PathBuf {
+    root.join("master")
+        .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE)
+}
+
 pub struct Cluster {
     pub root: PathBuf,
     pub logs: PathBuf,

@@ -96,6 +96,8 @@ pub enum Error {
     },
     #[error("interrupted during the run with seed {seed} (its processes were stopped; data dir and logs kept in {})", dir.display())]
     Interrupted { seed: u64, dir: PathBuf },
+    #[error("credentials: {0}")]
+    Credentials(#[from] stampfs_proto::Error),
     #[error("cannot encode or decode JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("network set-up failed: {what}: {detail}")]

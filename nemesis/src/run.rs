@@ -221,11 +221,24 @@ async fn apply(
     Ok(())
 }
 
-/// Connects to the master, retrying while it starts.
-async fn connect(addr: &str) -> Result<Client> {
+/// The master's address and the superuser's credentials file: what the run's own
+/// client needs.
+#[derive(Clone, Debug)]
+struct MasterAccess {
+    addr: String,
+    creds: PathBuf,
+}
+
+/// Connects to the master as the superuser, retrying while it starts.
+async fn connect(m: &MasterAccess) -> Result<Client> {
+    let creds = stampfs_proto::Credentials::load(&m.creds)?;
+    let config = stampfs_client::ClientConfig {
+        credentials: Some(creds),
+        ..workload::client_config()
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match Client::connect_with(addr, workload::client_config()).await {
+        match Client::connect_with(&m.addr, config.clone()).await {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() > deadline => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -250,10 +263,14 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     };
     let mut cluster = Cluster::start(&cfg.bin, root, &cluster_cfg, &net).await?;
     let master = cluster.master_addr().to_string();
+    let access = MasterAccess {
+        addr: master.clone(),
+        creds: crate::cluster::credentials_file(root),
+    };
     tracing::info!(seed = cfg.seed, %master, dir = %root.display(), net = ?net.mode(), "nemesis run starting");
 
     // 1. The shared files, created empty and closed.
-    let (m, replication) = (master.clone(), cfg.cluster.replication);
+    let (m, replication) = (access.clone(), cfg.cluster.replication);
     net.admin(move || async move {
         let admin = connect(&m).await?;
         admin.mkdir(DIR, true).await?;
@@ -388,7 +405,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // Every chunkserver registered with the (perhaps just restarted) master: until
     // then the only replica of a chunk may be unknown to it.
-    let (m, n) = (master.clone(), cluster.chunkservers.len());
+    let (m, n) = (access.clone(), cluster.chunkservers.len());
     net.admin(move || async move { wait_all_live(&connect(&m).await?, n).await })
         .await?;
 
@@ -399,7 +416,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
 
     // 6. Recover what is still open, read the final files. A file that cannot be
     // closed or read is a violation of its own; its records are not checked.
-    let m = master.clone();
+    let m = access.clone();
     let outcomes = net
         .admin(move || async move {
             let admin = connect(&m).await?;
@@ -488,7 +505,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     }
 
     // 8. fsck.
-    let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &master, &net).await {
+    let fsck_healthy = match wait_fsck_healthy(&cfg.bin, &access, &net).await {
         Ok(()) => true,
         Err(last) => {
             violations.push(Violation {
@@ -509,7 +526,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     // 8b. Every replica the master hands out is byte-identical at its version (once
     // re-replication is done: fsck healthy).
     if fsck_healthy {
-        let m = master.clone();
+        let m = access.clone();
         let names: Vec<u32> = files.keys().copied().collect();
         let slots_read = slot_bytes.is_some();
         let found = net
@@ -692,12 +709,13 @@ async fn recover(admin: &Client, path: &str) -> Result<()> {
 }
 
 /// Runs `stampfs fsck --json` until it reports healthy; the last answer otherwise.
-async fn wait_fsck_healthy(bin: &Path, master: &str, net: &Net) -> Result<(), String> {
+async fn wait_fsck_healthy(bin: &Path, master: &MasterAccess, net: &Net) -> Result<(), String> {
     let deadline = Instant::now() + FSCK_TIMEOUT;
     loop {
         let mut cmd = std::process::Command::new(bin);
         cmd.args(["fsck", "--json"])
-            .env("STAMPFS_MASTER", master)
+            .env("STAMPFS_MASTER", &master.addr)
+            .env(stampfs_proto::credentials::CREDENTIALS_ENV, &master.creds)
             .env("RUST_LOG", "warn");
         if let Some(ns) = net.runner_netns() {
             crate::net::enter_on_exec(&mut cmd, &ns).map_err(|e| e.to_string())?;

@@ -1,4 +1,5 @@
-//! Mutual authentication of a chunkserver and the master with the cluster key.
+//! Mutual authentication with the master: of a chunkserver with the cluster key, of a
+//! client with its user's key.
 //!
 //! A chunkserver's connection to the master starts with a challenge-response in both
 //! directions, before it may register, heartbeat or report:
@@ -20,20 +21,37 @@
 //! the key back is not one to take commands from or report to, and the chunkserver
 //! exits too.
 //!
+//! A client proves a user's key the same way, on every connection, before any other
+//! request ([`authenticate_client`]):
+//!
+//! ```text
+//! client → master   ClientHello { user, nonce: C }
+//! master → client   ClientChallenge { nonce: M }         (also for an unknown user)
+//! client → master   ClientProve { proof: MAC(Ku, "client", user, C, M) }
+//! master → client   ClientProveReply { proof: MAC(Ku, "master", user, C, M), identity }
+//!                   or Unauthenticated (the same for an unknown user and a wrong key)
+//! ```
+//!
+//! The user's name is under both MACs, so a proof for one user is no proof for
+//! another who happens to share a key.
+//!
 //! Out of scope here: the connection is authenticated at its start, not protected
 //! afterwards (an attacker who can rewrite traffic in flight can take it over once
 //! authenticated); transport encryption (TLS) is what protects a channel. The pure
 //! proof functions are below; [`authenticate_chunkserver`] runs the chunkserver's
 //! side over an [`RpcClient`].
 
+use crate::credentials::Credentials;
 use crate::error::{Error, RemoteError};
-use crate::msg::{ServerHello, ServerProve};
+use crate::msg::{ClientHello, ClientProve, ServerHello, ServerProve, UserInfo};
 use crate::rpc::RpcClient;
 use crate::token::ClusterKey;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 const SERVER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/chunkserver/v1";
 const MASTER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/master/v1";
+const CLIENT_PROOF_DOMAIN: &[u8] = b"stampfs/auth/client/v1";
+const MASTER_TO_CLIENT_DOMAIN: &[u8] = b"stampfs/auth/master-to-client/v1";
 
 /// A fresh random challenge.
 pub fn nonce() -> [u8; 32] {
@@ -68,6 +86,56 @@ pub fn verify_master_proof(
     proof: &[u8; 32],
 ) -> bool {
     key.verify_parts(MASTER_PROOF_DOMAIN, &[server, master], proof)
+}
+
+/// A client's proof of `user`'s key over its challenge `client` and the master's.
+pub fn client_proof(
+    key: &ClusterKey,
+    user: &str,
+    client: &[u8; 32],
+    master: &[u8; 32],
+) -> [u8; 32] {
+    key.sign_parts(CLIENT_PROOF_DOMAIN, &[user.as_bytes(), client, master])
+}
+
+/// Whether `proof` is the client's proof for `user` over the two challenges.
+pub fn verify_client_proof(
+    key: &ClusterKey,
+    user: &str,
+    client: &[u8; 32],
+    master: &[u8; 32],
+    proof: &[u8; 32],
+) -> bool {
+    key.verify_parts(
+        CLIENT_PROOF_DOMAIN,
+        &[user.as_bytes(), client, master],
+        proof,
+    )
+}
+
+/// The master's proof back to a client, with the same user key.
+pub fn master_to_client_proof(
+    key: &ClusterKey,
+    user: &str,
+    client: &[u8; 32],
+    master: &[u8; 32],
+) -> [u8; 32] {
+    key.sign_parts(MASTER_TO_CLIENT_DOMAIN, &[user.as_bytes(), client, master])
+}
+
+/// Whether `proof` is the master's proof to a client of `user`.
+pub fn verify_master_to_client_proof(
+    key: &ClusterKey,
+    user: &str,
+    client: &[u8; 32],
+    master: &[u8; 32],
+    proof: &[u8; 32],
+) -> bool {
+    key.verify_parts(
+        MASTER_TO_CLIENT_DOMAIN,
+        &[user.as_bytes(), client, master],
+        proof,
+    )
 }
 
 /// Why [`authenticate_chunkserver`] failed.
@@ -130,6 +198,50 @@ where
     }
 }
 
+/// The client's side of the handshake on a new connection to the master: who the
+/// master says this connection is, once both sides proved `creds`' key. A refusal
+/// ([`AuthFailure::Refused`]) names the user; retrying cannot help.
+pub async fn authenticate_client<R, W>(
+    client: &mut RpcClient<R, W>,
+    creds: &Credentials,
+) -> std::result::Result<UserInfo, AuthFailure>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mine = nonce();
+    let challenge = client
+        .call(ClientHello {
+            user: creds.user.clone(),
+            nonce: mine,
+        })
+        .await
+        .map_err(AuthFailure::Transport)?;
+    let reply = match client
+        .call(ClientProve {
+            proof: client_proof(creds.key(), &creds.user, &mine, &challenge.nonce),
+        })
+        .await
+    {
+        Ok(r) => r,
+        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
+            return Err(AuthFailure::Refused { reason })
+        }
+        Err(e) => return Err(AuthFailure::Transport(e)),
+    };
+    if verify_master_to_client_proof(
+        creds.key(),
+        &creds.user,
+        &mine,
+        &challenge.nonce,
+        &reply.proof,
+    ) {
+        Ok(reply.identity)
+    } else {
+        Err(AuthFailure::MasterUnproven)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +265,21 @@ mod tests {
         assert!(verify_master_proof(&k, &c, &m, &q));
         assert!(!verify_server_proof(&k, &c, &m, &q));
         assert_ne!(nonce(), nonce());
+    }
+
+    #[test]
+    fn client_proofs_bind_the_user_and_never_pass_for_the_master_or_a_chunkserver() {
+        let k = ClusterKey::from_bytes([1; 32]);
+        let (c, m) = ([3; 32], [4; 32]);
+        let p = client_proof(&k, "alice", &c, &m);
+        assert!(verify_client_proof(&k, "alice", &c, &m, &p));
+        assert!(!verify_client_proof(&k, "bob", &c, &m, &p), "another user");
+        assert!(!verify_client_proof(&k, "alice", &m, &c, &p), "swapped");
+        assert!(!verify_master_to_client_proof(&k, "alice", &c, &m, &p));
+        assert!(!verify_server_proof(&k, &c, &m, &p));
+        let q = master_to_client_proof(&k, "alice", &c, &m);
+        assert!(verify_master_to_client_proof(&k, "alice", &c, &m, &q));
+        assert!(!verify_client_proof(&k, "alice", &c, &m, &q));
+        assert!(!verify_master_proof(&k, &c, &m, &q));
     }
 }

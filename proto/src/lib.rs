@@ -12,6 +12,7 @@
 //! - [`crash`]: crash points ([`crash_point!`]), where a server armed from its
 //!   environment kills itself on purpose (cargo feature `crash-points`; compiled out
 //!   without it), and the [`crash::CATALOGUE`] of every point.
+//! - [`credentials`]: a user's [`Credentials`] (name and key) and their file.
 //! - [`path`]: namespace path validation.
 //! - [`dirlock`]: [`DirLock`], the exclusive lock a server holds on its data directory
 //!   (one master or chunkserver per directory).
@@ -22,6 +23,7 @@
 pub mod auth;
 pub mod codec;
 pub mod crash;
+pub mod credentials;
 pub mod dirlock;
 pub mod error;
 pub mod ids;
@@ -37,6 +39,7 @@ pub mod units;
 pub use codec::{
     Frame, FrameReader, FrameSink, FrameWriter, MAX_DATA_LEN, MAX_FRAME_LEN, MAX_HEADER_LEN,
 };
+pub use credentials::Credentials;
 pub use dirlock::{DirLock, DirLockError};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};

@@ -544,6 +544,94 @@ pub struct ServerProveReply {
     pub proof: [u8; 32],
 }
 
+// ---------------------------------------------------------------- client → master: who
+
+/// The first message of a client's connection to the master: the user it speaks for
+/// and its challenge (see [`crate::auth`]). Until the handshake is done the connection
+/// may send nothing else.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ClientHello {
+    pub user: String,
+    pub nonce: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ClientChallenge {
+    pub nonce: [u8; 32],
+}
+
+/// The client's proof of its user's key over both challenges; the reply is the
+/// master's proof and who the connection now is ([`ClientProveReply`]), or
+/// `Unauthenticated`.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ClientProve {
+    pub proof: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ClientProveReply {
+    pub proof: [u8; 32],
+    pub identity: UserInfo,
+}
+
+/// A user as the master knows it (never its key). A superuser may do everything root
+/// may, administer the cluster, and send requests as any [`Caller`] (a mount serving
+/// other local users); anyone else's requests act as its own uid, gid and groups.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub superuser: bool,
+}
+
+impl UserInfo {
+    /// The identity its requests act as.
+    pub fn caller(&self) -> Caller {
+        Caller {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+        }
+    }
+}
+
+/// Creates a user (superusers only). The master draws its key and returns it once.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct AddUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub superuser: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Encode, Decode)]
+pub struct AddUserReply {
+    pub user: UserInfo,
+    pub key: [u8; 32],
+}
+
+impl std::fmt::Debug for AddUserReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddUserReply")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every user (superusers only).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct ListUsers {}
+
+/// Removes a user (superusers only): its connections stay open until they close, new
+/// ones are refused. The last superuser cannot be removed.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct RemoveUser {
+    pub name: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct Register {
     /// The id persisted in the chunkserver's directory, if it has one.
@@ -771,6 +859,120 @@ pub enum MasterRequest {
     ServerHello(ServerHello),
     /// After every older variant, so that each keeps its wire index.
     ServerProve(ServerProve),
+    /// After every older variant, so that each keeps its wire index.
+    ClientHello(ClientHello),
+    /// After every older variant, so that each keeps its wire index.
+    ClientProve(ClientProve),
+    /// After every older variant, so that each keeps its wire index.
+    AddUser(AddUser),
+    /// After every older variant, so that each keeps its wire index.
+    ListUsers(ListUsers),
+    /// After every older variant, so that each keeps its wire index.
+    RemoveUser(RemoveUser),
+}
+
+/// Who may send a [`MasterRequest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestClass {
+    /// A step of a handshake: any connection.
+    Handshake,
+    /// A chunkserver's message: a connection that proved the cluster key.
+    Chunkserver,
+    /// A client's request: a connection that proved a user's key.
+    Client,
+    /// Administration: a connection that proved a superuser's key.
+    Admin,
+    /// A report a reader or a chunkserver sends: either kind of proven connection.
+    ClientOrChunkserver,
+}
+
+impl MasterRequest {
+    /// Who may send it.
+    pub fn class(&self) -> RequestClass {
+        use MasterRequest as R;
+        match self {
+            R::ServerHello(_) | R::ServerProve(_) | R::ClientHello(_) | R::ClientProve(_) => {
+                RequestClass::Handshake
+            }
+            R::Register(_) | R::Heartbeat(_) | R::ChunkReport(_) | R::ReportPart(_) => {
+                RequestClass::Chunkserver
+            }
+            R::ReportCorrupt(_) => RequestClass::ClientOrChunkserver,
+            R::Fsck(_)
+            | R::ClusterReport(_)
+            | R::AddUser(_)
+            | R::ListUsers(_)
+            | R::RemoveUser(_) => RequestClass::Admin,
+            R::Mkdir(_)
+            | R::Create(_)
+            | R::Append(_)
+            | R::AddChunk(_)
+            | R::UpdatePipeline(_)
+            | R::Close(_)
+            | R::RenewLease(_)
+            | R::GetLocations(_)
+            | R::List(_)
+            | R::Stat(_)
+            | R::Rename(_)
+            | R::Delete(_)
+            | R::RecoverLease(_)
+            | R::MakeFile(_)
+            | R::CutLastChunk(_)
+            | R::OpenChunk(_)
+            | R::DropChunks(_)
+            | R::Symlink(_)
+            | R::ReadLink(_)
+            | R::SetAttr(_)
+            | R::GetXattr(_)
+            | R::ListXattr(_)
+            | R::SetXattr(_) => RequestClass::Client,
+        }
+    }
+
+    /// The identity a namespace request says it acts as, for the master to check
+    /// against (and fill in from) the connection's user.
+    pub fn caller_mut(&mut self) -> Option<&mut Option<Caller>> {
+        use MasterRequest as R;
+        Some(match self {
+            R::Mkdir(r) => &mut r.caller,
+            R::Create(r) => &mut r.caller,
+            R::Append(r) => &mut r.caller,
+            R::GetLocations(r) => &mut r.caller,
+            R::List(r) => &mut r.caller,
+            R::Stat(r) => &mut r.caller,
+            R::Rename(r) => &mut r.caller,
+            R::Delete(r) => &mut r.caller,
+            R::RecoverLease(r) => &mut r.caller,
+            R::MakeFile(r) => &mut r.caller,
+            R::Symlink(r) => &mut r.caller,
+            R::ReadLink(r) => &mut r.caller,
+            R::SetAttr(r) => &mut r.caller,
+            R::GetXattr(r) => &mut r.caller,
+            R::ListXattr(r) => &mut r.caller,
+            R::SetXattr(r) => &mut r.caller,
+            _ => return None,
+        })
+    }
+
+    /// The client id a request speaks for (the holder of write leases and tokens).
+    pub fn client_id(&self) -> Option<ClientId> {
+        use MasterRequest as R;
+        Some(match self {
+            R::Create(r) => r.client,
+            R::Append(r) => r.client,
+            R::AddChunk(r) => r.client,
+            R::UpdatePipeline(r) => r.client,
+            R::Close(r) => r.client,
+            R::RenewLease(r) => r.client,
+            R::GetLocations(r) => r.client,
+            R::RecoverLease(r) => r.client,
+            R::MakeFile(r) => r.client,
+            R::CutLastChunk(r) => r.client,
+            R::OpenChunk(r) => r.client,
+            R::DropChunks(r) => r.client,
+            _ => return None,
+        })
+    }
 }
 
 // ---------------------------------------------------------------- → chunkserver

@@ -72,6 +72,11 @@ rpc! {
     MasterRequest::SetXattr(SetXattr) -> bool;
     MasterRequest::ServerHello(ServerHello) -> ServerChallenge;
     MasterRequest::ServerProve(ServerProve) -> ServerProveReply;
+    MasterRequest::ClientHello(ClientHello) -> ClientChallenge;
+    MasterRequest::ClientProve(ClientProve) -> ClientProveReply;
+    MasterRequest::AddUser(AddUser) -> AddUserReply;
+    MasterRequest::ListUsers(ListUsers) -> Vec<UserInfo>;
+    MasterRequest::RemoveUser(RemoveUser) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -99,6 +99,11 @@ impl ClusterKey {
         Ok(Self::from_bytes(out))
     }
 
+    /// The raw key.
+    pub(crate) fn bytes(&self) -> [u8; CLUSTER_KEY_LEN] {
+        self.bytes
+    }
+
     /// The key file format.
     pub fn to_hex(&self) -> String {
         hex::encode(self.bytes)

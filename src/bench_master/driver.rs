@@ -69,6 +69,8 @@ pub struct Pool {
     /// The cluster key: every connection proves it at its start, since the pool's
     /// connections carry the simulated chunkservers' registrations and reports too.
     key: stampfs_proto::ClusterKey,
+    /// And the superuser's credentials: they carry the clients' requests as well.
+    creds: stampfs_proto::Credentials,
     /// Connections not in use; a request that finds none connects a new one, and a
     /// connection that failed is dropped instead of put back.
     idle: Mutex<Vec<RpcClient>>,
@@ -82,10 +84,15 @@ pub enum Driver {
 }
 
 impl Driver {
-    pub fn rpc(addr: String, key: stampfs_proto::ClusterKey) -> Self {
+    pub fn rpc(
+        addr: String,
+        key: stampfs_proto::ClusterKey,
+        creds: stampfs_proto::Credentials,
+    ) -> Self {
         Driver::Rpc(Arc::new(Pool {
             addr,
             key,
+            creds,
             idle: Mutex::new(Vec::new()),
         }))
     }
@@ -105,6 +112,7 @@ impl Driver {
                     None => {
                         let mut c = RpcClient::connect(&pool.addr, Duration::from_secs(10)).await?;
                         stampfs_proto::auth::authenticate_chunkserver(&mut c, &pool.key).await?;
+                        stampfs_proto::auth::authenticate_client(&mut c, &pool.creds).await?;
                         c
                     }
                 };

@@ -151,7 +151,19 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
     .context("starting the simulated chunkservers")?;
     let driver = match args.via {
         BenchVia::Service => Driver::Service(master.core().clone()),
-        BenchVia::Rpc => Driver::rpc(master.addr().to_string(), master.core().key().clone()),
+        BenchVia::Rpc => {
+            let path = master
+                .core()
+                .config
+                .dir
+                .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE);
+            let creds = stampfs_proto::Credentials::load(&path)?;
+            Driver::rpc(
+                master.addr().to_string(),
+                master.core().key().clone(),
+                creds,
+            )
+        }
     };
     let ctx = Arc::new(Ctx {
         driver: driver.clone(),

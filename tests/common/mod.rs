@@ -4,6 +4,11 @@
 //! every child is killed and reaped on drop. [`mount::MountGuard`] mounts such a
 //! cluster through FUSE; [`writer::Writer`] is a writer of its files in a process of
 //! its own. And small helpers: [`wait_for`] a state, [`common_prefix`], [`runtime`].
+//!
+//! Every client authenticates to the master: a [`TestCluster`]'s master adopts
+//! [`test_credentials`] (the superuser's, one per test process) at its first start,
+//! its [`TestCluster::cmd`]s present them through `STAMPFS_CREDENTIALS`, and
+//! in-process clients connect through [`connect`] and [`connect_with`].
 
 #![allow(dead_code)]
 
@@ -19,6 +24,53 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_stampfs");
+
+pub use stampfs_proto::credentials::CREDENTIALS_ENV;
+
+/// The superuser's credentials of this test process: every [`TestCluster`]'s master
+/// adopts them at its first start (they are in its directory before it starts).
+pub fn test_credentials() -> stampfs_proto::Credentials {
+    static CREDS: std::sync::OnceLock<stampfs_proto::Credentials> = std::sync::OnceLock::new();
+    CREDS
+        .get_or_init(|| {
+            stampfs_proto::Credentials::generate(stampfs_proto::credentials::ADMIN_USER)
+                .expect("generate the test credentials")
+        })
+        .clone()
+}
+
+/// A client of the master at `addr`, as [`test_credentials`]' superuser.
+pub async fn connect(addr: &str) -> stampfs_client::Result<stampfs_client::Client> {
+    connect_with(addr, stampfs_client::ClientConfig::default()).await
+}
+
+/// A client of the master at `addr` with `config`: as [`test_credentials`]' superuser
+/// unless `config` names credentials of its own (a cluster the test did not start
+/// through [`TestCluster`], whose master wrote its own).
+pub async fn connect_with(
+    addr: &str,
+    mut config: stampfs_client::ClientConfig,
+) -> stampfs_client::Result<stampfs_client::Client> {
+    if config.credentials.is_none() {
+        config.credentials = Some(test_credentials());
+    }
+    stampfs_client::Client::connect_with(addr, config).await
+}
+
+/// Waits (at most 60 s) until the credentials file `path` a master writes at its first
+/// start exists, and returns it.
+pub fn wait_credentials_file(path: &Path) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} was not written within 60 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    path.to_path_buf()
+}
 
 /// One server process.
 pub struct Proc {
@@ -261,6 +313,13 @@ impl TestCluster {
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).expect("logs dir");
         let mdir = dir.path().join("master");
+        // The master adopts these as its superuser's at its first start.
+        test_credentials()
+            .write(
+                &mdir.join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE),
+                false,
+            )
+            .expect("write the superuser's credentials into the master's directory");
         let mut margs: Vec<String> = vec![
             "master".into(),
             "--dir".into(),
@@ -289,6 +348,15 @@ impl TestCluster {
 
     pub fn key_file(&self) -> PathBuf {
         self.dir.path().join("master").join("cluster.key")
+    }
+
+    /// The superuser's credentials file ([`test_credentials`]), in the master's
+    /// directory.
+    pub fn credentials_file(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("master")
+            .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE)
     }
 
     /// Starts one more chunkserver and returns its index.
@@ -344,11 +412,13 @@ impl TestCluster {
         }
     }
 
-    /// A `stampfs` command aimed at this cluster's master.
+    /// A `stampfs` command aimed at this cluster's master, presenting the superuser's
+    /// credentials.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.args(args)
             .env("STAMPFS_MASTER", &self.master.addr)
+            .env(CREDENTIALS_ENV, self.credentials_file())
             .env("RUST_LOG", "warn");
         c
     }

@@ -13,8 +13,8 @@
 //! [`last_chunk`]), [`replica_info`] and [`replica_length`] of one replica
 //! (`ReplicaInfo`), and [`read_all`], everything a new reader sees.
 
-use super::{pattern, TestCluster, WAIT};
-use stampfs_client::{Client, ClientConfig, CreateOptions};
+use super::{connect, connect_with, pattern, TestCluster, CREDENTIALS_ENV, WAIT};
+use stampfs_client::{ClientConfig, CreateOptions};
 use stampfs_proto::{
     ChunkToken, FileLocations, LocatedChunk, ReplicaInfo, ReplicaReport, RpcClient,
 };
@@ -82,15 +82,20 @@ impl WriterProcess {
             return;
         };
         let rt = tokio::runtime::Runtime::new().expect("runtime");
+        // The cluster's superuser, whose credentials file [`Writer::start`] names (this
+        // process's own `test_credentials` are not the cluster's).
+        let creds = std::env::var_os(CREDENTIALS_ENV).expect("the writer is given credentials");
+        let creds = stampfs_proto::Credentials::load(creds.as_ref()).expect("load credentials");
         // Acks that do not come must not make this writer recover its pipeline before
         // the test stops or kills it (the chunkservers' --ack-timeout is raised to
         // match).
         let config = ClientConfig {
             ack_timeout: Duration::from_secs(600),
+            credentials: Some(creds),
             ..ClientConfig::default()
         };
         let (_client, mut writer) = rt.block_on(async {
-            let client = Client::connect_with(&master, config)
+            let client = connect_with(&master, config)
                 .await
                 .expect("connect to the master");
             let opts = CreateOptions {
@@ -137,6 +142,7 @@ impl Writer {
         let mut child = Command::new(exe)
             .args([process.test, "--exact", "--ignored", "--nocapture"])
             .env(process.master_env, &c.master.addr)
+            .env(CREDENTIALS_ENV, c.credentials_file())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(file))
@@ -234,7 +240,7 @@ pub async fn replica_length(addr: &str, token: ChunkToken, timeout: Duration) ->
 
 /// Everything a new reader (a client with `config`) sees of the file at `path` now.
 pub async fn read_all(c: &TestCluster, config: ClientConfig, path: &str) -> Vec<u8> {
-    let client = Client::connect_with(&c.master.addr, config)
+    let client = connect_with(&c.master.addr, config)
         .await
         .expect("connect to the master");
     let mut reader = client.open(path).await.expect("open for reading");
@@ -245,7 +251,7 @@ pub async fn read_all(c: &TestCluster, config: ClientConfig, path: &str) -> Vec<
 
 /// The file `path` as the master hands it to readers now.
 pub async fn locations(c: &TestCluster, path: &str) -> FileLocations {
-    Client::connect(&c.master.addr)
+    connect(&c.master.addr)
         .await
         .expect("connect to the master")
         .locations(path)
@@ -261,14 +267,9 @@ pub fn last_chunk(locs: &FileLocations) -> LocatedChunk {
 /// Recovers the lease of `path` (which must close the file) and reads it whole; fails
 /// unless it still begins with `synced`, the bytes the writer hsynced.
 pub async fn recover_and_read(c: &TestCluster, path: &str, synced: &[u8]) -> Vec<u8> {
-    let outcome = async {
-        Client::connect(&c.master.addr)
-            .await?
-            .recover_lease(path)
-            .await
-    }
-    .await
-    .expect("recover");
+    let outcome = async { connect(&c.master.addr).await?.recover_lease(path).await }
+        .await
+        .expect("recover");
     assert!(outcome.closed, "recovery closed the file: {outcome:?}");
     let recovered = read_all(c, ClientConfig::default(), path).await;
     assert!(

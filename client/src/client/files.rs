@@ -39,7 +39,7 @@ impl Client {
                 replication: opts.replication,
                 chunk_size: opts.chunk_size,
                 overwrite: opts.overwrite,
-                attr: Some(opts.attr.unwrap_or_else(|| super::process_attr(0o666))),
+                attr: Some(opts.attr.unwrap_or_else(|| self.new_attr(0o666))),
                 caller: self.caller(),
             })
             .await?;
@@ -58,7 +58,7 @@ impl Client {
             client: self.inner.id,
             replication: opts.replication,
             chunk_size: opts.chunk_size,
-            attr: Some(opts.attr.unwrap_or_else(|| super::process_attr(0o666))),
+            attr: Some(opts.attr.unwrap_or_else(|| self.new_attr(0o666))),
             caller: self.caller(),
         })
         .await

@@ -545,6 +545,8 @@ impl MasterState {
                     }
                 }
             }
+            Record::UserAdded { name, user } => self.apply_user_added(name, user)?,
+            Record::UserRemoved { name } => self.apply_user_removed(name)?,
             Record::SetAttr {
                 inode,
                 mode,

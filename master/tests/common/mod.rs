@@ -2,6 +2,9 @@
 //! the lease recovery tests.
 #![allow(dead_code)]
 
+#[path = "../admin/mod.rs"]
+pub mod admin;
+
 use bytes::Bytes;
 use stampfs_chunkserver::header::{Header, DATA_OFFSET, SLOT_SIZE};
 use stampfs_chunkserver::{ChunkserverConfig, ChunkserverHandle};
@@ -100,13 +103,8 @@ impl Cluster {
     }
 
     pub async fn client(&self) -> RpcClient {
-        let addr = self
-            .master
-            .as_ref()
-            .expect("master running")
-            .addr()
-            .to_string();
-        RpcClient::connect(&addr, TIMEOUT).await.expect("connect")
+        let m = self.master.as_ref().expect("master running");
+        admin::connect(&m.addr().to_string(), &m.core().config.dir).await
     }
 
     /// The newest header of `id`'s replica of `handle`, read from its file.

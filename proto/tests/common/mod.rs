@@ -834,8 +834,35 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         any::<[u8; 32]>()
             .prop_map(|proof| MasterRequest::ServerProve(ServerProve { proof }))
             .boxed(),
+        (arb_string(), any::<[u8; 32]>())
+            .prop_map(|(user, nonce)| MasterRequest::ClientHello(ClientHello { user, nonce }))
+            .boxed(),
+        any::<[u8; 32]>()
+            .prop_map(|proof| MasterRequest::ClientProve(ClientProve { proof }))
+            .boxed(),
+        arb_user_info()
+            .prop_map(|u| MasterRequest::AddUser(AddUser {
+                name: u.name,
+                uid: u.uid,
+                gid: u.gid,
+                groups: u.groups,
+                superuser: u.superuser,
+            }))
+            .boxed(),
+        Just(MasterRequest::ListUsers(ListUsers {})).boxed(),
+        arb_string()
+            .prop_map(|name| MasterRequest::RemoveUser(RemoveUser { name }))
+            .boxed(),
     ]
     .boxed()
+}
+
+prop_compose! {
+    pub fn arb_user_info()(name in arb_string(), uid in any::<u32>(), gid in any::<u32>(),
+                           groups in small_vec(any::<u32>()), superuser in any::<bool>())
+        -> UserInfo {
+        UserInfo { name, uid, gid, groups, superuser }
+    }
 }
 
 /// The variant name; exhaustive (no `_` arm), so a new variant breaks the build here
@@ -874,6 +901,11 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::SetXattr(_) => "SetXattr",
         MasterRequest::ServerHello(_) => "ServerHello",
         MasterRequest::ServerProve(_) => "ServerProve",
+        MasterRequest::ClientHello(_) => "ClientHello",
+        MasterRequest::ClientProve(_) => "ClientProve",
+        MasterRequest::AddUser(_) => "AddUser",
+        MasterRequest::ListUsers(_) => "ListUsers",
+        MasterRequest::RemoveUser(_) => "RemoveUser",
     }
 }
 
