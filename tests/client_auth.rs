@@ -280,6 +280,17 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
             .expect("challenge");
         let res = replay.call(ClientProve { proof }).await;
         refused_and_closed("a replayed proof", res, &mut replay).await;
+        // A user name far past any real one: refused at the hello, not kept.
+        let mut huge = RpcClient::connect(&c.master.addr, TIMEOUT)
+            .await
+            .expect("connect");
+        let res = huge
+            .call(ClientHello {
+                user: "u".repeat(4 << 20),
+                nonce: mine,
+            })
+            .await;
+        refused_and_closed("an oversized user name", res, &mut huge).await;
         // A proof with no hello before it.
         let mut bare = RpcClient::connect(&c.master.addr, TIMEOUT)
             .await

@@ -152,16 +152,24 @@ impl ConnAuth {
     }
 
     /// A client's hello: our challenge back, for a user that exists or not (the
-    /// answer is the same). Starts over: the connection is nobody until it proves.
+    /// answer is the same). Starts over: the connection is nobody until it proves. A
+    /// name no user can have (too long, bad characters) is refused at once rather
+    /// than kept for the connection's lifetime.
     pub fn client_hello(
         &mut self,
         user: String,
         theirs: [u8; 32],
         ours: [u8; 32],
-    ) -> ClientChallenge {
+    ) -> Result<ClientChallenge> {
         self.user = None;
+        self.client_pending = None;
+        if let Err(e) = check_user_name(&user) {
+            return Err(Error::Unauthenticated {
+                reason: e.to_string(),
+            });
+        }
         self.client_pending = Some(ClientPending { user, theirs, ours });
-        ClientChallenge { nonce: ours }
+        Ok(ClientChallenge { nonce: ours })
     }
 
     /// The client's proof: the master's proof and the user's identity when it holds
@@ -183,9 +191,6 @@ impl ConnAuth {
                 p.user
             ),
         };
-        if check_user_name(&p.user).is_err() {
-            return Err(refused());
-        }
         let Some((key, info)) = lookup(&p.user) else {
             return Err(refused());
         };
@@ -342,7 +347,10 @@ mod tests {
             "no challenge"
         );
         let (c, m) = ([1; 32], [2; 32]);
-        assert_eq!(a.client_hello("alice".into(), c, m).nonce, m);
+        assert_eq!(
+            a.client_hello("alice".into(), c, m).expect("hello").nonce,
+            m
+        );
         let reply = a
             .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .expect("a good proof");
@@ -364,7 +372,7 @@ mod tests {
         assert!(a
             .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .is_err());
-        a.client_hello("alice".into(), c, [3; 32]);
+        a.client_hello("alice".into(), c, [3; 32]).expect("hello");
         assert!(a.admits(&stat()).is_err());
     }
 
@@ -373,7 +381,7 @@ mod tests {
         let key = ClusterKey::from_bytes([5; 32]);
         let wrong = ClusterKey::from_bytes([6; 32]);
         let (c, m) = ([1; 32], [2; 32]);
-        let mut cases: Vec<(&str, [u8; 32], [u8; 32])> = vec![
+        let cases: Vec<(&str, [u8; 32], [u8; 32])> = vec![
             ("alice", auth::client_proof(&wrong, "alice", &c, &m), m),
             ("mallory", auth::client_proof(&key, "mallory", &c, &m), m),
             // Recorded on another connection (another challenge of ours).
@@ -385,16 +393,25 @@ mod tests {
                 m,
             ),
         ];
-        cases.push(("bad name!", [0; 32], m));
         for (user, proof, ours) in cases {
             let mut a = ConnAuth::default();
-            a.client_hello(user.into(), c, ours);
+            a.client_hello(user.into(), c, ours).expect("a challenge");
             let err = a.client_prove(lookup_alice, &proof).unwrap_err();
             assert!(
                 matches!(err, Error::Unauthenticated { .. }),
                 "{user}: {err}"
             );
             assert!(a.user().is_none());
+        }
+    }
+
+    #[test]
+    fn a_name_no_user_can_have_is_refused_at_the_hello() {
+        for name in ["bad name!", "", &"u".repeat(1 << 20)] {
+            let mut a = ConnAuth::default();
+            let err = a.client_hello(name.into(), [1; 32], [2; 32]).unwrap_err();
+            assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+            assert!(a.client_pending.is_none(), "nothing kept");
         }
     }
 
@@ -407,7 +424,7 @@ mod tests {
             a.act_as(&mut stat_as(None), |_| None).is_err(),
             "nobody yet"
         );
-        a.client_hello("alice".into(), c, m);
+        a.client_hello("alice".into(), c, m).expect("hello");
         a.client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .expect("proof");
         let me = Some(alice().caller());
@@ -438,7 +455,7 @@ mod tests {
             groups: vec![],
             superuser: true,
         };
-        admin.client_hello("admin".into(), c, m);
+        admin.client_hello("admin".into(), c, m).expect("hello");
         admin
             .client_prove(
                 |_| Some(([5; 32], boss.clone())),

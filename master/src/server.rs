@@ -435,10 +435,16 @@ async fn handle_connection(
                     reply::<()>(id, Err(e))
                 }
             },
-            MasterRequest::ClientHello(h) => reply(
-                id,
-                Ok(auth.client_hello(h.user, h.nonce, stampfs_proto::auth::nonce())),
-            ),
+            MasterRequest::ClientHello(h) => {
+                match auth.client_hello(h.user, h.nonce, stampfs_proto::auth::nonce()) {
+                    Ok(challenge) => reply(id, Ok(challenge)),
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "a client named a user nobody can be; refusing it and closing its connection");
+                        refused = true;
+                        reply::<()>(id, Err(e))
+                    }
+                }
+            }
             MasterRequest::ClientProve(p) => {
                 match auth.client_prove(|name| core.user_key(name), &p.proof) {
                     Ok(r) => {
