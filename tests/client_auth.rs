@@ -12,11 +12,10 @@
 
 mod common;
 
-use common::{runtime, test_credentials, TestCluster};
+use common::{refused_and_closed, runtime, test_credentials, TestCluster};
 use stampfs_proto::auth::{authenticate_client, client_proof, nonce};
 use stampfs_proto::{
-    Caller, ClientHello, ClientId, ClientProve, Credentials, Error, RemoteError, RenewLease,
-    RpcClient, Stat,
+    Caller, ClientHello, ClientId, ClientProve, Credentials, RenewLease, RpcClient, Stat,
 };
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -53,30 +52,6 @@ fn add_user(c: &TestCluster, name: &str, uid: u32, extra: &[&str]) -> std::path:
     args.extend_from_slice(extra);
     c.ok(&args);
     path
-}
-
-/// The request was refused as unauthenticated, and the connection is closed after.
-async fn refused_and_closed<T: std::fmt::Debug>(
-    what: &str,
-    res: stampfs_proto::Result<T>,
-    conn: &mut RpcClient,
-) {
-    match res {
-        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
-            assert!(!reason.is_empty(), "{what}: the refusal says why");
-        }
-        other => panic!("{what}: expected Unauthenticated, got {other:?}"),
-    }
-    let after = conn
-        .call(Stat {
-            path: "/".into(),
-            caller: None,
-        })
-        .await;
-    assert!(
-        !matches!(after, Ok(_) | Err(Error::Remote(_))),
-        "{what}: the connection must be closed, got {after:?}"
-    );
 }
 
 #[test]

@@ -8,11 +8,10 @@
 
 mod common;
 
-use common::{runtime, test_credentials, TestCluster};
+use common::{refused_and_closed, runtime, test_credentials, TestCluster};
 use stampfs_proto::auth::{authenticate_chunkserver, authenticate_client, nonce, server_proof};
 use stampfs_proto::{
-    ChunkserverId, ClusterKey, Error, Heartbeat, RemoteError, RpcClient, ServerHello, ServerProve,
-    Stat,
+    ChunkserverId, ClusterKey, Heartbeat, RpcClient, ServerHello, ServerProve, Stat,
 };
 use std::time::Duration;
 
@@ -22,30 +21,6 @@ async fn connect(c: &TestCluster) -> RpcClient {
     RpcClient::connect(&c.master.addr, TIMEOUT)
         .await
         .expect("connect to the master")
-}
-
-/// The request was refused as unauthenticated, and the connection is then closed.
-async fn refused_and_closed<T: std::fmt::Debug>(
-    what: &str,
-    res: stampfs_proto::Result<T>,
-    conn: &mut RpcClient,
-) {
-    match res {
-        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
-            assert!(!reason.is_empty(), "{what}: the refusal says why");
-        }
-        other => panic!("{what}: expected Unauthenticated, got {other:?}"),
-    }
-    let after = conn
-        .call(Stat {
-            path: "/".into(),
-            caller: None,
-        })
-        .await;
-    assert!(
-        matches!(after, Err(ref e) if !matches!(e, Error::Remote(_))),
-        "{what}: the master closes the connection after refusing it, got {after:?}"
-    );
 }
 
 /// Someone else is still served: a plain request on a fresh connection of a client

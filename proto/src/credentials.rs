@@ -13,8 +13,7 @@
 //! variable, then `~/.config/stampfs/credentials` ([`Credentials::discover`]).
 
 use crate::error::{Error, Result};
-use crate::token::ClusterKey;
-use std::io::Write;
+use crate::token::{write_private_file, ClusterKey};
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming a credentials file.
@@ -140,7 +139,6 @@ impl Credentials {
     /// Writes the file durably with mode 0600 (a temp file renamed over `path`).
     /// `exclusive`: fail rather than replace an existing file.
     pub fn write(&self, path: &Path, exclusive: bool) -> Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         let err = |e: std::io::Error| Error::KeyFile {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -151,29 +149,7 @@ impl Credentials {
                 "already exists (not replaced)",
             )));
         }
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(dir) = dir {
-            std::fs::create_dir_all(dir).map_err(err)?;
-        }
-        let tmp = path.with_extension("credentials.tmp");
-        {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(err)?;
-            f.write_all(self.to_file_text().as_bytes()).map_err(err)?;
-            f.sync_all().map_err(err)?;
-        }
-        std::fs::rename(&tmp, path).map_err(err)?;
-        if let Some(dir) = dir {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(err)?;
-        }
-        Ok(())
+        write_private_file(path, self.to_file_text().as_bytes(), "credentials.tmp").map_err(err)
     }
 
     /// Finds and reads the credentials a client presents: `explicit`, else the file

@@ -128,33 +128,12 @@ impl ClusterKey {
             return Ok((Self::load(path)?, false));
         }
         let key = Self::generate();
-        let key_err = |e: std::io::Error| Error::KeyFile {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(dir) = dir {
-            std::fs::create_dir_all(dir).map_err(key_err)?;
-        }
-        let tmp = path.with_extension("key.tmp");
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(key_err)?;
-            writeln!(f, "{}", key.to_hex()).map_err(key_err)?;
-            f.sync_all().map_err(key_err)?;
-        }
-        std::fs::rename(&tmp, path).map_err(key_err)?;
-        if let Some(dir) = dir {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(key_err)?;
-        }
+        write_private_file(path, format!("{}\n", key.to_hex()).as_bytes(), "key.tmp").map_err(
+            |e| Error::KeyFile {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            },
+        )?;
         Ok((key, true))
     }
 
@@ -175,6 +154,37 @@ impl ClusterKey {
     pub(crate) fn verify_parts(&self, domain: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool {
         self.mac(domain, parts).verify_slice(tag).is_ok()
     }
+}
+
+/// Writes a secret file durably with mode 0600: `contents` to a temp file (`path` with
+/// the extension `tmp_ext`), fsynced, renamed over `path`, and the directory fsynced.
+/// Creates the directory when missing.
+pub(crate) fn write_private_file(
+    path: &Path,
+    contents: &[u8],
+    tmp_ext: &str,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(tmp_ext);
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = dir {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The fencing token carried by every data-path request: it names a chunk, the chunk

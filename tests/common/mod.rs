@@ -689,3 +689,29 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// The request was refused as unauthenticated, and the master closed the connection
+/// after it (a request sent next fails with a transport error, not an answer).
+pub async fn refused_and_closed<T: std::fmt::Debug>(
+    what: &str,
+    res: stampfs_proto::Result<T>,
+    conn: &mut stampfs_proto::RpcClient,
+) {
+    use stampfs_proto::{Error, RemoteError};
+    match res {
+        Err(Error::Remote(RemoteError::Unauthenticated { reason })) => {
+            assert!(!reason.is_empty(), "{what}: the refusal says why");
+        }
+        other => panic!("{what}: expected Unauthenticated, got {other:?}"),
+    }
+    let after = conn
+        .call(stampfs_proto::Stat {
+            path: "/".into(),
+            caller: None,
+        })
+        .await;
+    assert!(
+        matches!(after, Err(ref e) if !matches!(e, Error::Remote(_))),
+        "{what}: the master closes the connection after refusing it, got {after:?}"
+    );
+}
