@@ -1,6 +1,8 @@
 //! `stampfs-client`: the library applications use to talk to a stampfs cluster.
 //!
-//! - [`Client`]: connects to the master; namespace calls ([`Client::mkdir`],
+//! - [`Client`]: connects to the master, proving a user's key on every connection
+//!   ([`ClientConfig::credentials`], else `STAMPFS_CREDENTIALS` or
+//!   `~/.config/stampfs/credentials`; requests act as that user); namespace calls ([`Client::mkdir`],
 //!   [`Client::list`], [`Client::stat`], [`Client::rename`], [`Client::delete`],
 //!   [`Client::recover_lease`]) and the entry points for data; for checkers,
 //!   [`Client::read_replica`] reads one replica whole as its chunkserver holds it.

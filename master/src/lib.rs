@@ -30,6 +30,9 @@
 //!   bump / shortest length / truncate / digest comparison / finalize / commit
 //!   procedure (replicas that diverged: the pipeline head kept alone at one more
 //!   version), restart.
+//! - [`auth`]: who a connection proved to be (a chunkserver with the cluster key, a
+//!   client with a user's key), whom its requests act as, and which user each client
+//!   id belongs to, pure; the users themselves are state (`state/users.rs`).
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Records are numbered by a log sequence number (LSN), contiguous from 1. Appending
-//! and group commit are in [`commit`]: the requests waiting for their records take
+//! and group commit are in `oplog/commit.rs`: the requests waiting for their records take
 //! turns writing everything queued with one `fdatasync`, and each waits
 //! ([`Oplog::wait_durable`]) before it is acknowledged.
 //!
