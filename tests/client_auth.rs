@@ -326,6 +326,22 @@ fn a_client_id_belongs_to_the_user_that_first_used_it() {
         })
         .await
         .expect("a fresh id is bob's");
+        // Bob may write the file, but it is open: the conflict does not name the
+        // holder's client id to him (it is what he would need to take its place).
+        admin
+            .set_attr(stampfs_proto::SetAttr {
+                mode: Some(0o666),
+                ..stampfs_proto::SetAttr::new("/held")
+            })
+            .await
+            .expect("chmod while open");
+        let local = c.dir.path().join("more");
+        std::fs::write(&local, b"more").expect("write local");
+        let out = run_as(&c, &bob, &["append", &local.display().to_string(), "/held"]);
+        assert!(!out.status.success());
+        let msg = stderr(&out);
+        assert!(msg.contains("being written by another client"), "{msg}");
+        assert!(!msg.contains(&id.to_string()), "{msg}");
         w.close().await.expect("the holder closes its file");
     });
 }
@@ -336,7 +352,26 @@ fn a_removed_user_is_refused_and_the_cli_says_how_to_get_credentials() {
     let carol = add_user(&c, "carol", 1002, &[]);
     let ok = run_as(&c, &carol, &["ls", "/"]);
     assert!(ok.status.success(), "{}", stderr(&ok));
+    // Carol's open connection, proven before her removal, ends with it.
+    let rt = runtime();
+    let open = rt.block_on(async {
+        let client = common::connect_with(
+            &c.master.addr,
+            stampfs_client::ClientConfig {
+                credentials: Some(Credentials::load(&carol).expect("carol")),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("connect as carol");
+        client.stat("/").await.expect("carol is served");
+        client
+    });
     c.ok(&["admin", "user", "remove", "carol"]);
+    let err = rt
+        .block_on(open.stat("/"))
+        .expect_err("a removed user's open connection");
+    assert!(err.to_string().contains("was removed"), "{err}");
     let gone = run_as(&c, &carol, &["ls", "/"]);
     assert!(!gone.status.success());
     assert!(

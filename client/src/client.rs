@@ -775,8 +775,6 @@ pub(crate) trait PooledChunkRequest: Rpc<Request = ChunkRequest> + Clone {}
 impl PooledChunkRequest for Read {}
 impl PooledChunkRequest for ReplicaInfo {}
 
-/// True for I/O errors that mean the peer closed the connection (EOF, reset, broken
-/// pipe), as a chunkserver does to a connection or stream that stayed idle.
 /// A new, authenticated connection to the master at `addr`, and who the master says
 /// `creds` are.
 async fn dial_master(
@@ -805,6 +803,8 @@ async fn dial_master(
     }
 }
 
+/// True for I/O errors that mean the peer closed the connection (EOF, reset, broken
+/// pipe), as a chunkserver does to a connection or stream that stayed idle.
 pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
     use std::io::ErrorKind::*;
     matches!(

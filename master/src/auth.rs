@@ -42,8 +42,12 @@ pub struct ConnAuth {
     chunkserver: bool,
     /// A client's handshake under way.
     client_pending: Option<ClientPending>,
-    /// The user it proved to be.
+    /// The user it proved to be, and its key (to tell it from a later user of the
+    /// same name).
     user: Option<UserInfo>,
+    key: [u8; 32],
+    /// The user table's epoch when the user was last checked against it.
+    epoch: u64,
 }
 
 impl ConnAuth {
@@ -82,6 +86,39 @@ impl ConnAuth {
     /// The user this connection proved to be.
     pub fn user(&self) -> Option<&UserInfo> {
         self.user.as_ref()
+    }
+
+    /// The user table's epoch this connection's user was last checked at.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// After the user table changed (epoch `epoch`): the connection stays its user
+    /// only if `lookup` still finds that user with the same key, uid, gid, groups and
+    /// rank; otherwise it is nobody, and `Unauthenticated` (its handler closes it). A
+    /// removed user's open connections end here, and a new user who takes a removed
+    /// one's name or uid inherits none of them.
+    pub fn revalidate(
+        &mut self,
+        epoch: u64,
+        lookup: impl FnOnce(&str) -> Option<([u8; 32], UserInfo)>,
+    ) -> Result<()> {
+        let Some(user) = &self.user else {
+            return Ok(());
+        };
+        match lookup(&user.name) {
+            Some((key, info)) if key == self.key && &info == user => {
+                self.epoch = epoch;
+                Ok(())
+            }
+            _ => {
+                let name = user.name.clone();
+                self.user = None;
+                Err(Error::Unauthenticated {
+                    reason: format!("user {name} was removed or changed; connect again"),
+                })
+            }
+        }
     }
 
     /// Makes a client request act as the connection's user: a caller it does not
@@ -177,6 +214,7 @@ impl ConnAuth {
     /// an unknown user). Either way the challenges are spent.
     pub fn client_prove(
         &mut self,
+        epoch: u64,
         lookup: impl FnOnce(&str) -> Option<([u8; 32], UserInfo)>,
         proof: &[u8; 32],
     ) -> Result<ClientProveReply> {
@@ -191,43 +229,75 @@ impl ConnAuth {
                 p.user
             ),
         };
-        let Some((key, info)) = lookup(&p.user) else {
+        // An unknown user's proof is checked against a key nobody has, so that the
+        // refusal takes as long as a wrong key's.
+        let found = lookup(&p.user);
+        let raw = found.as_ref().map_or_else(rand::random, |(k, _)| *k);
+        let key = ClusterKey::from_bytes(raw);
+        let valid = auth::verify_client_proof(&key, &p.user, &p.theirs, &p.ours, proof);
+        let Some((_, info)) = found.filter(|_| valid) else {
             return Err(refused());
         };
-        let key = ClusterKey::from_bytes(key);
-        if !auth::verify_client_proof(&key, &p.user, &p.theirs, &p.ours, proof) {
-            return Err(refused());
-        }
         let reply = ClientProveReply {
             proof: auth::master_to_client_proof(&key, &p.user, &p.theirs, &p.ours),
             identity: info.clone(),
         };
         self.user = Some(info);
+        self.key = raw;
+        self.epoch = epoch;
         Ok(reply)
     }
 }
 
 /// Which user each client id belongs to: the first user to send a request with it.
-/// Entries unused for [`BINDING_IDLE_MS`] are forgotten once there are many (by then
-/// the client's leases expired long ago).
+/// Bounded: once [`MAX_BINDINGS`] are held, those unused for [`BINDING_IDLE_MS`] (the
+/// client's leases expired long ago) are forgotten, at most once a minute, and a new
+/// id finding no room is refused (`Unavailable`) rather than growing the table.
 #[derive(Debug, Default)]
 pub struct ClientBindings {
-    by_client: Mutex<HashMap<ClientId, (String, u64)>>,
+    inner: Mutex<Bindings>,
 }
 
-/// How long an unused binding is kept once there are [`BINDINGS_BEFORE_PRUNING`].
+#[derive(Debug, Default)]
+struct Bindings {
+    by_client: HashMap<ClientId, (String, u64)>,
+    /// No pruning before this time (ms): a full table is scanned at most once a minute.
+    next_prune_ms: u64,
+}
+
+/// How long an unused binding is kept once the table is full.
 pub const BINDING_IDLE_MS: u64 = 6 * 3600 * 1000;
-/// Bindings held before old ones are pruned.
-pub const BINDINGS_BEFORE_PRUNING: usize = 1 << 16;
+/// The most bindings held (about 100 B each).
+pub const MAX_BINDINGS: usize = 1 << 18;
 
 impl ClientBindings {
     /// Binds `client` to `user` at its first use; refuses it to anyone else after.
+    /// [`ClientId::MASTER`] is the master's own and nobody's.
     pub fn bind(&self, client: ClientId, user: &str, now_ms: u64) -> Result<()> {
-        let mut m = crate::oplog::lock(&self.by_client);
-        if m.len() >= BINDINGS_BEFORE_PRUNING && !m.contains_key(&client) {
-            m.retain(|_, (_, seen)| now_ms.saturating_sub(*seen) < BINDING_IDLE_MS);
+        self.bind_within(client, user, now_ms, MAX_BINDINGS)
+    }
+
+    fn bind_within(&self, client: ClientId, user: &str, now_ms: u64, max: usize) -> Result<()> {
+        if client == ClientId::MASTER {
+            return Err(Error::Unauthenticated {
+                reason: format!("client id {client} is reserved to the master"),
+            });
         }
-        let (owner, seen) = m
+        let mut b = crate::oplog::lock(&self.inner);
+        if b.by_client.len() >= max && !b.by_client.contains_key(&client) {
+            if now_ms >= b.next_prune_ms {
+                b.by_client
+                    .retain(|_, (_, seen)| now_ms.saturating_sub(*seen) < BINDING_IDLE_MS);
+                b.next_prune_ms = now_ms + 60_000;
+            }
+            if b.by_client.len() >= max {
+                return Err(Error::from(stampfs_proto::RemoteError::Unavailable {
+                    reason: format!("{max} client ids are in use; try again later"),
+                }));
+            }
+        }
+        let (owner, seen) = b
+            .by_client
             .entry(client)
             .or_insert_with(|| (user.to_string(), now_ms));
         if owner != user {
@@ -343,7 +413,7 @@ mod tests {
         let err = a.admits(&stat()).unwrap_err();
         assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
         assert!(
-            a.client_prove(lookup_alice, &[0; 32]).is_err(),
+            a.client_prove(1, lookup_alice, &[0; 32]).is_err(),
             "no challenge"
         );
         let (c, m) = ([1; 32], [2; 32]);
@@ -352,7 +422,7 @@ mod tests {
             m
         );
         let reply = a
-            .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .client_prove(1, lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .expect("a good proof");
         assert!(auth::verify_master_to_client_proof(
             &key,
@@ -370,7 +440,7 @@ mod tests {
         assert!(matches!(admin, Error::PermissionDenied { .. }), "{admin}");
         // Spent challenges; a new hello makes the connection nobody until it proves.
         assert!(a
-            .client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .client_prove(1, lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .is_err());
         a.client_hello("alice".into(), c, [3; 32]).expect("hello");
         assert!(a.admits(&stat()).is_err());
@@ -396,7 +466,7 @@ mod tests {
         for (user, proof, ours) in cases {
             let mut a = ConnAuth::default();
             a.client_hello(user.into(), c, ours).expect("a challenge");
-            let err = a.client_prove(lookup_alice, &proof).unwrap_err();
+            let err = a.client_prove(1, lookup_alice, &proof).unwrap_err();
             assert!(
                 matches!(err, Error::Unauthenticated { .. }),
                 "{user}: {err}"
@@ -425,7 +495,7 @@ mod tests {
             "nobody yet"
         );
         a.client_hello("alice".into(), c, m).expect("hello");
-        a.client_prove(lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+        a.client_prove(1, lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
             .expect("proof");
         let me = Some(alice().caller());
         let mut r = stat_as(None);
@@ -458,6 +528,7 @@ mod tests {
         admin.client_hello("admin".into(), c, m).expect("hello");
         admin
             .client_prove(
+                1,
                 |_| Some(([5; 32], boss.clone())),
                 &auth::client_proof(&key, "admin", &c, &m),
             )
@@ -495,5 +566,52 @@ mod tests {
         let err = b.bind(ClientId(7), "bob", 2).unwrap_err();
         assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
         b.bind(ClientId(8), "bob", 2).expect("another id");
+        assert!(
+            b.bind(ClientId::MASTER, "bob", 2).is_err(),
+            "the master's id"
+        );
+    }
+
+    #[test]
+    fn a_full_binding_table_forgets_idle_ids_and_refuses_the_rest() {
+        let b = ClientBindings::default();
+        b.bind_within(ClientId(1), "a", 10, 2).expect("1");
+        b.bind_within(ClientId(2), "a", 20, 2).expect("2");
+        let full = b.bind_within(ClientId(3), "a", 30, 2).unwrap_err();
+        assert!(
+            matches!(full.code(), stampfs_proto::ErrorCode::Unavailable),
+            "{full}"
+        );
+        // Known ids go on working.
+        b.bind_within(ClientId(2), "a", 40, 2).expect("known");
+        // Once id 1 has been idle long enough (and a minute after the last scan), it
+        // is forgotten and a new id fits.
+        b.bind_within(ClientId(3), "a", BINDING_IDLE_MS + 20, 2)
+            .expect("room after pruning");
+    }
+
+    #[test]
+    fn a_removed_or_changed_user_loses_its_connections() {
+        let key = ClusterKey::from_bytes([5; 32]);
+        let (c, m) = ([1; 32], [2; 32]);
+        let mut a = ConnAuth::default();
+        a.client_hello("alice".into(), c, m).expect("hello");
+        a.client_prove(3, lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .expect("proof");
+        assert_eq!(a.epoch(), 3);
+        // The table changed but alice did not: still alice.
+        a.revalidate(4, lookup_alice).expect("unchanged");
+        assert_eq!(a.epoch(), 4);
+        // Another key under her name (removed, then added again): nobody.
+        let err = a.revalidate(5, |_| Some(([6; 32], alice()))).unwrap_err();
+        assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+        assert!(a.user().is_none());
+        assert!(a.admits(&stat()).is_err());
+        // Removed outright.
+        let mut a = ConnAuth::default();
+        a.client_hello("alice".into(), c, m).expect("hello");
+        a.client_prove(3, lookup_alice, &auth::client_proof(&key, "alice", &c, &m))
+            .expect("proof");
+        assert!(a.revalidate(4, |_| None).is_err());
     }
 }

@@ -128,6 +128,19 @@ impl Drop for MasterHandle {
     }
 }
 
+/// The directory holds the cluster key, and the users' keys in the log and the
+/// checkpoint: nobody but the master's own user may enter it (mode 0700).
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let what = |e| Error::io(format!("make {} private", dir.display()), e);
+    let mode = std::fs::metadata(dir).map_err(what)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "the master's directory was open to others; making it 0700 (it holds the cluster key and the users' keys)");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(what)?;
+    }
+    Ok(())
+}
+
 fn remove_addr_file(dir: &Path) {
     if let Err(e) = std::fs::remove_file(dir.join("addr")) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -195,6 +208,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     config.validate()?;
     let dir = config.dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    private_dir(&dir)?;
     // First, before anything reads or changes the directory: a second master must not
     // remove the first one's address file, truncate its log tail on replay, or append.
     let dir_lock = Arc::new(oplog::DirLock::acquire(&dir)?);
@@ -446,7 +460,8 @@ async fn handle_connection(
                 }
             }
             MasterRequest::ClientProve(p) => {
-                match auth.client_prove(|name| core.user_key(name), &p.proof) {
+                let epoch = core.users_epoch();
+                match auth.client_prove(epoch, |name| core.user_key(name), &p.proof) {
                     Ok(r) => {
                         tracing::debug!(%peer, user = %r.identity.name, "a client proved its user's key");
                         reply(id, Ok(r))
@@ -458,7 +473,7 @@ async fn handle_connection(
                     }
                 }
             }
-            mut req => match authorize(&core, &auth, &mut req) {
+            mut req => match authorize(&core, &mut auth, &mut req) {
                 Err(e @ Error::Unauthenticated { .. }) => {
                     tracing::warn!(%peer, error = %e, "request on an unauthenticated connection; refusing it and closing the connection");
                     refused = true;
@@ -466,7 +481,14 @@ async fn handle_connection(
                 }
                 Err(e) => reply::<()>(id, Err(e)),
                 Ok(()) => match parts.take(req) {
-                    Ok(Some(req)) => dispatch(&core, id, req, &mut mark).await,
+                    Ok(Some(req)) => {
+                        // Lease holders' client ids are named to superusers only: an id
+                        // is what another user would need to take a client's place.
+                        let hide = auth.user().is_some_and(|u| !u.superuser);
+                        HIDE_HOLDERS
+                            .scope(hide, dispatch(&core, id, req, &mut mark))
+                            .await
+                    }
                     Ok(None) => reply(id, Ok(())),
                     Err(e) => reply::<()>(id, Err(e)),
                 },
@@ -485,8 +507,14 @@ async fn handle_connection(
 /// Whether the connection may send `req`, and as whom (see `auth.rs`): a client
 /// request is made to act as the connection's user, and its client id is bound to
 /// that user.
-fn authorize(core: &Core, auth: &ConnAuth, req: &mut MasterRequest) -> Result<()> {
+fn authorize(core: &Core, auth: &mut ConnAuth, req: &mut MasterRequest) -> Result<()> {
     auth.admits(req)?;
+    // The user table changed since this connection proved its user: it must still be
+    // the same user (not removed, same key and ids), or it is nobody.
+    let epoch = core.users_epoch();
+    if auth.user().is_some() && auth.epoch() != epoch {
+        auth.revalidate(epoch, |name| core.user_key(name))?;
+    }
     if let Some(user) = auth.user() {
         auth.act_as(req, |uid| core.state().user_by_uid(uid))?;
         if let Some(client) = req.client_id() {
@@ -494,6 +522,12 @@ fn authorize(core: &Core, auth: &ConnAuth, req: &mut MasterRequest) -> Result<()
         }
     }
     Ok(())
+}
+
+tokio::task_local! {
+    /// Set while serving a request of a user who is not a superuser: lease conflicts
+    /// do not name the holder.
+    static HIDE_HOLDERS: bool;
 }
 
 fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
@@ -504,7 +538,13 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
             }
             _ => tracing::debug!(error = %e, "request refused"),
         }
-        e.to_remote()
+        let mut r = e.to_remote();
+        if let RemoteError::LeaseConflict { holder, .. } = &mut r {
+            if HIDE_HOLDERS.try_with(|h| *h).unwrap_or(false) {
+                *holder = stampfs_proto::ClientId::MASTER;
+            }
+        }
+        r
     });
     reply_frame(id, &result, Bytes::new())
         .or_else(|e| {
@@ -569,10 +609,10 @@ async fn dispatch(
         MasterRequest::ClusterReport(r) => reply(id, core.cluster_report(r).await),
         // Kept by the connection (`ReportParts`), never dispatched.
         MasterRequest::ReportPart(_) => reply(id, Ok(())),
-        // The connection's handshake (`ConnAuth`), never dispatched.
         MasterRequest::AddUser(r) => reply(id, core.add_user(r).await),
         MasterRequest::ListUsers(r) => reply(id, core.list_users(r).await),
         MasterRequest::RemoveUser(r) => reply(id, core.remove_user(r).await),
+        // The connection's handshake (`ConnAuth`), never dispatched.
         MasterRequest::ServerHello(_)
         | MasterRequest::ServerProve(_)
         | MasterRequest::ClientHello(_)

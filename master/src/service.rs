@@ -128,6 +128,9 @@ pub struct Core {
     dir_lock: Weak<DirLock>,
     /// Which user each client id belongs to.
     pub clients: crate::auth::ClientBindings,
+    /// Raised by every change of the user table: connections check their user again
+    /// when it moved (`ConnAuth::revalidate`).
+    users_epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -180,6 +183,7 @@ impl Core {
             halt: CancellationToken::new(),
             dir_lock: Arc::downgrade(dir_lock),
             clients: crate::auth::ClientBindings::default(),
+            users_epoch: AtomicU64::new(0),
         }
     }
 

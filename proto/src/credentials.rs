@@ -54,9 +54,13 @@ pub fn check_user_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
+        // Quoted only in part: a hostile name may be megabytes long.
+        let shown: String = name.chars().take(MAX_USER_NAME).collect();
+        let more = if shown.len() < name.len() { "..." } else { "" };
         Err(Error::InvalidKey {
             reason: format!(
-                "bad user name {name:?}: 1 to {MAX_USER_NAME} letters, digits, '_', '-' or '.', not starting with '-' or '.'"
+                "bad user name {shown:?}{more} ({} bytes): 1 to {MAX_USER_NAME} letters, digits, '_', '-' or '.', not starting with '-' or '.'",
+                name.len()
             ),
         })
     }
@@ -143,13 +147,7 @@ impl Credentials {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
-        if exclusive && path.exists() {
-            return Err(err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "already exists (not replaced)",
-            )));
-        }
-        write_private_file(path, self.to_file_text().as_bytes(), "credentials.tmp").map_err(err)
+        write_private_file(path, self.to_file_text().as_bytes(), exclusive).map_err(err)
     }
 
     /// Finds and reads the credentials a client presents: `explicit`, else the file

@@ -77,7 +77,9 @@ pub enum RemoteError {
     IsADirectory { path: String },
     #[error("directory not empty: {path}")]
     DirectoryNotEmpty { path: String },
-    #[error("{path} is being written by {holder}; its lease expires in {expires_in_ms} ms")]
+    /// `holder` is [`ClientId::MASTER`] when the master does not name it (to a user
+    /// other than a superuser).
+    #[error("{path} is being written by {}; its lease expires in {expires_in_ms} ms", holder_name(.holder))]
     LeaseConflict {
         path: String,
         holder: ClientId,
@@ -256,3 +258,13 @@ impl Error {
 
 /// Result with the proto crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a lease holder is named in an error: its id, or "another client" when the
+/// master keeps it to itself.
+fn holder_name(holder: &ClientId) -> String {
+    if *holder == ClientId::MASTER {
+        "another client".to_string()
+    } else {
+        holder.to_string()
+    }
+}

@@ -128,12 +128,12 @@ impl ClusterKey {
             return Ok((Self::load(path)?, false));
         }
         let key = Self::generate();
-        write_private_file(path, format!("{}\n", key.to_hex()).as_bytes(), "key.tmp").map_err(
-            |e| Error::KeyFile {
+        write_private_file(path, format!("{}\n", key.to_hex()).as_bytes(), true).map_err(|e| {
+            Error::KeyFile {
                 path: path.display().to_string(),
                 reason: e.to_string(),
-            },
-        )?;
+            }
+        })?;
         Ok((key, true))
     }
 
@@ -156,31 +156,40 @@ impl ClusterKey {
     }
 }
 
-/// Writes a secret file durably with mode 0600: `contents` to a temp file (`path` with
-/// the extension `tmp_ext`), fsynced, renamed over `path`, and the directory fsynced.
-/// Creates the directory when missing.
+/// Writes a secret file durably with mode 0600: `contents` to a new temp file of a
+/// random name next to `path` (created exclusively, so neither a file nor a symbolic
+/// link someone put there is reused), fsynced, then moved to `path` and the directory
+/// fsynced. `exclusive`: an existing `path` is never replaced (the move is a hard
+/// link, which fails on an existing name). Creates the directory when missing.
 pub(crate) fn write_private_file(
     path: &Path,
     contents: &[u8],
-    tmp_ext: &str,
+    exclusive: bool,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(dir) = dir {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(tmp_ext);
-    {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{:016x}.tmp", rand::random::<u64>()));
+    let tmp = path.with_file_name(name);
+    let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(contents)?;
         f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
+        if exclusive {
+            std::fs::hard_link(&tmp, path)
+        } else {
+            std::fs::rename(&tmp, path)
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    written?;
     if let Some(dir) = dir {
         std::fs::File::open(dir)?.sync_all()?;
     }

@@ -6,6 +6,7 @@ use super::Core;
 use crate::error::Result;
 use stampfs_proto::credentials::{Credentials, ADMIN_CREDENTIALS_FILE, ADMIN_USER};
 use stampfs_proto::{AddUser, AddUserReply, ListUsers, RemoveUser, UserInfo};
+use std::sync::atomic::Ordering;
 
 impl Core {
     /// At a master's first start (no users yet): creates the superuser. Its
@@ -37,6 +38,15 @@ impl Core {
         Ok(())
     }
 
+    /// The user table's epoch: raised after every change of it.
+    pub fn users_epoch(&self) -> u64 {
+        self.users_epoch.load(Ordering::Acquire)
+    }
+
+    fn users_changed(&self) {
+        self.users_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The key and identity of user `name`, for a connection's handshake.
     pub fn user_key(&self, name: &str) -> Option<([u8; 32], UserInfo)> {
         self.state().user(name).map(|u| (u.key, u.info(name)))
@@ -48,6 +58,7 @@ impl Core {
         let user = self
             .mutate_durable(|st, now, _| st.add_user(&req, key, now))
             .await?;
+        self.users_changed();
         tracing::info!(uid = user.uid, superuser = user.superuser, "user added");
         Ok(AddUserReply { user, key })
     }
@@ -60,6 +71,7 @@ impl Core {
     pub async fn remove_user(&self, req: RemoveUser) -> Result<()> {
         self.mutate_durable(|st, now, _| st.remove_user(&req.name, now))
             .await?;
+        self.users_changed();
         tracing::info!("user removed");
         Ok(())
     }
