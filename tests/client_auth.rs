@@ -305,22 +305,21 @@ fn a_client_id_belongs_to_the_user_that_first_used_it() {
         use tokio::io::AsyncWriteExt;
         w.write_all(b"x").await.expect("write");
         let id: ClientId = admin.id();
+        let as_bob = || async {
+            let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
+                .await
+                .expect("connect");
+            authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
+                .await
+                .expect("bob proves his key");
+            conn
+        };
         // Bob renews the superuser's client's leases under its id: refused.
-        let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
-        authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
-            .await
-            .expect("bob proves his key");
+        let mut conn = as_bob().await;
         let res = conn.call(RenewLease { client: id }).await;
         refused_and_closed("another user's client id", res, &mut conn).await;
         // Bob's own id is his.
-        let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
-        authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
-            .await
-            .expect("bob proves his key");
+        let mut conn = as_bob().await;
         conn.call(RenewLease {
             client: ClientId(id.0.wrapping_add(1)),
         })

@@ -106,11 +106,8 @@ pub fn verify_client_proof(
     master: &[u8; 32],
     proof: &[u8; 32],
 ) -> bool {
-    key.verify_parts(
-        CLIENT_PROOF_DOMAIN,
-        &[user.as_bytes(), client, master],
-        proof,
-    )
+    let parts: [&[u8]; 3] = [user.as_bytes(), client, master];
+    key.verify_parts(CLIENT_PROOF_DOMAIN, &parts, proof)
 }
 
 /// The master's proof back to a client, with the same user key.
@@ -131,11 +128,8 @@ pub fn verify_master_to_client_proof(
     master: &[u8; 32],
     proof: &[u8; 32],
 ) -> bool {
-    key.verify_parts(
-        MASTER_TO_CLIENT_DOMAIN,
-        &[user.as_bytes(), client, master],
-        proof,
-    )
+    let parts: [&[u8]; 3] = [user.as_bytes(), client, master];
+    key.verify_parts(MASTER_TO_CLIENT_DOMAIN, &parts, proof)
 }
 
 /// Why [`authenticate_chunkserver`] failed.
