@@ -22,6 +22,10 @@ pub struct MasterAddr {
     /// superuser's to DIR/admin.credentials at its first start.
     #[arg(long, value_name = "FILE")]
     pub credentials: Option<PathBuf>,
+    /// Certificate authority (PEM) of a cluster that serves TLS: the master and the
+    /// chunkservers are dialed over TLS and their certificates checked against it.
+    #[arg(long, env = "STAMPFS_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -118,6 +122,10 @@ pub struct DevArgs {
     /// Default chunk size of new files.
     #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
     pub chunk_size: u64,
+    /// Serve TLS on every port, with a throwaway certificate authority and a
+    /// certificate for 127.0.0.1 and localhost written to DIR/tls.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(Args, Debug)]
@@ -602,9 +610,16 @@ pub struct BenchPipelineArgs {
     /// Draw throughput and ratio per configuration as an SVG plot.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Also measure every configuration over TLS (an embedded cluster serving TLS
+    /// with a throwaway certificate), next to the same configuration in plain TCP.
+    #[arg(long, conflicts_with = "master")]
+    pub tls: bool,
     /// Use a running cluster instead of an embedded one.
     #[arg(long)]
     pub master: Option<String>,
+    /// The certificate authority of a running cluster (--master) that serves TLS.
+    #[arg(long, requires = "master", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
     /// Directory for the embedded cluster and the raw-disk baseline (a temp dir under
     /// the current directory by default, so it is on the disk being measured).
     #[arg(long)]

@@ -2,6 +2,7 @@
 //! one cluster key, with their data under one directory. Used by `stampfs dev`, the
 //! demo and the benchmarks.
 
+use crate::tls::Pki;
 use anyhow::{Context, Result};
 use stampfs_chunkserver::{ChunkserverConfig, ChunkserverHandle};
 use stampfs_master::{MasterConfig, MasterHandle};
@@ -16,9 +17,18 @@ pub struct LocalClusterBuilder {
     chunkservers: usize,
     master: MasterConfig,
     chunkserver_tweak: Option<ChunkserverTweak>,
+    tls: Option<Pki>,
 }
 
 impl LocalClusterBuilder {
+    /// Every server serves TLS with `pki`'s certificate and dials TLS trusting its
+    /// authority, and so do this cluster's clients ([`LocalCluster::client_with`]).
+    pub fn tls(mut self, pki: Pki) -> Self {
+        self.master.tls = pki.files();
+        self.tls = Some(pki);
+        self
+    }
+
     /// Number of chunkservers (default 3).
     pub fn chunkservers(mut self, n: usize) -> Self {
         self.chunkservers = n;
@@ -61,6 +71,9 @@ impl LocalClusterBuilder {
                 master_addr.clone(),
                 key_file.clone(),
             );
+            if let Some(pki) = &self.tls {
+                cfg.tls = pki.files();
+            }
             if let Some(tweak) = &self.chunkserver_tweak {
                 tweak(&mut cfg);
             }
@@ -75,6 +88,7 @@ impl LocalClusterBuilder {
             master,
             chunkservers,
             configs,
+            tls: self.tls,
         };
         cluster.wait_registered().await?;
         Ok(cluster)
@@ -88,6 +102,8 @@ pub struct LocalCluster {
     /// `None` while a chunkserver is stopped.
     chunkservers: Vec<Option<ChunkserverHandle>>,
     configs: Vec<ChunkserverConfig>,
+    /// The certificates every server serves TLS with, when it does.
+    tls: Option<Pki>,
 }
 
 impl LocalCluster {
@@ -100,6 +116,7 @@ impl LocalCluster {
             chunkservers: 3,
             master,
             chunkserver_tweak: None,
+            tls: None,
         }
     }
 
@@ -165,7 +182,13 @@ impl LocalCluster {
             .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE)
     }
 
-    /// A client of this cluster, as its superuser, with `config` otherwise.
+    /// The certificate authority to dial this cluster with, when it serves TLS.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|p| p.ca.as_path())
+    }
+
+    /// A client of this cluster, as its superuser, with `config` otherwise (and TLS
+    /// when the cluster serves it).
     pub async fn client_with(
         &self,
         mut config: stampfs_client::ClientConfig,
@@ -175,6 +198,9 @@ impl LocalCluster {
             stampfs_proto::Credentials::load(&path)
                 .with_context(|| format!("reading {}", path.display()))?,
         );
+        if let Some(ca) = self.tls_ca() {
+            config.dialer = stampfs_proto::net::Dialer::tls(ca)?;
+        }
         let master = self.master_addr();
         stampfs_client::Client::connect_with(&master, config)
             .await

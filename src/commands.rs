@@ -204,16 +204,23 @@ pub async fn dev(args: DevArgs) -> u8 {
         return EXIT_ERROR;
     }
     let (replication, chunk_size) = (args.replication, args.chunk_size);
-    let cluster = match LocalCluster::builder(&dir)
+    let mut builder = LocalCluster::builder(&dir)
         .chunkservers(args.chunkservers)
         .master_listen(&args.listen)
         .master_config(|m| {
             m.replication = replication;
             m.chunk_size = chunk_size;
-        })
-        .start()
-        .await
-    {
+        });
+    if args.tls {
+        match crate::tls::generate(&dir.join("tls"), &["127.0.0.1", "localhost"]) {
+            Ok(pki) => builder = builder.tls(pki),
+            Err(e) => {
+                eprintln!("stampfs dev: making the TLS certificates: {e:#}");
+                return EXIT_ERROR;
+            }
+        }
+    }
+    let cluster = match builder.start().await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("stampfs dev: {e:#}");
@@ -230,11 +237,18 @@ pub async fn dev(args: DevArgs) -> u8 {
         "  credentials   {} (the superuser)",
         cluster.credentials_file().display()
     );
+    if let Some(ca) = cluster.tls_ca() {
+        say!("  TLS authority {} (every port serves TLS)", ca.display());
+    }
     say!();
     say!(
-        "try:  export STAMPFS_MASTER={} STAMPFS_CREDENTIALS={}",
+        "try:  export STAMPFS_MASTER={} STAMPFS_CREDENTIALS={}{}",
         cluster.master_addr(),
-        cluster.credentials_file().display()
+        cluster.credentials_file().display(),
+        cluster
+            .tls_ca()
+            .map(|ca| format!(" STAMPFS_TLS_CA={}", ca.display()))
+            .unwrap_or_default()
     );
     say!("      echo hello | stampfs put - /hello.txt");
     say!("      stampfs cat /hello.txt");
@@ -251,10 +265,7 @@ pub async fn dev(args: DevArgs) -> u8 {
 }
 
 async fn connect(m: &MasterAddr) -> Result<Client> {
-    let config = stampfs_client::ClientConfig {
-        credentials: Some(crate::users::credentials(m)?),
-        ..Default::default()
-    };
+    let config = crate::users::client_config(m)?;
     Client::connect_with(&m.master, config)
         .await
         .with_context(|| format!("cannot connect to the master at {}", m.master))

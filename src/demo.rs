@@ -502,10 +502,7 @@ fn signal(pid: i32, sig: Signal) -> Result<()> {
 /// for each stdin line `OFFSET TEXT`, writes `TEXT` and a newline at OFFSET, hsyncs,
 /// and prints `synced OFFSET LEN`; closes the file at the end of its input.
 pub async fn writer(args: crate::cli::DemoWriterArgs) -> Result<()> {
-    let config = stampfs_client::ClientConfig {
-        credentials: Some(crate::users::credentials(&args.master)?),
-        ..Default::default()
-    };
+    let config = crate::users::client_config(&args.master)?;
     let client = Client::connect_with(&args.master.master, config)
         .await
         .with_context(|| format!("cannot reach the master at {}", args.master.master))?;

@@ -9,6 +9,8 @@
 //! master's throughput and memory against simulated chunkservers) and [`bench_mount`]
 //! (`stampfs bench mount-metadata`, metadata operations through mounts) and
 //! [`bench_mount_io`] (`stampfs bench mount-io`, data through mounts).
+//! [`tls`] makes a throwaway certificate authority and server certificate for
+//! `stampfs dev --tls` and `stampfs bench pipeline --tls`.
 //! [`FAULT_INJECTION`] tells whether this build has crash points (cargo feature
 //! `fault-injection`, on in tests only).
 
@@ -23,6 +25,7 @@ pub mod commands;
 pub mod demo;
 pub mod health;
 pub mod mount;
+pub mod tls;
 pub mod users;
 
 use cli::{AdminCommand, BenchCommand, Cli, Command};

@@ -118,11 +118,8 @@ async fn foreground(args: MountArgs) -> u8 {
         return EXIT_ERROR;
     }
     let master = &args.master.master;
-    let config = match crate::users::credentials(&args.master) {
-        Ok(c) => stampfs_client::ClientConfig {
-            credentials: Some(c),
-            ..Default::default()
-        },
+    let config = match crate::users::client_config(&args.master) {
+        Ok(c) => c,
         Err(e) => {
             fail(format!("stampfs mount: {e:#}"));
             return EXIT_ERROR;
@@ -296,6 +293,10 @@ async fn background(args: MountArgs) -> u8 {
         }
     };
     cmd.arg("--credentials").arg(&creds);
+    if let Some(ca) = &args.master.tls_ca {
+        cmd.arg("--tls-ca")
+            .arg(std::path::absolute(ca).unwrap_or_else(|_| ca.clone()));
+    }
     if args.nonempty {
         cmd.arg("--nonempty");
     }

@@ -6,6 +6,7 @@ use crate::{EXIT_ERROR, EXIT_OK};
 use anyhow::{anyhow, Context, Result};
 use stampfs_proto::auth::{authenticate_client, AuthFailure};
 use stampfs_proto::credentials::{ADMIN_CREDENTIALS_FILE, CREDENTIALS_ENV};
+use stampfs_proto::net::Dialer;
 use stampfs_proto::{AddUser, Credentials, ListUsers, RemoveUser, Rpc, RpcClient};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,6 +25,20 @@ pub fn credentials(m: &MasterAddr) -> Result<Credentials> {
     }
 }
 
+/// How to dial the cluster: TLS with `--tls-ca`, plain TCP without.
+pub fn dialer(m: &MasterAddr) -> Result<Dialer> {
+    Ok(Dialer::from_ca(m.tls_ca.as_deref())?)
+}
+
+/// A client's configuration for `m`: its credentials and how to dial.
+pub fn client_config(m: &MasterAddr) -> Result<stampfs_client::ClientConfig> {
+    Ok(stampfs_client::ClientConfig {
+        credentials: Some(credentials(m)?),
+        dialer: dialer(m)?,
+        ..Default::default()
+    })
+}
+
 /// One request on a new, authenticated connection to the master.
 pub async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
     m: &MasterAddr,
@@ -31,7 +46,7 @@ pub async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
 ) -> Result<R::Response> {
     let creds = credentials(m)?;
     let master = &m.master;
-    let mut client = RpcClient::connect(master, TIMEOUT)
+    let mut client = RpcClient::connect(&dialer(m)?, master, TIMEOUT)
         .await
         .with_context(|| format!("cannot reach the master at {master}"))?;
     match tokio::time::timeout(TIMEOUT, authenticate_client(&mut client, &creds)).await {

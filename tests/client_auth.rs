@@ -6,7 +6,8 @@
 //! - requests without credentials, with a wrong key, for an unknown user, or with a
 //!   proof replayed from another connection are refused with `Unauthenticated`, the
 //!   connection is closed, and the master serves everyone else;
-//! - a client id belongs to the user that first used it;
+//! - a client id belongs to the user that first used it, and a client's leases stay
+//!   its user's across a master restart;
 //! - a removed user can no longer connect; the CLI without credentials says how to
 //!   get some.
 
@@ -183,9 +184,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
     let c = cluster();
     runtime().block_on(async {
         // No handshake at all.
-        let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
+        let mut conn = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
         let res = conn
             .call(Stat {
                 path: "/".into(),
@@ -206,9 +211,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
                 Credentials::new("mallory", [9; 32]).expect("creds"),
             ),
         ] {
-            let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
-                .await
-                .expect("connect");
+            let mut conn = RpcClient::connect(
+                &stampfs_proto::net::Dialer::plain(),
+                &c.master.addr,
+                TIMEOUT,
+            )
+            .await
+            .expect("connect");
             let err = authenticate_client(&mut conn, &creds)
                 .await
                 .expect_err(what);
@@ -227,9 +236,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
 
         // A proof recorded on one connection, replayed on another: the master's
         // challenge differs, so it proves nothing.
-        let mut first = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
+        let mut first = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
         let mine = nonce();
         let ch = first
             .call(ClientHello {
@@ -243,9 +256,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
             .call(ClientProve { proof })
             .await
             .expect("a good proof");
-        let mut replay = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
+        let mut replay = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
         replay
             .call(ClientHello {
                 user: admin.user.clone(),
@@ -256,9 +273,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
         let res = replay.call(ClientProve { proof }).await;
         refused_and_closed("a replayed proof", res, &mut replay).await;
         // A user name far past any real one: refused at the hello, not kept.
-        let mut huge = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
+        let mut huge = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
         let res = huge
             .call(ClientHello {
                 user: "u".repeat(4 << 20),
@@ -267,9 +288,13 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
             .await;
         refused_and_closed("an oversized user name", res, &mut huge).await;
         // A proof with no hello before it.
-        let mut bare = RpcClient::connect(&c.master.addr, TIMEOUT)
-            .await
-            .expect("connect");
+        let mut bare = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
         let res = bare.call(ClientProve { proof }).await;
         refused_and_closed("a proof without a challenge", res, &mut bare).await;
 
@@ -306,9 +331,13 @@ fn a_client_id_belongs_to_the_user_that_first_used_it() {
         w.write_all(b"x").await.expect("write");
         let id: ClientId = admin.id();
         let as_bob = || async {
-            let mut conn = RpcClient::connect(&c.master.addr, TIMEOUT)
-                .await
-                .expect("connect");
+            let mut conn = RpcClient::connect(
+                &stampfs_proto::net::Dialer::plain(),
+                &c.master.addr,
+                TIMEOUT,
+            )
+            .await
+            .expect("connect");
             authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
                 .await
                 .expect("bob proves his key");
@@ -342,6 +371,80 @@ fn a_client_id_belongs_to_the_user_that_first_used_it() {
         assert!(msg.contains("being written by another client"), "{msg}");
         assert!(!msg.contains(&id.to_string()), "{msg}");
         w.close().await.expect("the holder closes its file");
+    });
+}
+
+#[test]
+fn a_clients_leases_stay_its_users_across_a_master_restart() {
+    let mut c = cluster();
+    let alice = add_user(&c, "alice", 1002, &[]);
+    let bob = add_user(&c, "bob", 1001, &[]);
+    runtime().block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let admin = common::connect(&c.master.addr).await.expect("connect");
+        admin.mkdir("/shared", true).await.expect("mkdir");
+        admin
+            .set_attr(stampfs_proto::SetAttr {
+                mode: Some(0o777),
+                ..stampfs_proto::SetAttr::new("/shared")
+            })
+            .await
+            .expect("chmod");
+        let config = stampfs_client::ClientConfig {
+            credentials: Some(Credentials::load(&alice).expect("alice")),
+            ..Default::default()
+        };
+        let client = common::connect_with(&c.master.addr, config)
+            .await
+            .expect("alice connects");
+        let mut w = client
+            .create("/shared/a", Default::default())
+            .await
+            .expect("alice creates");
+        w.write_all(b"before ").await.expect("write");
+        w.hflush().await.expect("hflush");
+        let id = client.id();
+
+        // The master restarts: nobody has used alice's client id since.
+        c.master.restart();
+        let mut conn = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect");
+        authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
+            .await
+            .expect("bob proves his key");
+        let res = conn.call(RenewLease { client: id }).await;
+        refused_and_closed("alice's client id after a restart", res, &mut conn).await;
+
+        // Alice goes on under her id and closes her file.
+        w.write_all(b"after")
+            .await
+            .expect("write after the restart");
+        w.close().await.expect("alice closes");
+        // Read back once the restarted master has the chunkserver's report again.
+        use tokio::io::AsyncReadExt;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        let text = loop {
+            let mut text = String::new();
+            let read = async {
+                let mut r = client.open("/shared/a").await?;
+                r.read_to_string(&mut text).await?;
+                Ok::<_, Box<dyn std::error::Error>>(())
+            };
+            match read.await {
+                Ok(()) => break text,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("read back: {e}; again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("read back: {e}"),
+            }
+        };
+        assert_eq!(text, "before after");
     });
 }
 

@@ -25,6 +25,7 @@ fn cluster() -> TestCluster {
         chunkservers: 3,
         master_args: args(&["--health-interval", "200ms", "--replication-timeout", "10s"]),
         chunkserver_args: args(&["--heartbeat", "200ms", "--scrub-rate", "0"]),
+        ..Default::default()
     })
 }
 
@@ -40,9 +41,13 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 /// a connection that proved the superuser's key).
 fn report(c: &TestCluster, handle: ChunkHandle, chunkserver: u64, times: usize) {
     runtime().block_on(async {
-        let mut master = RpcClient::connect(&c.master.addr, Duration::from_secs(5))
-            .await
-            .expect("connect to the master");
+        let mut master = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &c.master.addr,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("connect to the master");
         stampfs_proto::auth::authenticate_client(&mut master, &common::test_credentials())
             .await
             .expect("authenticate to the master");
@@ -161,9 +166,13 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
         seq: 0,
     };
     runtime().block_on(async {
-        let mut conn = RpcClient::connect(&cs.addr, Duration::from_secs(5))
-            .await
-            .expect("connect to a chunkserver");
+        let mut conn = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &cs.addr,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("connect to a chunkserver");
         let forged =
             Signed::new(&ClusterKey::generate(), issue, VerifyReplica { handle: h }).expect("sign");
         let err = conn.call(forged).await.expect_err("forged request refused");

@@ -67,6 +67,7 @@ fn a_reader_never_sees_bytes_a_dead_pipeline_member_lacks() {
         chunkservers: 3,
         master_args: args(&["--health-interval", "500ms"]),
         chunkserver_args: args(&["--heartbeat", "200ms", "--report-every", "200ms"]),
+        ..Default::default()
     });
     let rt = runtime();
     let synced = WRITER.synced_bytes();

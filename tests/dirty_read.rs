@@ -129,6 +129,7 @@ fn a_reader_never_sees_bytes_that_lease_recovery_cuts() {
         chunkservers: 3,
         master_args: args(&["--dead-after", "60s"]),
         chunkserver_args: args(&["--heartbeat", "200ms", "--ack-timeout", "300s"]),
+        ..Default::default()
     });
     let rt = runtime();
     let synced = WRITER.synced_bytes();

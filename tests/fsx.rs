@@ -26,6 +26,7 @@ fn cluster() -> TestCluster {
         chunkservers: 3,
         master_args: args(&["--chunk-size", "64KiB"]),
         chunkserver_args: args(&["--heartbeat", "200ms"]),
+        ..Default::default()
     })
 }
 

@@ -35,6 +35,7 @@ fn cluster(chunkservers: usize, master: &[&str], chunkserver: &[&str]) -> TestCl
         chunkservers,
         master_args,
         chunkserver_args,
+        ..Default::default()
     })
 }
 

@@ -18,9 +18,13 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn connect(c: &TestCluster) -> RpcClient {
-    RpcClient::connect(&c.master.addr, TIMEOUT)
-        .await
-        .expect("connect to the master")
+    RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &c.master.addr,
+        TIMEOUT,
+    )
+    .await
+    .expect("connect to the master")
 }
 
 /// Someone else is still served: a plain request on a fresh connection of a client

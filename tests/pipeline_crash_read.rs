@@ -93,6 +93,7 @@ fn a_reader_of_the_survivor_of_a_pipeline_update_the_master_crashed_in_keeps_its
             "--ack-timeout",
             "2s",
         ]),
+        ..Default::default()
     });
     c.master.set_env(
         stampfs_proto::crash::ENV_POINTS,

@@ -168,6 +168,7 @@ fn a_reader_of_a_file_in_lease_recovery_never_sees_bytes_that_recovery_cuts() {
             "--ack-timeout",
             "300s",
         ]),
+        ..Default::default()
     });
     let rt = runtime();
     let synced = WRITER.synced_bytes();

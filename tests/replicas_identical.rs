@@ -37,6 +37,7 @@ fn cluster() -> TestCluster {
         chunkservers: 3,
         master_args: Vec::new(),
         chunkserver_args: args(&["--heartbeat", "200ms", "--scrub-rate", "0"]),
+        ..Default::default()
     })
 }
 

@@ -1,6 +1,7 @@
 //! Chunkserver configuration (`stampfs chunkserver ...` flags).
 
 use crate::error::{Error, Result};
+use stampfs_proto::net::TlsFiles;
 use stampfs_proto::units::parse_size;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +34,9 @@ pub struct ChunkserverConfig {
     /// start when it is unreadable).
     #[arg(long)]
     pub cluster_key_file: PathBuf,
+    /// TLS on this chunkserver's port, and to the master and chunkservers it dials.
+    #[command(flatten)]
+    pub tls: TlsFiles,
     /// Disk I/O engine: auto probes io_uring and falls back to threads.
     #[arg(long, value_enum, default_value = "auto")]
     pub io_engine: IoEngineKind,
@@ -108,6 +112,7 @@ impl ChunkserverConfig {
             listen: "127.0.0.1:0".into(),
             master,
             cluster_key_file,
+            tls: TlsFiles::default(),
             io_engine: IoEngineKind::Auto,
             heartbeat: Duration::from_secs(1),
             report_every: Duration::from_secs(60),

@@ -226,7 +226,8 @@ pub fn report_due(
 /// must not look merely "unreachable" to whoever runs it.
 async fn connect(shared: &Shared) -> Result<RpcClient> {
     let master = &shared.config.master;
-    let mut client = RpcClient::connect(master, shared.config.connect_timeout).await?;
+    let mut client =
+        RpcClient::connect(&shared.dialer, master, shared.config.connect_timeout).await?;
     let limit = (shared.config.connect_timeout * 2).max(Duration::from_secs(10));
     let outcome = stampfs_proto::pause::timeout(
         limit,

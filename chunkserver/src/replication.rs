@@ -28,8 +28,9 @@
 
 use crate::error::{Error, Result};
 use crate::server::{Shared, StreamGuard};
-use crate::stall::{GuardedWriteHalf, StallGuard};
+use crate::stall::{self, GuardedWriteHalf};
 use bytes::Bytes;
+use stampfs_proto::net::ConnRead;
 use stampfs_proto::rpc::reply_frame;
 use stampfs_proto::{
     Ack, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ClientId, Frame, FrameReader,
@@ -38,9 +39,6 @@ use stampfs_proto::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 
 /// Starts copying the replica in the background (bounded by `--max-replications`).
 pub(crate) fn spawn(
@@ -91,7 +89,14 @@ pub(crate) async fn send(
     let length = report.length;
     let token = ChunkToken::sign(&shared.key, handle, version, ClientId::MASTER);
     let timeout = shared.config.connect_timeout;
-    let mut client = connect(&target.addr, timeout, shared.config.idle_timeout).await?;
+    let (r, w) = stall::dial(
+        &shared.dialer,
+        &target.addr,
+        timeout,
+        shared.config.idle_timeout,
+    )
+    .await?;
+    let mut client = RpcClient::new(r, w);
     let setup =
         stampfs_proto::pause::timeout(timeout * 2, client.call(ReceiveReplica { token, length }))
             .await
@@ -149,33 +154,13 @@ pub(crate) async fn send(
     }
 }
 
-/// An RPC connection to `addr` (within `timeout`) whose writes fail once the target
-/// has taken no byte for `stall`.
-async fn connect(
-    addr: &str,
-    timeout: Duration,
-    stall: Duration,
-) -> Result<RpcClient<OwnedReadHalf, GuardedWriteHalf>> {
-    let unavailable = |reason: String| Error::Unavailable { reason };
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| unavailable(format!("connecting to {addr} timed out")))?
-        .map_err(|e| unavailable(format!("cannot connect to {addr}: {e}")))?;
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map_err(|e| unavailable(format!("connection to {addr} failed: {e}")))?;
-    let (r, w) = stream.into_split();
-    Ok(RpcClient::new(r, StallGuard::new(w, peer, stall)))
-}
-
 /// Serves a `ReceiveReplica` connection (this chunkserver is the target).
 #[tracing::instrument(skip_all, fields(chunk = %req.token.handle, version = %req.token.version, length = req.length, %peer))]
 pub(crate) async fn receive(
     shared: Arc<Shared>,
     id: u64,
     req: ReceiveReplica,
-    mut reader: FrameReader<OwnedReadHalf>,
+    mut reader: FrameReader<ConnRead>,
     mut writer: FrameWriter<GuardedWriteHalf>,
     peer: SocketAddr,
 ) {

@@ -30,6 +30,7 @@ use crate::stall::StallGuard;
 use crate::store::{self, Store};
 use crate::{deletion, digest, heartbeat, io, pipeline, replication, scrub};
 use bytes::Bytes;
+use stampfs_proto::net::{Acceptor, Conn, Dialer};
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{
     ChunkCommand, ChunkRequest, ChunkserverId, ClusterKey, DirLock, FrameReader, FrameWriter,
@@ -40,7 +41,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -65,6 +66,8 @@ const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub(crate) struct Shared {
     pub config: ChunkserverConfig,
     pub key: ClusterKey,
+    /// How the master and other chunkservers are dialed (plain, or TLS by `--tls-ca`).
+    pub dialer: Dialer,
     pub store: Arc<Store>,
     /// The address announced to the master.
     pub advertised: String,
@@ -283,6 +286,7 @@ fn load_id(dir: &Path) -> Result<Option<ChunkserverId>> {
 pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     config.validate()?;
     let key = ClusterKey::load(&config.cluster_key_file).map_err(Error::ClusterKey)?;
+    let (acceptor, dialer) = config.tls.load()?;
     std::fs::create_dir_all(&config.dir).map_err(|e| Error::io("create", &config.dir, e))?;
     // First, before anything reads or changes the directory: a second chunkserver must
     // not recover, truncate or move aside the first one's replicas, nor overwrite its
@@ -321,6 +325,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     let (deletions, deletion_queue) = deletion::Deletions::new();
     let shared = Arc::new(Shared {
         key,
+        dialer,
         store,
         advertised,
         id: Mutex::new(id),
@@ -343,7 +348,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     shared
         .tracker
-        .spawn(listen(shared.clone(), listener, limit));
+        .spawn(listen(shared.clone(), listener, acceptor, limit));
     shared.tracker.spawn(heartbeat::run(shared.clone()));
     shared
         .tracker
@@ -352,6 +357,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
     tracing::info!(
         %addr,
         engine = engine_name,
+        tls = shared.dialer.is_tls(),
         id = ?id,
         dir = %shared.config.dir.display(),
         master = %shared.config.master,
@@ -365,7 +371,12 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
 }
 
 /// Accepts connections until shutdown.
-async fn listen(shared: Arc<Shared>, listener: TcpListener, limit: Arc<Semaphore>) {
+async fn listen(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    acceptor: Acceptor,
+    limit: Arc<Semaphore>,
+) {
     let mut backoff = Duration::from_millis(10);
     loop {
         let permit = tokio::select! {
@@ -383,8 +394,16 @@ async fn listen(shared: Arc<Shared>, listener: TcpListener, limit: Arc<Semaphore
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
                 let shared2 = shared.clone();
+                let acceptor = acceptor.clone();
                 shared.tracker.spawn(async move {
-                    serve_connection(shared2, stream, peer).await;
+                    let conn = tokio::select! {
+                        c = acceptor.accept(stream, peer) => c,
+                        _ = shared2.cancel.cancelled() => return,
+                    };
+                    match conn {
+                        Ok(conn) => serve_connection(shared2, conn).await,
+                        Err(e) => tracing::warn!(%peer, error = %e, "TLS handshake failed; closing this connection"),
+                    }
                     drop(permit);
                 });
             }
@@ -401,10 +420,10 @@ async fn listen(shared: Arc<Shared>, listener: TcpListener, limit: Arc<Semaphore
 }
 
 /// Serves one connection until EOF, a malformed frame, a finished stream, or shutdown.
-async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+async fn serve_connection(shared: Arc<Shared>, conn: Conn) {
+    let peer = conn.peer;
     let idle_timeout = shared.config.idle_timeout;
-    let (r, w) = stream.into_split();
+    let (r, w) = (conn.read, conn.write);
     let mut reader = FrameReader::new(r);
     // Every write to this peer, replies and stream acks alike, fails once the peer has
     // taken no byte for the idle timeout (it stopped reading: gone).

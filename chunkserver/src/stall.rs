@@ -27,6 +27,7 @@
 //! means that much. A reader slow enough to take longer than the timeout for that is
 //! treated as gone, which is what the timeout (60 s by default) is for.
 
+use stampfs_proto::net::{ConnRead, ConnWrite, Dialer};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -34,11 +35,22 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWrite;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::time::{Instant, Sleep};
 
 /// The write half of a peer connection, under a [`StallGuard`].
-pub type GuardedWriteHalf = StallGuard<OwnedWriteHalf>;
+pub type GuardedWriteHalf = StallGuard<ConnWrite>;
+
+/// Dials `addr` through `dialer` within `timeout`; writes to it fail once it has taken
+/// no byte for `stall`.
+pub async fn dial(
+    dialer: &Dialer,
+    addr: &str,
+    timeout: Duration,
+    stall: Duration,
+) -> stampfs_proto::Result<(ConnRead, GuardedWriteHalf)> {
+    let conn = dialer.connect(addr, timeout).await?;
+    Ok((conn.read, StallGuard::new(conn.write, conn.peer, stall)))
+}
 
 /// How far ahead the guard sleeps when its timeout is too large to add to an instant
 /// (it then never expires).

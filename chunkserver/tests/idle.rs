@@ -59,9 +59,13 @@ async fn answered(c: &mut RpcClient, token: ChunkToken, what: &str) {
 
 /// A request on a new connection is answered: proof that a connection permit is free.
 async fn serves_a_new_connection(cs: &ChunkserverHandle, token: ChunkToken, what: &str) {
-    let mut c = RpcClient::connect(&cs.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &cs.addr().to_string(),
+        TIMEOUT,
+    )
+    .await
+    .expect("connect");
     answered(&mut c, token, what).await;
 }
 
@@ -84,9 +88,13 @@ async fn an_idle_connection_gives_its_permit_back() {
     let cs = cluster.start_with(1, c).await;
     let token = cluster.token(2, 1);
     // This connection holds the only permit (it was served), then falls silent.
-    let mut holder = RpcClient::connect(&cs.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut holder = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &cs.addr().to_string(),
+        TIMEOUT,
+    )
+    .await
+    .expect("connect");
     answered(&mut holder, token, "the holder").await;
     // A second connection waits in the backlog until the holder is closed as idle.
     serves_a_new_connection(&cs, token, "waiting for the permit").await;
@@ -104,9 +112,13 @@ async fn a_connection_that_keeps_asking_is_not_closed() {
     let cluster = Cluster::new();
     let cs = cluster.start_with(1, config(&cluster, 1, BUSY_IDLE)).await;
     let token = cluster.token(3, 1);
-    let mut c = RpcClient::connect(&cs.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect");
+    let mut c = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &cs.addr().to_string(),
+        TIMEOUT,
+    )
+    .await
+    .expect("connect");
     // Requests every 100 ms for well over twice the idle timeout, on one connection.
     for i in 0..25 {
         answered(&mut c, token, &format!("request {i}")).await;

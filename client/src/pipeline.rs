@@ -16,14 +16,13 @@ use crate::client::connection_closed;
 use crate::error::{Error, Result};
 use bytes::Bytes;
 use stampfs_proto::codec::{Frame, FrameReader, FrameSink};
+use stampfs_proto::net::{ConnRead, ConnWrite, Dialer};
 use stampfs_proto::rpc::{parse_reply, request_frame};
 use stampfs_proto::{
     Ack, ChunkToken, ChunkserverId, OverwriteSetup, Packet, RemoteError, WriteGrant, WriteSetup,
     WriteSetupReply,
 };
 use std::time::Duration;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -76,7 +75,7 @@ pub(crate) enum StreamEvent {
 
 /// An open pipeline stream to the head chunkserver.
 pub(crate) struct PipelineStream {
-    writer: FrameSink<OwnedWriteHalf>,
+    writer: FrameSink<ConnWrite>,
     /// Acks (then how the stream ended) from the reader task; closed when the reader
     /// task exits.
     acks: mpsc::Receiver<Incoming>,
@@ -110,6 +109,7 @@ impl PipelineStream {
     /// `overwrite`, an overwrite stream (`OverwriteSetup`: packets at any offset up to
     /// the replica's length, nothing cut).
     pub(crate) async fn open(
+        dialer: &Dialer,
         grant: &WriteGrant,
         offset: u64,
         overwrite: bool,
@@ -123,20 +123,12 @@ impl PipelineStream {
             }));
         };
         let head_err = |e: Error| SetupError::Head(head.id, e);
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(&head.addr))
+        let conn = dialer
+            .connect(&head.addr, timeout)
             .await
-            .map_err(|_| {
-                head_err(Error::Remote(RemoteError::Unavailable {
-                    reason: format!("connecting to {} timed out", head.addr),
-                }))
-            })?
-            .map_err(|e| head_err(Error::Io(e)))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| head_err(Error::Io(e)))?;
-        let (r, w) = stream.into_split();
-        let mut reader = FrameReader::new(r);
-        let mut writer = FrameSink::new(w);
+            .map_err(|e| head_err(e.into()))?;
+        let mut reader = FrameReader::new(conn.read);
+        let mut writer = FrameSink::new(conn.write);
         let setup = WriteSetup {
             token: grant.token,
             offset,
@@ -287,10 +279,7 @@ impl PipelineStream {
     }
 }
 
-async fn read_acks(
-    mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
-    tx: mpsc::Sender<Incoming>,
-) {
+async fn read_acks(mut reader: FrameReader<ConnRead>, tx: mpsc::Sender<Incoming>) {
     loop {
         let item = match reader.read_frame().await {
             Ok(Some(frame)) => match frame.decode::<Ack>() {
@@ -322,7 +311,6 @@ mod tests {
     use stampfs_proto::{
         ChunkHandle, ChunkRequest, ChunkVersion, ChunkserverAddr, ClientId, ClusterKey, FrameWriter,
     };
-    use tokio::net::tcp::OwnedReadHalf;
     use tokio::net::TcpListener;
 
     const WAIT: Duration = Duration::from_secs(10);
@@ -346,8 +334,8 @@ mod tests {
     /// set-up; the caller decides what happens next.
     async fn open_against_head() -> (
         PipelineStream,
-        FrameReader<OwnedReadHalf>,
-        FrameWriter<OwnedWriteHalf>,
+        FrameReader<tokio::net::tcp::OwnedReadHalf>,
+        FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
@@ -367,7 +355,16 @@ mod tests {
             writer.write_frame(&frame).await.expect("reply");
             (reader, writer)
         });
-        let (stream, _) = match PipelineStream::open(&grant(addr), 0, false, WAIT, WAIT).await {
+        let (stream, _) = match PipelineStream::open(
+            &Dialer::plain(),
+            &grant(addr),
+            0,
+            false,
+            WAIT,
+            WAIT,
+        )
+        .await
+        {
             Ok(s) => s,
             Err(_) => panic!("set-up failed"),
         };

@@ -239,7 +239,7 @@ impl ConnAuth {
             return Err(refused());
         };
         let reply = ClientProveReply {
-            proof: auth::master_to_client_proof(&key, &p.user, &p.theirs, &p.ours),
+            proof: auth::master_to_client_proof(&key, &p.user, &p.theirs, &p.ours, &info),
             identity: info.clone(),
         };
         self.user = Some(info);
@@ -275,6 +275,17 @@ impl ClientBindings {
     /// [`ClientId::MASTER`] is the master's own and nobody's.
     pub fn bind(&self, client: ClientId, user: &str, now_ms: u64) -> Result<()> {
         self.bind_within(client, user, now_ms, MAX_BINDINGS)
+    }
+
+    /// Binds the clients of `owners` to their users, as if each had just been used
+    /// (a restarted master, from the owners its log and checkpoint hold).
+    pub fn seed(&self, owners: impl IntoIterator<Item = (ClientId, String)>, now_ms: u64) {
+        let mut b = crate::oplog::lock(&self.inner);
+        for (client, user) in owners {
+            if client != ClientId::MASTER {
+                b.by_client.insert(client, (user, now_ms));
+            }
+        }
     }
 
     fn bind_within(&self, client: ClientId, user: &str, now_ms: u64, max: usize) -> Result<()> {
@@ -429,6 +440,7 @@ mod tests {
             "alice",
             &c,
             &m,
+            &alice(),
             &reply.proof
         ));
         assert_eq!(reply.identity, alice());
@@ -459,7 +471,7 @@ mod tests {
             // The master's own proof sent back.
             (
                 "alice",
-                auth::master_to_client_proof(&key, "alice", &c, &m),
+                auth::master_to_client_proof(&key, "alice", &c, &m, &alice()),
                 m,
             ),
         ];

@@ -17,6 +17,7 @@
 use crate::error::{Error, Result};
 use crate::oplog::lock;
 use futures::future::join_all;
+use stampfs_proto::net::Dialer;
 use stampfs_proto::{
     ChunkCommand, ChunkHandle, ChunkVersion, ChunkserverAddr, ChunkserverId, ClusterKey,
     DigestReplica, Issue, RemoteError, ReplicaDigest, ReplicaReport, ReplicaState, Rpc, RpcClient,
@@ -40,6 +41,8 @@ const DIGEST_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct CommandSender {
     key: ClusterKey,
     timeout: Duration,
+    /// Plain TCP, or TLS checked against `--tls-ca`.
+    dialer: Dialer,
     /// Idle connections by address, taken for one command and put back after a clean
     /// reply; a connection that failed is dropped.
     idle: std::sync::Mutex<HashMap<String, Vec<RpcClient>>>,
@@ -60,13 +63,19 @@ impl std::fmt::Debug for CommandSender {
 pub type CommandResult = (ChunkserverId, Result<Option<ReplicaReport>>);
 
 impl CommandSender {
-    pub fn new(key: ClusterKey, timeout: Duration) -> Self {
+    pub fn new(key: ClusterKey, timeout: Duration, dialer: Dialer) -> Self {
         Self {
             key,
             timeout,
+            dialer,
             idle: std::sync::Mutex::new(HashMap::new()),
             sessions: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How chunkservers are dialed.
+    pub fn dialer(&self) -> &Dialer {
+        &self.dialer
     }
 
     /// Chunkserver `id` registered with `session`: requests signed for it from now on
@@ -147,7 +156,13 @@ impl CommandSender {
             let (mut conn, reused) = match self.take_idle(addr) {
                 Some(c) if attempt == 0 => (c, true),
                 _ => (
-                    RpcClient::connect_buffered(addr, self.timeout, COMMAND_WRITE_BUFFER).await?,
+                    RpcClient::connect_buffered(
+                        &self.dialer,
+                        addr,
+                        self.timeout,
+                        COMMAND_WRITE_BUFFER,
+                    )
+                    .await?,
                     false,
                 ),
             };

@@ -1,6 +1,7 @@
 //! Master configuration: command-line flags (clap) with documented defaults.
 
 use crate::error::{Error, Result};
+use stampfs_proto::net::TlsFiles;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ pub struct MasterConfig {
     /// Cluster key file; created (32 random bytes hex, 0600) when missing. Default DIR/cluster.key.
     #[arg(long)]
     pub cluster_key_file: Option<PathBuf>,
+    /// TLS on the master's port, and to the chunkservers it commands.
+    #[command(flatten)]
+    pub tls: TlsFiles,
     /// Default replication factor of new files.
     #[arg(long, default_value_t = 3)]
     pub replication: u8,
@@ -83,6 +87,7 @@ impl MasterConfig {
             dir,
             listen: "127.0.0.1:0".to_string(),
             cluster_key_file: None,
+            tls: TlsFiles::default(),
             replication: 3,
             chunk_size: 64 << 20,
             min_replication: 1,

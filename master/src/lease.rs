@@ -193,6 +193,16 @@ impl LeaseTable {
         n
     }
 
+    /// Whether `client` holds any lease.
+    pub fn holds_any(&self, client: ClientId) -> bool {
+        self.by_client.contains_key(&client)
+    }
+
+    /// How many clients hold leases.
+    pub fn holders(&self) -> usize {
+        self.by_client.len()
+    }
+
     /// Files `client` holds leases on.
     pub fn files_of(&self, client: ClientId) -> Vec<InodeId> {
         self.by_client

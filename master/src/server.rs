@@ -20,10 +20,11 @@ use crate::lease::Clock;
 use crate::oplog::{self, Oplog};
 use crate::recovery::RECOVERY_TICK;
 use crate::service::Core;
-use crate::state::{decode_record, MasterState, Settings};
+use crate::state::{decode_record, MasterState, Settings, REQUEST_USER};
 use bincode::Encode;
 use bytes::Bytes;
 use stampfs_proto::codec::{Frame, FrameReader, FrameWriter};
+use stampfs_proto::net::Acceptor;
 use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{ClusterKey, MasterRequest, RemoteError};
 use std::future::Future;
@@ -212,6 +213,14 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     // First, before anything reads or changes the directory: a second master must not
     // remove the first one's address file, truncate its log tail on replay, or append.
     let dir_lock = Arc::new(oplog::DirLock::acquire(&dir)?);
+    let (acceptor, dialer) = config.tls.load()?;
+    if acceptor.is_tls() || dialer.is_tls() {
+        tracing::info!(
+            serves_tls = acceptor.is_tls(),
+            dials_tls = dialer.is_tls(),
+            "TLS configured"
+        );
+    }
     let nofile = stampfs_proto::limits::raise_open_files();
     tracing::info!(was = ?nofile.was, soft = ?nofile.soft, hard = ?nofile.hard, "open-file limit (soft raised to the hard limit)");
     // A stale address from an earlier run must not be mistaken for this one.
@@ -256,11 +265,13 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         tasks.clone(),
         shutdown.clone(),
         &dir_lock,
+        dialer,
     ));
     core.bootstrap_admin().await?;
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
         listener,
+        acceptor,
         core.clone(),
         limit,
         shutdown.clone(),
@@ -355,6 +366,7 @@ async fn periodic<F, Fut>(
 
 async fn accept_loop(
     listener: TcpListener,
+    acceptor: Acceptor,
     core: Arc<Core>,
     limit: Arc<Semaphore>,
     shutdown: CancellationToken,
@@ -377,6 +389,7 @@ async fn accept_loop(
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
                 tasks.spawn(handle_connection(
+                    acceptor.clone(),
                     stream,
                     peer,
                     core.clone(),
@@ -394,18 +407,26 @@ async fn accept_loop(
 }
 
 async fn handle_connection(
+    acceptor: Acceptor,
     stream: TcpStream,
     peer: SocketAddr,
     core: Arc<Core>,
     shutdown: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-    }
-    let (r, w) = stream.into_split();
-    let mut reader = FrameReader::new(r);
-    let mut writer = FrameWriter::new(w);
+    let conn = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        c = acceptor.accept(stream, peer) => c,
+    };
+    let conn = match conn {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "TLS handshake failed; closing this connection");
+            return;
+        }
+    };
+    let mut reader = FrameReader::new(conn.read);
+    let mut writer = FrameWriter::new(conn.write);
     // The parts of a long chunk report sent so far on this connection.
     let mut parts = ReportParts::default();
     // What this connection has proven (a chunkserver's or a client's handshake).
@@ -485,9 +506,12 @@ async fn handle_connection(
                         // Lease holders' client ids are named to superusers only: an id
                         // is what another user would need to take a client's place.
                         let hide = auth.user().is_some_and(|u| !u.superuser);
-                        HIDE_HOLDERS
-                            .scope(hide, dispatch(&core, id, req, &mut mark))
-                            .await
+                        let served = HIDE_HOLDERS.scope(hide, dispatch(&core, id, req, &mut mark));
+                        // The leases it gives a client are logged as that user's.
+                        match auth.user() {
+                            Some(u) => REQUEST_USER.scope(u.name.clone(), served).await,
+                            None => served.await,
+                        }
                     }
                     Ok(None) => reply(id, Ok(())),
                     Err(e) => reply::<()>(id, Err(e)),

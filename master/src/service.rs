@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::lease::{wall_ms, Clock};
 use crate::oplog::{self, lock, DirLock, Oplog};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
+use stampfs_proto::net::Dialer;
 use stampfs_proto::{
     AddChunk, Append, AppendReply, ChunkToken, ChunkserverAddr, Close, ClusterKey, Create, Delete,
     DropChunks, FileLocations, FileStatus, GetLocations, GetXattr, InodeId, LeaseTerms, List,
@@ -163,8 +164,12 @@ impl Core {
         tasks: TaskTracker,
         shutdown: CancellationToken,
         dir_lock: &Arc<DirLock>,
+        dialer: Dialer,
     ) -> Self {
-        let commands = CommandSender::new(key.clone(), config.command_timeout);
+        let commands = CommandSender::new(key.clone(), config.command_timeout, dialer);
+        // The ids of clients holding leases stay their users' across the restart.
+        let clients = crate::auth::ClientBindings::default();
+        clients.seed(state.owners(), clock.now_ms());
         Self {
             config,
             key,
@@ -182,7 +187,7 @@ impl Core {
             halted: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),
             dir_lock: Arc::downgrade(dir_lock),
-            clients: crate::auth::ClientBindings::default(),
+            clients,
             users_epoch: AtomicU64::new(0),
         }
     }

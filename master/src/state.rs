@@ -38,12 +38,14 @@ mod access;
 mod apply;
 mod health;
 mod ops;
+mod owners;
 mod recovery;
 mod report;
 mod users;
 mod write;
 mod xattr;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
+pub use owners::REQUEST_USER;
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 pub use report::{ReportApply, REPORT_BATCH};
 pub use users::User;
@@ -55,8 +57,10 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 /// no links cannot read once one is in it) and format 5 (no attributes: an inode
 /// held its modification time in milliseconds only, and no extended attributes) are
 /// still read and upgraded, as is format 6 (no users: a master that reads it creates
-/// its superuser at start, as on a first start).
-const SNAPSHOT_FORMAT: u32 = 7;
+/// its superuser at start, as on a first start), and format 7 (no client owners: a
+/// restarted master binds the ids of open files' writers to the first user to use
+/// them, as it did).
+const SNAPSHOT_FORMAT: u32 = 8;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -253,6 +257,9 @@ pub enum Record {
     UserAdded { name: String, user: User },
     /// A user removed.
     UserRemoved { name: String },
+    /// `client` belongs to `user`: committed, in the same batch, before a record that
+    /// gives `client` a lease on a request of that user's (see `state/owners.rs`).
+    ClientOwner { client: ClientId, user: String },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -362,6 +369,9 @@ pub struct MasterState {
     pub open_chunks: BTreeMap<InodeId, ChunkHandle>,
     /// The users clients authenticate as, by name (persisted; see `state/users.rs`).
     users: BTreeMap<String, User>,
+    /// The user each lease-holding client belongs to (persisted; see
+    /// `state/owners.rs`).
+    owners: BTreeMap<ClientId, String>,
     /// Soft: registered chunkservers.
     pub registry: Registry,
     /// Soft: lease timers of open files.
@@ -422,6 +432,7 @@ impl MasterState {
             pipelines: BTreeMap::new(),
             open_chunks: BTreeMap::new(),
             users: BTreeMap::new(),
+            owners: BTreeMap::new(),
             registry: Registry::default(),
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),
@@ -446,6 +457,7 @@ impl MasterState {
             &self.pipelines,
             &self.open_chunks,
             &self.users,
+            &self.owners(),
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -456,6 +468,18 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+            BTreeMap<String, User>,
+            BTreeMap<ClientId, String>,
+        );
+        type SnapV7 = (
             u32,
             u64,
             Namespace,
@@ -521,10 +545,20 @@ impl MasterState {
         // Checkpoints older than format 4 know no chunk opened before the last: every
         // open file was written in its last chunk.
         let mut users = BTreeMap::new();
+        let mut owners = BTreeMap::new();
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
             SNAPSHOT_FORMAT => {
-                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u), _): (
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o), _): (
                     Snap,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                users = u;
+                owners = o;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            7 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u), _): (
+                    SnapV7,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 users = u;
@@ -605,6 +639,7 @@ impl MasterState {
         st.pipelines = pipelines;
         st.open_chunks = open_chunks;
         st.users = users;
+        st.owners = owners;
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()
@@ -624,6 +659,9 @@ impl MasterState {
 
     /// Applies a committed record: validation, the mutation, its soft effects.
     pub fn commit(&mut self, rec: Record, now_ms: u64) -> Result<u64> {
+        if let Some(owner) = self.owner_record(&rec) {
+            self.commit(owner, now_ms)?;
+        }
         let bytes = encode_record(&rec)?;
         let lsn = self.last_lsn + 1;
         self.apply(lsn, &rec, now_ms)
@@ -903,6 +941,7 @@ impl MasterState {
             && self.next_server == other.next_server
             && self.pipelines == other.pipelines
             && self.open_chunks == other.open_chunks
+            && self.owners() == other.owners()
     }
 
     /// The servers of the granted pipeline of `inode`'s last chunk `handle` at

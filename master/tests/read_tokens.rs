@@ -33,7 +33,7 @@ async fn a_read_token_cannot_cut_a_writers_acknowledged_bytes() {
     let chunk = &locs.chunks[0];
     assert_eq!(chunk.token.client, B);
     let head = &chunk.replicas[0];
-    let mut cs = RpcClient::connect(&head.addr, TIMEOUT)
+    let mut cs = RpcClient::connect(&stampfs_proto::net::Dialer::plain(), &head.addr, TIMEOUT)
         .await
         .expect("connect");
     let res = cs

@@ -72,7 +72,7 @@ async fn read_file(c: &mut RpcClient) -> (LocatedChunk, Vec<u8>) {
         .expect("locations");
     let chunk = loc.chunks[0].clone();
     let replica = chunk.replicas.first().expect("a replica to read from");
-    let mut cs = RpcClient::connect(&replica.addr, TIMEOUT)
+    let mut cs = RpcClient::connect(&stampfs_proto::net::Dialer::plain(), &replica.addr, TIMEOUT)
         .await
         .expect("connect");
     let (_, data): (ReadReply, Bytes) = cs
@@ -140,9 +140,13 @@ async fn diverged_replicas_keep_the_pipeline_head_at_one_more_version_and_the_re
         "{report:?}"
     );
     // A stale replica refuses a reader at the master's version.
-    let mut stale = RpcClient::connect(&g.pipeline[1].addr, TIMEOUT)
-        .await
-        .expect("connect");
+    let mut stale = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &g.pipeline[1].addr,
+        TIMEOUT,
+    )
+    .await
+    .expect("connect");
     let e = stale
         .call_with_data(
             Read {

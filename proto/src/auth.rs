@@ -51,7 +51,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 const SERVER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/chunkserver/v1";
 const MASTER_PROOF_DOMAIN: &[u8] = b"stampfs/auth/master/v1";
 const CLIENT_PROOF_DOMAIN: &[u8] = b"stampfs/auth/client/v1";
-const MASTER_TO_CLIENT_DOMAIN: &[u8] = b"stampfs/auth/master-to-client/v1";
+const MASTER_TO_CLIENT_DOMAIN: &[u8] = b"stampfs/auth/master-to-client/v2";
 
 /// A fresh random challenge.
 pub fn nonce() -> [u8; 32] {
@@ -110,26 +110,51 @@ pub fn verify_client_proof(
     key.verify_parts(CLIENT_PROOF_DOMAIN, &parts, proof)
 }
 
-/// The master's proof back to a client, with the same user key.
+/// The master's proof back to a client, with the same user key, over the two
+/// challenges and the identity it tells the client (`identity`), so that nobody on
+/// the way can alter the identity either.
 pub fn master_to_client_proof(
     key: &ClusterKey,
     user: &str,
     client: &[u8; 32],
     master: &[u8; 32],
+    identity: &UserInfo,
 ) -> [u8; 32] {
-    key.sign_parts(MASTER_TO_CLIENT_DOMAIN, &[user.as_bytes(), client, master])
+    let told = identity_bytes(identity);
+    key.sign_parts(
+        MASTER_TO_CLIENT_DOMAIN,
+        &[user.as_bytes(), client, master, &told],
+    )
 }
 
-/// Whether `proof` is the master's proof to a client of `user`.
+/// Whether `proof` is the master's proof to a client of `user` telling it `identity`.
 pub fn verify_master_to_client_proof(
     key: &ClusterKey,
     user: &str,
     client: &[u8; 32],
     master: &[u8; 32],
+    identity: &UserInfo,
     proof: &[u8; 32],
 ) -> bool {
-    let parts: [&[u8]; 3] = [user.as_bytes(), client, master];
+    let told = identity_bytes(identity);
+    let parts: [&[u8]; 4] = [user.as_bytes(), client, master, &told];
     key.verify_parts(MASTER_TO_CLIENT_DOMAIN, &parts, proof)
+}
+
+/// `identity` as the master's proof covers it: every field, each length-prefixed or
+/// of fixed width, so that no two identities give the same bytes.
+fn identity_bytes(identity: &UserInfo) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + identity.name.len() + 4 * identity.groups.len());
+    out.extend_from_slice(&(identity.name.len() as u64).to_be_bytes());
+    out.extend_from_slice(identity.name.as_bytes());
+    out.extend_from_slice(&identity.uid.to_be_bytes());
+    out.extend_from_slice(&identity.gid.to_be_bytes());
+    out.extend_from_slice(&(identity.groups.len() as u64).to_be_bytes());
+    for g in &identity.groups {
+        out.extend_from_slice(&g.to_be_bytes());
+    }
+    out.push(u8::from(identity.superuser));
+    out
 }
 
 /// Why [`authenticate_chunkserver`] failed.
@@ -228,6 +253,7 @@ where
         &creds.user,
         &mine,
         &challenge.nonce,
+        &reply.identity,
         &reply.proof,
     ) {
         Ok(reply.identity)
@@ -269,10 +295,45 @@ mod tests {
         assert!(verify_client_proof(&k, "alice", &c, &m, &p));
         assert!(!verify_client_proof(&k, "bob", &c, &m, &p), "another user");
         assert!(!verify_client_proof(&k, "alice", &m, &c, &p), "swapped");
-        assert!(!verify_master_to_client_proof(&k, "alice", &c, &m, &p));
+        let alice = UserInfo {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 100,
+            groups: vec![200],
+            superuser: false,
+        };
+        assert!(!verify_master_to_client_proof(
+            &k, "alice", &c, &m, &alice, &p
+        ));
         assert!(!verify_server_proof(&k, &c, &m, &p));
-        let q = master_to_client_proof(&k, "alice", &c, &m);
-        assert!(verify_master_to_client_proof(&k, "alice", &c, &m, &q));
+        let q = master_to_client_proof(&k, "alice", &c, &m, &alice);
+        assert!(verify_master_to_client_proof(
+            &k, "alice", &c, &m, &alice, &q
+        ));
+        // The identity is under the proof: none of its fields can be changed.
+        for told in [
+            UserInfo {
+                superuser: true,
+                ..alice.clone()
+            },
+            UserInfo {
+                uid: 0,
+                ..alice.clone()
+            },
+            UserInfo {
+                groups: vec![200, 0],
+                ..alice.clone()
+            },
+            UserInfo {
+                gid: 0,
+                ..alice.clone()
+            },
+        ] {
+            assert!(
+                !verify_master_to_client_proof(&k, "alice", &c, &m, &told, &q),
+                "{told:?}"
+            );
+        }
         assert!(!verify_client_proof(&k, "alice", &c, &m, &q));
         assert!(!verify_master_proof(&k, &c, &m, &q));
     }

@@ -293,6 +293,14 @@ impl Frame {
 }
 
 fn parse_prefix(prefix: [u8; PREFIX_LEN]) -> Result<(usize, u32)> {
+    // A frame's length is below 2^26, so its first byte is never a TLS record's type.
+    if prefix[0] == crate::net::TLS_HANDSHAKE_RECORD && prefix[1] == 3 {
+        return Err(Error::Malformed {
+            reason: "a TLS handshake where a stampfs frame was expected: the peer dials with \
+                     TLS (--tls-ca), this server serves plain TCP (no --tls-cert)"
+                .into(),
+        });
+    }
     let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
     let crc = u32::from_be_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
     if len > MAX_FRAME_LEN {
@@ -357,7 +365,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let mut prefix = [0u8; PREFIX_LEN];
         let mut got = 0;
         while got < PREFIX_LEN {
-            let n = self.inner.read(&mut prefix[got..]).await?;
+            let n = match self.inner.read(&mut prefix[got..]).await {
+                Ok(n) => n,
+                // TLS reports a peer that closed without `close_notify` this way; between
+                // frames that is an end like any other (frames delimit themselves, so
+                // nothing can have been cut off unseen).
+                Err(e) if got == 0 && e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+                Err(e) => return Err(e.into()),
+            };
             if n == 0 {
                 return if got == 0 {
                     Ok(None)
@@ -387,10 +402,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Ok(Some((Bytes::from(body), crc)))
     }
 
-    /// The underlying reader.
     /// The transport, and whether bytes it delivered are buffered here unread.
-    pub fn get_ref(&self) -> (&R, bool) {
-        (self.inner.get_ref(), !self.inner.buffer().is_empty())
+    pub fn get_mut(&mut self) -> (&mut R, bool) {
+        let buffered = !self.inner.buffer().is_empty();
+        (self.inner.get_mut(), buffered)
     }
 
     pub fn into_inner(self) -> R {

@@ -198,6 +198,8 @@ pub enum Error {
     KeyFile { path: String, reason: String },
     #[error("invalid path {path:?}: {reason}")]
     InvalidPath { path: String, reason: String },
+    #[error("TLS file {path}: {reason}")]
+    TlsFile { path: String, reason: String },
     #[error("reply to request {got} arrived where {expected} was awaited")]
     UnexpectedReply { expected: u64, got: u64 },
     #[error(transparent)]
@@ -217,7 +219,7 @@ impl Error {
             Error::BadToken { .. } => ErrorCode::BadToken,
             Error::BadCommandMac => ErrorCode::BadToken,
             Error::InvalidKey { .. } => ErrorCode::BadRequest,
-            Error::KeyFile { .. } => ErrorCode::Io,
+            Error::KeyFile { .. } | Error::TlsFile { .. } => ErrorCode::Io,
             Error::InvalidPath { .. } => ErrorCode::InvalidPath,
             Error::UnexpectedReply { .. } => ErrorCode::MalformedFrame,
             Error::Remote(r) => r.code(),
@@ -249,9 +251,11 @@ impl Error {
             Error::BadCommandMac | Error::InvalidKey { .. } => RemoteError::BadRequest {
                 reason: self.to_string(),
             },
-            Error::Encode { .. } | Error::KeyFile { .. } => RemoteError::Internal {
-                reason: self.to_string(),
-            },
+            Error::Encode { .. } | Error::KeyFile { .. } | Error::TlsFile { .. } => {
+                RemoteError::Internal {
+                    reason: self.to_string(),
+                }
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`msg`]: every request and reply ([`MasterRequest`], [`ChunkRequest`],
 //!   [`ChunkCommand`], pipeline [`Packet`]s and [`Ack`]s).
 //! - [`rpc`]: the [`Rpc`] trait naming each request's response, and [`RpcClient`].
+//! - [`net`]: connections, plain TCP or TLS ([`net::Dialer`], [`net::Acceptor`]).
 //! - [`codec`]: the length-limited, CRC-checked [`Frame`] and its readers and writers.
 //! - [`error`]: wire errors ([`RemoteError`], [`ErrorCode`]) and this crate's [`Error`].
 //! - [`crash`]: crash points ([`crash_point!`]), where a server armed from its
@@ -29,6 +30,7 @@ pub mod error;
 pub mod ids;
 pub mod limits;
 pub mod msg;
+pub mod net;
 pub mod path;
 pub mod pause;
 pub mod replay;

@@ -9,13 +9,12 @@
 use crate::codec::{decode_prefix, decode_value, Frame, FrameReader, FrameWriter};
 use crate::error::{Error, RemoteError, Result};
 use crate::msg::*;
+use crate::net::{ConnRead, ConnWrite, Dialer, IdleState};
 use crate::token::Signed;
 use bincode::{Decode, Encode};
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 
 /// A request type and the reply it gets.
 pub trait Rpc: Sized {
@@ -118,7 +117,7 @@ pub fn parse_reply<T: Decode<()>>(id: u64, frame: &Frame) -> Result<T> {
 
 /// One connection, one request at a time.
 #[derive(Debug)]
-pub struct RpcClient<R = OwnedReadHalf, W: AsyncWrite = OwnedWriteHalf> {
+pub struct RpcClient<R = ConnRead, W: AsyncWrite = ConnWrite> {
     reader: FrameReader<R>,
     writer: FrameWriter<W>,
     next_id: u64,
@@ -130,55 +129,31 @@ impl RpcClient {
     /// Checked without waiting, before a pooled connection is reused, so a request is
     /// not sent into a connection that is already dead (whether such a request reached
     /// the old server could not be told afterwards).
-    pub fn unusable_while_idle(&self) -> bool {
-        let (stream, buffered) = self.reader.get_ref();
-        if buffered {
-            return true;
-        }
-        let mut probe = [0u8; 1];
-        match stream.try_read(&mut probe) {
-            // Closed by the peer (0), or bytes that no call asked for.
-            Ok(_) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-            Err(_) => true,
-        }
+    pub fn unusable_while_idle(&mut self) -> bool {
+        let (stream, buffered) = self.reader.get_mut();
+        buffered || stream.idle_state() == IdleState::Unusable
     }
 
-    /// Connects over TCP (with `TCP_NODELAY`) within `timeout`.
-    pub async fn connect(addr: &str, timeout: Duration) -> Result<Self> {
-        Self::connect_with(addr, timeout, None).await
+    /// Connects to `addr` through `dialer` within `timeout`.
+    pub async fn connect(dialer: &Dialer, addr: &str, timeout: Duration) -> Result<Self> {
+        let conn = dialer.connect(addr, timeout).await?;
+        Ok(Self::new(conn.read, conn.write))
     }
 
     /// [`Self::connect`] with read and write buffers of `buffer` bytes each: a
     /// connection that carries small requests and replies (a master's commands) need
     /// not hold 72 KiB for its life; larger frames pass the buffers by.
-    pub async fn connect_buffered(addr: &str, timeout: Duration, buffer: usize) -> Result<Self> {
-        Self::connect_with(addr, timeout, Some(buffer)).await
-    }
-
-    /// Connects with the default buffers (`None`) or `buffer` bytes each.
-    async fn connect_with(addr: &str, timeout: Duration, buffer: Option<usize>) -> Result<Self> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                Error::Remote(RemoteError::Unavailable {
-                    reason: format!("connecting to {addr} timed out"),
-                })
-            })?
-            .map_err(|e| {
-                Error::Remote(RemoteError::Unavailable {
-                    reason: format!("cannot connect to {addr}: {e}"),
-                })
-            })?;
-        stream.set_nodelay(true)?;
-        let (r, w) = stream.into_split();
-        Ok(match buffer {
-            None => Self::new(r, w),
-            Some(n) => Self {
-                reader: FrameReader::with_capacity(n, r),
-                writer: FrameWriter::with_capacity(n, w),
-                next_id: 1,
-            },
+    pub async fn connect_buffered(
+        dialer: &Dialer,
+        addr: &str,
+        timeout: Duration,
+        buffer: usize,
+    ) -> Result<Self> {
+        let conn = dialer.connect(addr, timeout).await?;
+        Ok(Self {
+            reader: FrameReader::with_capacity(buffer, conn.read),
+            writer: FrameWriter::with_capacity(buffer, conn.write),
+            next_id: 1,
         })
     }
 }

@@ -161,11 +161,7 @@ impl ClusterKey {
 /// link someone put there is reused), fsynced, then moved to `path` and the directory
 /// fsynced. `exclusive`: an existing `path` is never replaced (the move is a hard
 /// link, which fails on an existing name). Creates the directory when missing.
-pub(crate) fn write_private_file(
-    path: &Path,
-    contents: &[u8],
-    exclusive: bool,
-) -> std::io::Result<()> {
+pub fn write_private_file(path: &Path, contents: &[u8], exclusive: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(dir) = dir {

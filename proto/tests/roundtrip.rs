@@ -425,9 +425,13 @@ async fn an_idle_connection_the_server_closed_is_seen_unusable_before_reuse() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let client = RpcClient::connect(&addr, std::time::Duration::from_secs(5))
-        .await
-        .expect("connect");
+    let mut client = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &addr,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .expect("connect");
     let (server_side, _) = listener.accept().await.expect("accept");
     // Open and idle: usable.
     assert!(!client.unusable_while_idle());

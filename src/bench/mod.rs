@@ -82,24 +82,39 @@ pub async fn run(args: BenchPipelineArgs) -> u8 {
     }
 }
 
-/// Where the benchmark's files go: an embedded cluster with one engine, or a running
-/// cluster.
+/// Where the benchmark's files go: an embedded cluster with one engine, in plain TCP
+/// or TLS, or a running cluster.
 #[derive(Clone, Copy, Debug)]
 enum Target {
-    Embedded(IoEngineKind),
+    Embedded { engine: IoEngineKind, tls: bool },
     External,
 }
 
 impl Target {
     fn label(self) -> String {
-        match self {
-            Target::Embedded(IoEngineKind::Uring) => "uring".into(),
-            Target::Embedded(IoEngineKind::Threads) => "threads".into(),
-            Target::Embedded(IoEngineKind::Auto) => "auto".into(),
-            Target::External => "external".into(),
+        let (engine, tls) = match self {
+            Target::Embedded { engine, tls } => (engine, tls),
+            Target::External => return "external".into(),
+        };
+        let name = match engine {
+            IoEngineKind::Uring => "uring",
+            IoEngineKind::Threads => "threads",
+            IoEngineKind::Auto => "auto",
+        };
+        if tls {
+            format!("{name}{TLS_SUFFIX}")
+        } else {
+            name.into()
         }
     }
+
+    fn tls(self) -> bool {
+        matches!(self, Target::Embedded { tls: true, .. })
+    }
 }
+
+/// What a TLS configuration's engine label ends with.
+pub const TLS_SUFFIX: &str = "+tls";
 
 fn parse_engine(name: &str) -> Result<IoEngineKind> {
     match name.trim().to_ascii_lowercase().as_str() {
@@ -141,14 +156,19 @@ fn validate(args: &BenchPipelineArgs) -> Result<()> {
 
 async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
     validate(&args)?;
-    let targets: Vec<Target> = match &args.master {
-        Some(_) => vec![Target::External],
-        None => args
-            .engine
-            .iter()
-            .map(|e| parse_engine(e).map(Target::Embedded))
-            .collect::<Result<_>>()?,
-    };
+    let mut targets: Vec<Target> = Vec::new();
+    match &args.master {
+        Some(_) => targets.push(Target::External),
+        None => {
+            for e in &args.engine {
+                let engine = parse_engine(e)?;
+                targets.push(Target::Embedded { engine, tls: false });
+                if args.tls {
+                    targets.push(Target::Embedded { engine, tls: true });
+                }
+            }
+        }
+    }
     let base = match &args.dir {
         Some(d) => d.clone(),
         None => std::env::current_dir().context("finding the current directory")?,
@@ -181,6 +201,7 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
     let client_config = ClientConfig {
         packet_size: args.packet as usize,
         window: args.window as usize,
+        dialer: stampfs_proto::net::Dialer::from_ca(args.tls_ca.as_deref())?,
         ..ClientConfig::default()
     };
     let src = Arc::new(source(RAW_BUF));
@@ -188,14 +209,18 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
     for target in targets {
         let label = target.label();
         let cluster = match target {
-            Target::Embedded(kind) => {
+            Target::Embedded { engine, tls } => {
                 bar.set_message(format!("starting a cluster ({label})"));
                 let max_r = replication.iter().copied().max().unwrap_or(1);
                 let dir = work.path().join(format!("cluster-{label}"));
+                let mut builder = LocalCluster::builder(&dir)
+                    .chunkservers(usize::from(max_r))
+                    .chunkserver_config(move |c| c.io_engine = engine);
+                if tls {
+                    builder = builder.tls(crate::tls::generate(&dir.join("tls"), &["127.0.0.1"])?);
+                }
                 Some(
-                    LocalCluster::builder(&dir)
-                        .chunkservers(usize::from(max_r))
-                        .chunkserver_config(move |c| c.io_engine = kind)
+                    builder
                         .start()
                         .await
                         .with_context(|| format!("starting an embedded cluster ({label})"))?,
@@ -218,7 +243,7 @@ async fn run_inner(args: BenchPipelineArgs) -> Result<()> {
             &args,
             &replication,
             &client,
-            &label,
+            target,
             work.path(),
             &src,
             &bar,
@@ -263,11 +288,12 @@ async fn measure_target(
     args: &BenchPipelineArgs,
     replication: &[u8],
     client: &Client,
-    label: &str,
+    target: Target,
     work: &Path,
     src: &Arc<Vec<u8>>,
     bar: &ProgressBar,
 ) -> Result<Vec<ConfigResult>> {
+    let label = &target.label();
     let remote_dir = format!("/stampfs-bench-{}", std::process::id());
     client
         .mkdir(&remote_dir, true)
@@ -373,6 +399,7 @@ async fn measure_target(
         out.push(ConfigResult {
             replication: r,
             engine: label.to_string(),
+            tls: target.tls(),
             throughput,
             small,
             overwrite,

@@ -180,6 +180,30 @@ pub fn render_text(report: &Report) -> String {
          the first verdict judges against one raw write, the second against that limit.\n",
         format_size(DEFAULT_WRITE_BEHIND)
     );
+    let tls = tls_rows(report);
+    if !tls.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &[
+                "TLS cost",
+                "MB/s plain",
+                "MB/s TLS",
+                "change",
+                "cpu s/GiB plain",
+                "cpu s/GiB TLS",
+                "ack p50 plain",
+                "ack p50 TLS",
+                "hsync p50 plain",
+                "hsync p50 TLS",
+            ],
+            &tls,
+        ));
+        out.push_str(
+            "TLS: every connection (client, master, chunkservers, the pipeline between \
+             replicas) under TLS 1.3 with the same configuration otherwise, measured in the \
+             same run.\n",
+        );
+    }
     let patterns: Vec<_> = report
         .results
         .iter()
@@ -191,6 +215,42 @@ pub fn render_text(report: &Report) -> String {
         out.push_str(&crate::bench_patterns::render(&patterns));
     }
     out
+}
+
+/// Each TLS configuration next to the same one in plain TCP.
+fn tls_rows(report: &Report) -> Vec<Vec<String>> {
+    let opt = |v: Option<f64>, f: fn(f64) -> String| v.map_or_else(|| "-".into(), f);
+    let secs = |v: f64| format!("{v:.2}");
+    report
+        .results
+        .iter()
+        .filter(|r| r.tls)
+        .filter_map(|t| {
+            let base = t.engine.strip_suffix(super::TLS_SUFFIX)?;
+            let p = report
+                .results
+                .iter()
+                .find(|p| !p.tls && p.replication == t.replication && p.engine == base)?;
+            let (pt, tt) = (&p.throughput, &t.throughput);
+            let change = if pt.mb_per_s > 0.0 {
+                format!("{:+.0}%", (tt.mb_per_s / pt.mb_per_s - 1.0) * 100.0)
+            } else {
+                "-".into()
+            };
+            Some(vec![
+                format!("r{} {base}", t.replication),
+                format!("{:.0}", pt.mb_per_s),
+                format!("{:.0}", tt.mb_per_s),
+                change,
+                opt(pt.cpu_seconds_per_gib, secs),
+                opt(tt.cpu_seconds_per_gib, secs),
+                fmt_us(pt.ack_p50_us),
+                fmt_us(tt.ack_p50_us),
+                opt(p.small.as_ref().map(|s| s.p50_us), fmt_us),
+                opt(t.small.as_ref().map(|s| s.p50_us), fmt_us),
+            ])
+        })
+        .collect()
 }
 
 /// The stricter baseline's limit for a configuration, MB/s.
@@ -359,8 +419,8 @@ pub fn render_svg(report: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::bench::{SmallWrites, Throughput};
     use super::*;
+    use crate::bench::{SmallWrites, Throughput};
     use std::time::Duration;
 
     fn ms(v: u64) -> Duration {
@@ -396,6 +456,7 @@ mod tests {
             results: vec![ConfigResult {
                 replication: 3,
                 engine: "uring".into(),
+                tls: false,
                 throughput: t,
                 small: Some(SmallWrites::new(&[ms(1)], &[ms(1)], Some(&[ms(2)]))),
                 overwrite: Some(crate::bench_patterns::Overwrite::new(
@@ -419,6 +480,26 @@ mod tests {
             text.contains("r3 uring: sequential overwrite 80 MB/s against append 100 MB/s: 80%"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn tls_configurations_are_set_next_to_their_plain_twin() {
+        let mut report = sample_report();
+        assert!(
+            !render_text(&report).contains("TLS cost"),
+            "no TLS run, no section"
+        );
+        let mut tls = report.results[0].clone();
+        tls.tls = true;
+        tls.engine = format!("uring{}", crate::bench::TLS_SUFFIX);
+        tls.throughput = Throughput::new(3, 1 << 30, ms(12_500), &[ms(2)], &[ms(9_000)]);
+        report.results.push(tls);
+        let text = render_text(&report);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("r3 uring ") && l.contains("-20%"))
+            .unwrap_or_else(|| panic!("a TLS cost row for r3 uring, 20% slower:\n{text}"));
+        assert!(row.contains("107") && row.contains("86"), "{row}");
     }
 
     #[test]

@@ -24,8 +24,11 @@ pub struct Report {
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigResult {
     pub replication: u8,
-    /// `uring`, `threads`, `auto`, or `external` (a running cluster).
+    /// `uring`, `threads`, `auto`, or `external` (a running cluster); with
+    /// [`TLS_SUFFIX`](super::TLS_SUFFIX) when the cluster served TLS.
     pub engine: String,
+    /// Whether every connection was TLS (`--tls`).
+    pub tls: bool,
     pub throughput: Throughput,
     /// Absent when `--small-writes 0`.
     pub small: Option<SmallWrites>,

@@ -10,6 +10,7 @@
 
 use anyhow::{anyhow, Result};
 use stampfs_master::service::Core;
+use stampfs_proto::net::Dialer;
 use stampfs_proto::{MasterRequest, Rpc, RpcClient};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -110,7 +111,12 @@ impl Driver {
                 let mut conn = match conn {
                     Some(c) => c,
                     None => {
-                        let mut c = RpcClient::connect(&pool.addr, Duration::from_secs(10)).await?;
+                        let mut c = RpcClient::connect(
+                            &Dialer::plain(),
+                            &pool.addr,
+                            Duration::from_secs(10),
+                        )
+                        .await?;
                         stampfs_proto::auth::authenticate_chunkserver(&mut c, &pool.key).await?;
                         stampfs_proto::auth::authenticate_client(&mut c, &pool.creds).await?;
                         c

@@ -15,6 +15,7 @@ pub fn cluster(engine: &str) -> TestCluster {
         chunkservers: 3,
         master_args: args(&["--lease-soft", "2s", "--lease-hard", "4s"]),
         chunkserver_args: args(&["--heartbeat", "200ms", "--io-engine", engine]),
+        ..Default::default()
     })
 }
 

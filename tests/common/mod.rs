@@ -280,6 +280,8 @@ pub struct Opts {
     pub chunkservers: usize,
     pub master_args: Vec<String>,
     pub chunkserver_args: Vec<String>,
+    /// Environment of every command [`TestCluster::cmd`] makes (e.g. `STAMPFS_TLS_CA`).
+    pub client_env: Vec<(String, String)>,
 }
 
 impl Default for Opts {
@@ -288,6 +290,7 @@ impl Default for Opts {
             chunkservers: 3,
             master_args: Vec::new(),
             chunkserver_args: vec!["--heartbeat".into(), "200ms".into()],
+            client_env: Vec::new(),
         }
     }
 }
@@ -368,6 +371,12 @@ impl TestCluster {
     /// `stampfs` command line it is given, e.g. `prlimit --nofile=256:256`; it is used
     /// again at every restart) and returns its index.
     pub fn add_chunkserver_under(&mut self, launcher: &[&str]) -> usize {
+        self.add_chunkserver_with(launcher, &[])
+    }
+
+    /// Starts one more chunkserver through `launcher` with `extra` arguments after the
+    /// cluster's own, and returns its index.
+    pub fn add_chunkserver_with(&mut self, launcher: &[&str], extra: &[&str]) -> usize {
         let i = self.chunkservers.len();
         let cdir = self.dir.path().join(format!("cs{i}"));
         let mut args: Vec<String> = vec![
@@ -382,6 +391,7 @@ impl TestCluster {
             self.key_file().display().to_string(),
         ];
         args.extend(self.opts.chunkserver_args.iter().cloned());
+        args.extend(extra.iter().map(|a| a.to_string()));
         let logs = self.dir.path().join("logs");
         self.chunkservers.push(Proc::spawn_under(
             launcher,
@@ -419,7 +429,8 @@ impl TestCluster {
         c.args(args)
             .env("STAMPFS_MASTER", &self.master.addr)
             .env(CREDENTIALS_ENV, self.credentials_file())
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "warn")
+            .envs(self.opts.client_env.iter().map(|(k, v)| (k, v)));
         c
     }
 

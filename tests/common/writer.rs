@@ -216,7 +216,7 @@ pub async fn replica_info(
     timeout: Duration,
 ) -> Result<ReplicaReport, String> {
     let ask = async {
-        let mut conn = RpcClient::connect(addr, timeout)
+        let mut conn = RpcClient::connect(&stampfs_proto::net::Dialer::plain(), addr, timeout)
             .await
             .map_err(|e| e.to_string())?;
         conn.call(ReplicaInfo { token })

@@ -3,16 +3,15 @@
 
 use super::WriteMode;
 use crate::server::Shared;
-use crate::stall::{GuardedWriteHalf, StallGuard};
+use crate::stall::{self, GuardedWriteHalf};
 use bytes::Bytes;
+use stampfs_proto::net::{ConnRead, Dialer};
 use stampfs_proto::rpc::{parse_reply, request_frame};
 use stampfs_proto::{
     Ack, ChunkserverId, Frame, FrameReader, FrameSink, OverwriteSetup, RemoteError, ReplicaAck,
     WriteSetup, WriteSetupReply,
 };
 use std::time::Duration;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 /// A packet on its way downstream, as [`forward`] takes it.
@@ -33,27 +32,20 @@ pub(super) type Expectation = (u64, oneshot::Sender<Vec<ReplicaAck>>);
 /// half for the [`FrameSink`]). Writes to it fail once it has taken no byte for
 /// `stall` (see [`crate::stall`]).
 async fn open_downstream(
+    dialer: &Dialer,
     addr: &str,
     setup: WriteSetup,
     mode: WriteMode,
     timeout: Duration,
     stall: Duration,
 ) -> stampfs_proto::Result<(
-    FrameReader<OwnedReadHalf>,
+    FrameReader<ConnRead>,
     FrameSink<GuardedWriteHalf>,
     WriteSetupReply,
 )> {
-    let unavailable =
-        |reason: String| stampfs_proto::Error::Remote(RemoteError::Unavailable { reason });
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| unavailable(format!("connecting to {addr} timed out")))?
-        .map_err(|e| unavailable(format!("cannot connect to {addr}: {e}")))?;
-    stream.set_nodelay(true)?;
-    let peer = stream.peer_addr()?;
-    let (r, w) = stream.into_split();
+    let (r, w) = stall::dial(dialer, addr, timeout, stall).await?;
     let mut reader = FrameReader::new(r);
-    let mut sink = FrameSink::new(StallGuard::new(w, peer, stall));
+    let mut sink = FrameSink::new(w);
     let frame = match mode {
         WriteMode::Append => request_frame(1, setup, Bytes::new())?,
         WriteMode::Overwrite => request_frame(1, OverwriteSetup { setup }, Bytes::new())?,
@@ -70,7 +62,7 @@ async fn open_downstream(
 
 /// The downstream side after set-up.
 pub(super) struct Downstream {
-    pub(super) link: Option<(FrameReader<OwnedReadHalf>, FrameSink<GuardedWriteHalf>)>,
+    pub(super) link: Option<(FrameReader<ConnRead>, FrameSink<GuardedWriteHalf>)>,
     pub(super) accepted: Vec<ChunkserverId>,
     pub(super) failed: Vec<(ChunkserverId, RemoteError)>,
 }
@@ -89,6 +81,7 @@ pub(super) async fn connect_downstream(
         // The next chunkserver may itself wait for the ones after it.
         let budget = timeout * (rest.len() as u32 + 2);
         let attempt = open_downstream(
+            &shared.dialer,
             &target.addr,
             WriteSetup {
                 token: setup.token,
@@ -155,7 +148,7 @@ pub(super) async fn forward(
 /// Matches downstream acks to the packets sent, in order. Returning drops every
 /// outstanding expectation, which the acker reports as a lost downstream.
 pub(super) async fn read_downstream(
-    mut reader: FrameReader<OwnedReadHalf>,
+    mut reader: FrameReader<ConnRead>,
     mut expect: mpsc::Receiver<Expectation>,
     ack_timeout: Duration,
 ) {

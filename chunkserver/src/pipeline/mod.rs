@@ -82,12 +82,12 @@ pub use crate::store::WriteMode;
 use bytes::Bytes;
 use downstream::connect_downstream;
 use idle::Activity;
+use stampfs_proto::net::ConnRead;
 use stampfs_proto::rpc::reply_frame;
 use stampfs_proto::{FrameReader, FrameWriter, WriteSetup, WriteSetupReply};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use stream::Stream;
-use tokio::net::tcp::OwnedReadHalf;
 
 /// Packets queued between the parts of a stream (bytes are bounded by permits).
 const QUEUE: usize = 1024;
@@ -104,7 +104,7 @@ pub(crate) async fn serve(
     id: u64,
     setup: WriteSetup,
     mode: WriteMode,
-    reader: FrameReader<OwnedReadHalf>,
+    reader: FrameReader<ConnRead>,
     mut writer: FrameWriter<GuardedWriteHalf>,
     peer: SocketAddr,
 ) {

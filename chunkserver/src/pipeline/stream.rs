@@ -10,13 +10,13 @@ use crate::server::Shared;
 use crate::stall::GuardedWriteHalf;
 use crate::store::PacketWrite;
 use bytes::Bytes;
+use stampfs_proto::net::ConnRead;
 use stampfs_proto::{
     ChunkHandle, ChunkToken, ChunkVersion, ChunkserverId, Frame, FrameReader, FrameSink,
     FrameWriter, Packet, RemoteError, ReplicaAck,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -74,9 +74,9 @@ impl Stream {
         self,
         token: ChunkToken,
         offset: u64,
-        reader: FrameReader<OwnedReadHalf>,
+        reader: FrameReader<ConnRead>,
         writer: FrameWriter<GuardedWriteHalf>,
-        link: Option<(FrameReader<OwnedReadHalf>, FrameSink<GuardedWriteHalf>)>,
+        link: Option<(FrameReader<ConnRead>, FrameSink<GuardedWriteHalf>)>,
     ) {
         let (local_tx, local_rx) = mpsc::channel(QUEUE);
         let (ack_tx, ack_rx) = mpsc::channel(QUEUE);
@@ -117,7 +117,7 @@ impl Stream {
         &self,
         token: ChunkToken,
         mut expected: u64,
-        mut reader: FrameReader<OwnedReadHalf>,
+        mut reader: FrameReader<ConnRead>,
         local_tx: mpsc::Sender<LocalJob>,
         mut fwd_tx: Option<mpsc::Sender<ForwardJob>>,
         ack_tx: mpsc::Sender<Pending>,

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use stampfs_chunkserver::{start, ChunkserverConfig, ChunkserverHandle, IoEngineKind};
+use stampfs_proto::net::{ConnRead, ConnWrite};
 use stampfs_proto::rpc::request_frame;
 use stampfs_proto::{
     Ack, ChunkCommand, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId,
@@ -12,7 +13,6 @@ use stampfs_proto::{
 };
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -152,9 +152,13 @@ pub fn addr_of(cs: &ChunkserverHandle) -> ChunkserverAddr {
 }
 
 pub async fn connect(cs: &ChunkserverHandle) -> RpcClient {
-    RpcClient::connect(&cs.addr().to_string(), TIMEOUT)
-        .await
-        .expect("connect")
+    RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        &cs.addr().to_string(),
+        TIMEOUT,
+    )
+    .await
+    .expect("connect")
 }
 
 /// Sends a signed command and returns the typed outcome.
@@ -211,8 +215,8 @@ pub async fn read(
 
 /// A client end of a write pipeline.
 pub struct Writer {
-    pub reader: FrameReader<OwnedReadHalf>,
-    pub writer: FrameWriter<OwnedWriteHalf>,
+    pub reader: FrameReader<ConnRead>,
+    pub writer: FrameWriter<ConnWrite>,
     pub token: ChunkToken,
     pub setup: WriteSetupReply,
 }

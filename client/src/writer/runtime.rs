@@ -109,6 +109,7 @@ impl Runtime {
             } => {
                 self.stream = None;
                 let opened = PipelineStream::open(
+                    &config.dialer,
                     &grant,
                     start,
                     overwrite,

@@ -222,7 +222,8 @@ impl Core {
         handle: ChunkHandle,
     ) -> Result<Verification> {
         let req = self.commands.sign(server, VerifyReplica { handle })?;
-        let mut conn = RpcClient::connect(addr, self.config.command_timeout).await?;
+        let mut conn =
+            RpcClient::connect(self.commands.dialer(), addr, self.config.command_timeout).await?;
         let limit = self
             .config
             .replication_timeout

@@ -547,6 +547,7 @@ impl MasterState {
             }
             Record::UserAdded { name, user } => self.apply_user_added(name, user)?,
             Record::UserRemoved { name } => self.apply_user_removed(name)?,
+            Record::ClientOwner { client, user } => self.apply_client_owner(*client, user),
             Record::SetAttr {
                 inode,
                 mode,

@@ -12,9 +12,13 @@ use std::time::Duration;
 /// Connects to the master at `addr` (whose directory is `dir`) and proves its
 /// superuser's key.
 pub async fn connect(addr: &str, dir: &Path) -> RpcClient {
-    let mut c = RpcClient::connect(addr, Duration::from_secs(10))
-        .await
-        .expect("connect");
+    let mut c = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        addr,
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("connect");
     let creds = Credentials::load(&dir.join(ADMIN_CREDENTIALS_FILE)).expect("admin credentials");
     authenticate_client(&mut c, &creds)
         .await
@@ -24,9 +28,13 @@ pub async fn connect(addr: &str, dir: &Path) -> RpcClient {
 
 /// [`connect`], or `None` when the master cannot be reached or refuses.
 pub async fn try_connect(addr: &str, dir: &Path) -> Option<RpcClient> {
-    let mut c = RpcClient::connect(addr, Duration::from_secs(10))
-        .await
-        .ok()?;
+    let mut c = RpcClient::connect(
+        &stampfs_proto::net::Dialer::plain(),
+        addr,
+        Duration::from_secs(10),
+    )
+    .await
+    .ok()?;
     let creds = Credentials::load(&dir.join(ADMIN_CREDENTIALS_FILE)).ok()?;
     authenticate_client(&mut c, &creds).await.ok()?;
     Some(c)

@@ -9,11 +9,11 @@ use bytes::Bytes;
 use stampfs_chunkserver::header::{Header, DATA_OFFSET, SLOT_SIZE};
 use stampfs_chunkserver::{ChunkserverConfig, ChunkserverHandle};
 use stampfs_master::{start, MasterConfig, MasterHandle};
+use stampfs_proto::net::{ConnRead, ConnWrite};
 use stampfs_proto::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// The writer that goes away.
@@ -240,8 +240,8 @@ pub async fn create_with_chunk(c: &mut RpcClient, path: &str) -> WriteGrant {
 
 /// A writer's end of a pipeline stream, driven with raw packets.
 pub struct Stream {
-    reader: stampfs_proto::FrameReader<OwnedReadHalf>,
-    writer: stampfs_proto::FrameWriter<OwnedWriteHalf>,
+    reader: stampfs_proto::FrameReader<ConnRead>,
+    writer: stampfs_proto::FrameWriter<ConnWrite>,
     pub token: ChunkToken,
     pub seq: u64,
     /// Chunk offset of the next packet.
@@ -251,9 +251,13 @@ pub struct Stream {
 impl Stream {
     /// Sets up the grant's pipeline (every replica must accept).
     pub async fn open(g: &WriteGrant) -> Stream {
-        let mut c = RpcClient::connect(&g.pipeline[0].addr, TIMEOUT)
-            .await
-            .expect("connect to the pipeline head");
+        let mut c = RpcClient::connect(
+            &stampfs_proto::net::Dialer::plain(),
+            &g.pipeline[0].addr,
+            TIMEOUT,
+        )
+        .await
+        .expect("connect to the pipeline head");
         let reply = c
             .call(WriteSetup {
                 token: g.token,
@@ -283,7 +287,7 @@ impl Stream {
     /// any overwrite.
     pub async fn open_alone(g: &WriteGrant, i: usize) -> Stream {
         let member = &g.pipeline[i];
-        let mut c = RpcClient::connect(&member.addr, TIMEOUT)
+        let mut c = RpcClient::connect(&stampfs_proto::net::Dialer::plain(), &member.addr, TIMEOUT)
             .await
             .expect("connect to the member");
         let reply = c

@@ -1,0 +1,369 @@
+//! Connections: to the master (authenticated on every new one, pooled), and to
+//! chunkservers (pooled per address for requests that change nothing).
+
+use super::Client;
+use crate::error::{Error, Result};
+use stampfs_proto::auth::{authenticate_client, AuthFailure};
+use stampfs_proto::net::Dialer;
+use stampfs_proto::rpc::Rpc;
+use stampfs_proto::{
+    ChunkRequest, Credentials, MasterRequest, Read, RemoteError, ReplicaInfo, RpcClient, UserInfo,
+};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+impl Client {
+    /// Sends one request to the master.
+    pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
+    where
+        R: Rpc<Request = MasterRequest>,
+    {
+        let pooled = self.inner.master_pool.lock().ok().and_then(|mut p| {
+            // Connections the master closed while they were idle (it restarted) go.
+            while let Some(mut c) = p.pop() {
+                if !c.unusable_while_idle() {
+                    return Some(c);
+                }
+            }
+            None
+        });
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => {
+                dial_master(
+                    &self.inner.config.dialer,
+                    &self.inner.master,
+                    self.inner.config.connect_timeout,
+                    &self.inner.creds,
+                )
+                .await?
+                .0
+            }
+        };
+        let reply =
+            stampfs_proto::pause::timeout(self.inner.config.request_timeout, conn.call(req))
+                .await
+                .map_err(|_| {
+                    Error::Remote(RemoteError::Unavailable {
+                        reason: format!("master {} did not answer in time", self.inner.master),
+                    })
+                })?;
+        match reply {
+            Ok(resp) => {
+                self.put_master(conn);
+                Ok(resp)
+            }
+            // A typed error leaves the connection in a good state.
+            Err(stampfs_proto::Error::Remote(r)) => {
+                self.put_master(conn);
+                Err(Error::Remote(r))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn put_master(&self, conn: RpcClient) {
+        if let Ok(mut p) = self.inner.master_pool.lock() {
+            if p.len() < 8 {
+                p.push(conn);
+            }
+        }
+    }
+
+    /// Sends one request to a chunkserver and returns its reply and the reply's data,
+    /// reusing a pooled connection when one has not been idle too long. A transport
+    /// failure on a pooled connection (it may have been closed for idleness while it
+    /// waited) is retried once on a fresh connection; see [`retry_on_fresh`].
+    #[tracing::instrument(level = "debug", skip_all, fields(chunkserver = %addr))]
+    pub(crate) async fn call_chunkserver<R>(
+        &self,
+        addr: &str,
+        req: R,
+    ) -> Result<(R::Response, bytes::Bytes)>
+    where
+        R: PooledChunkRequest,
+    {
+        let config = &self.inner.config;
+        let mut pooled_allowed = true;
+        loop {
+            let pooled = if pooled_allowed {
+                self.take_chunk(addr)
+            } else {
+                None
+            };
+            let reused = pooled.is_some();
+            let (mut conn, idle_since) = match pooled {
+                Some((c, since)) => (c, Some(since)),
+                None => (
+                    RpcClient::connect(&config.dialer, addr, config.connect_timeout).await?,
+                    None,
+                ),
+            };
+            let reply = stampfs_proto::pause::timeout(
+                config.request_timeout,
+                conn.call_with_data(req.clone(), bytes::Bytes::new()),
+            )
+            .await
+            .map_err(|_| {
+                Error::Remote(RemoteError::Unavailable {
+                    reason: format!("chunkserver {addr} did not answer in time"),
+                })
+            })?;
+            match reply {
+                Ok(r) => {
+                    self.put_chunk(addr, conn);
+                    return Ok(r);
+                }
+                // A typed error leaves the connection in a good state.
+                Err(stampfs_proto::Error::Remote(r)) => {
+                    self.put_chunk(addr, conn);
+                    return Err(Error::Remote(r));
+                }
+                Err(e) if retry_on_fresh(reused, &e) => {
+                    tracing::debug!(error = %e, "pooled chunkserver connection was closed; retrying on a new one");
+                    // Connections that waited at least as long are likely closed too.
+                    if let (Some(since), Ok(mut pool)) = (idle_since, self.inner.chunk_pool.lock())
+                    {
+                        pool.forget_idle_since(addr, since);
+                    }
+                    pooled_allowed = false;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A pooled connection to `addr` that has not been idle too long, with the instant
+    /// it went idle.
+    fn take_chunk(&self, addr: &str) -> Option<(RpcClient, Instant)> {
+        let max_idle = self.inner.config.pooled_connection_max_idle;
+        let mut pool = self.inner.chunk_pool.lock().ok()?;
+        pool.take(addr, Instant::now(), max_idle)
+    }
+
+    fn put_chunk(&self, addr: &str, conn: RpcClient) {
+        if let Ok(mut pool) = self.inner.chunk_pool.lock() {
+            pool.put(addr, conn, Instant::now());
+        }
+    }
+}
+
+/// Chunkserver requests allowed through the connection pool, and so retried once on a
+/// fresh connection after a transport failure: they read and change nothing, so a
+/// request the chunkserver may have served before the connection failed can be sent
+/// again. Today: [`Read`] and [`ReplicaInfo`]. Requests that change a replica
+/// (`WriteSetup` streams, `ReceiveReplica`, master `Command`s) never implement it.
+pub(crate) trait PooledChunkRequest: Rpc<Request = ChunkRequest> + Clone {}
+
+impl PooledChunkRequest for Read {}
+impl PooledChunkRequest for ReplicaInfo {}
+
+/// A new, authenticated connection to the master at `addr`, and who the master says
+/// `creds` are.
+pub(super) async fn dial_master(
+    dialer: &Dialer,
+    addr: &str,
+    timeout: Duration,
+    creds: &Credentials,
+) -> Result<(RpcClient, UserInfo)> {
+    let mut conn = RpcClient::connect(dialer, addr, timeout).await?;
+    match stampfs_proto::pause::timeout(timeout, authenticate_client(&mut conn, creds)).await {
+        Err(_) => Err(Error::Remote(RemoteError::Unavailable {
+            reason: format!("master {addr} did not answer the handshake in time"),
+        })),
+        Ok(Ok(identity)) => Ok((conn, identity)),
+        Ok(Err(AuthFailure::Transport(e))) => Err(e.into()),
+        Ok(Err(AuthFailure::Refused { reason })) => {
+            Err(Error::Remote(RemoteError::Unauthenticated {
+                reason: format!("the master refused user {}: {reason}", creds.user),
+            }))
+        }
+        Ok(Err(AuthFailure::MasterUnproven)) => Err(Error::Remote(RemoteError::Unauthenticated {
+            reason: format!(
+                "the master at {addr} did not prove that it knows user {}'s key: not the master these credentials are for",
+                creds.user
+            ),
+        })),
+    }
+}
+
+/// True for I/O errors that mean the peer closed the connection (EOF, reset, broken
+/// pipe), as a chunkserver does to a connection or stream that stayed idle.
+pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected
+    )
+}
+
+/// Whether a pooled request that failed with `e` is sent again on a fresh connection:
+/// only when the connection came from the pool (it may have been closed for idleness
+/// while it waited there) and the failure is the connection being closed: an EOF where
+/// the reply should start (`Truncated`: `RpcClient` does not tell an EOF before the
+/// reply from one inside it; both are harmless to retry for a [`PooledChunkRequest`]),
+/// a reset or a broken pipe. A typed error, a malformed reply or a timeout is never
+/// retried, and a fresh connection is never retried (the caller tries once).
+pub(crate) fn retry_on_fresh(reused: bool, e: &stampfs_proto::Error) -> bool {
+    let closed = match e {
+        stampfs_proto::Error::Truncated => true,
+        stampfs_proto::Error::Io(io) => connection_closed(io.kind()),
+        _ => false,
+    };
+    reused && closed
+}
+
+/// Idle connections by address, each with the instant it went idle (its last reply:
+/// a chunkserver's idle clock starts then too). The most recently used is reused
+/// first; connections idle for `max_idle` or more are dropped instead of reused.
+#[derive(Debug)]
+pub(crate) struct IdlePool<C> {
+    by_addr: HashMap<String, Vec<(C, Instant)>>,
+    per_addr: usize,
+}
+
+impl<C> IdlePool<C> {
+    pub(crate) fn new(per_addr: usize) -> Self {
+        Self {
+            by_addr: HashMap::new(),
+            per_addr,
+        }
+    }
+
+    /// The freshest connection to `addr` idle for less than `max_idle` at `now`;
+    /// older ones are dropped.
+    pub(crate) fn take(
+        &mut self,
+        addr: &str,
+        now: Instant,
+        max_idle: Duration,
+    ) -> Option<(C, Instant)> {
+        let list = self.by_addr.get_mut(addr)?;
+        list.retain(|(_, since)| now.saturating_duration_since(*since) < max_idle);
+        let got = list.pop();
+        if list.is_empty() {
+            self.by_addr.remove(addr);
+        }
+        got
+    }
+
+    /// Keeps `conn` (idle from `now`) unless `addr` already has enough.
+    pub(crate) fn put(&mut self, addr: &str, conn: C, now: Instant) {
+        let list = self.by_addr.entry(addr.to_string()).or_default();
+        if list.len() < self.per_addr {
+            list.push((conn, now));
+        }
+    }
+
+    /// Drops the connections to `addr` that went idle at or before `since` (one of
+    /// that age was found closed).
+    pub(crate) fn forget_idle_since(&mut self, addr: &str, since: Instant) {
+        if let Some(list) = self.by_addr.get_mut(addr) {
+            list.retain(|(_, s)| *s > since);
+            if list.is_empty() {
+                self.by_addr.remove(addr);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self, addr: &str) -> usize {
+        self.by_addr.get(addr).map_or(0, Vec::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    fn io(kind: ErrorKind) -> stampfs_proto::Error {
+        stampfs_proto::Error::Io(std::io::Error::from(kind))
+    }
+
+    #[test]
+    fn a_closed_pooled_connection_is_retried_once_on_a_fresh_one() {
+        for e in [
+            stampfs_proto::Error::Truncated,
+            io(ErrorKind::UnexpectedEof),
+            io(ErrorKind::ConnectionReset),
+            io(ErrorKind::ConnectionAborted),
+            io(ErrorKind::BrokenPipe),
+        ] {
+            assert!(retry_on_fresh(true, &e), "{e}");
+            // A fresh connection that fails is not retried: the chunkserver is gone.
+            assert!(!retry_on_fresh(false, &e), "{e}");
+        }
+    }
+
+    #[test]
+    fn answers_and_other_failures_are_never_retried() {
+        for e in [
+            stampfs_proto::Error::Remote(RemoteError::Unavailable { reason: "x".into() }),
+            stampfs_proto::Error::Malformed { reason: "x".into() },
+            stampfs_proto::Error::FrameChecksum {
+                expected: 1,
+                actual: 2,
+            },
+            stampfs_proto::Error::UnexpectedReply {
+                expected: 1,
+                got: 2,
+            },
+            io(ErrorKind::TimedOut),
+            io(ErrorKind::PermissionDenied),
+        ] {
+            assert!(!retry_on_fresh(true, &e), "{e}");
+        }
+    }
+
+    #[test]
+    fn pooled_connections_idle_too_long_are_not_reused() {
+        let max = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut pool = IdlePool::new(4);
+        pool.put("a", 1u32, t0);
+        pool.put("a", 2u32, t0 + s(10));
+        // The freshest first.
+        assert_eq!(pool.take("a", t0 + s(15), max), Some((2, t0 + s(10))));
+        pool.put("a", 3u32, t0 + s(15));
+        // At t0 + 20 s connection 1 has been idle for the whole bound: dropped.
+        assert_eq!(pool.take("a", t0 + s(20), max), Some((3, t0 + s(15))));
+        assert_eq!(pool.len("a"), 0);
+        assert_eq!(pool.take("a", t0 + s(20), max), None);
+        // Everything older than the bound goes at once.
+        pool.put("b", 4u32, t0);
+        pool.put("b", 5u32, t0 + s(1));
+        assert_eq!(pool.take("b", t0 + s(60), max), None);
+        assert_eq!(pool.len("b"), 0);
+        // A zero bound never reuses anything.
+        pool.put("c", 6u32, t0);
+        assert_eq!(pool.take("c", t0, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_pool_is_bounded_per_address_and_forgets_what_is_as_old_as_a_closed_one() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut pool = IdlePool::new(2);
+        for i in 0..5u32 {
+            pool.put("a", i, t0 + s(i as u64));
+        }
+        assert_eq!(pool.len("a"), 2);
+        pool.put("b", 9u32, t0);
+        pool.put("a", 7u32, t0);
+        assert_eq!(pool.len("a"), 2, "full: the extra one is dropped");
+        // Connection 1 (idle since t0 + 1 s) was found closed: 0 and 1 go, not 2+.
+        let mut pool = IdlePool::new(4);
+        for i in 0..4u32 {
+            pool.put("a", i, t0 + s(i as u64));
+        }
+        pool.put("b", 9u32, t0);
+        pool.forget_idle_since("a", t0 + s(1));
+        assert_eq!(pool.len("a"), 2);
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), Some((3, t0 + s(3))));
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), Some((2, t0 + s(2))));
+        assert_eq!(pool.take("a", t0 + s(4), s(20)), None);
+        assert_eq!(pool.len("b"), 1, "other addresses are untouched");
+    }
+}
