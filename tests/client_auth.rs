@@ -418,6 +418,12 @@ fn a_clients_leases_stay_its_users_across_a_master_restart() {
             .await
             .expect("bob proves his key");
         let res = conn.call(RenewLease { client: id }).await;
+        if let Err(stampfs_proto::Error::Remote(stampfs_proto::RemoteError::Unauthenticated {
+            reason,
+        })) = &res
+        {
+            assert!(reason.contains("belongs to another user"), "{reason}");
+        }
         refused_and_closed("alice's client id after a restart", res, &mut conn).await;
 
         // Alice goes on under her id and closes her file.

@@ -9,7 +9,8 @@
 //!
 //! In-process, on real loopback sockets: a certificate for another name is refused,
 //! a TLS client on a plain port is named in the server's error, and an idle TLS
-//! connection closed by its server is seen as unusable (the pools rely on it).
+//! connection closed by its server is seen as unusable (the pools rely on it), and
+//! garbage handshakes are closed while the server serves on.
 
 mod common;
 
@@ -258,7 +259,7 @@ fn plain_and_untrusting_clients_are_told_why_they_are_refused() {
     let err = String::from_utf8_lossy(&untrusting.stderr);
     assert!(!untrusting.status.success());
     assert!(
-        err.contains("TLS handshake") && err.contains("certificate"),
+        err.contains("TLS handshake") && err.contains("invalid peer certificate"),
         "{err}"
     );
 
@@ -466,5 +467,52 @@ fn a_tls_client_that_goes_away_between_requests_ends_cleanly() {
         drop(conn);
         let end = server.await.expect("server task");
         assert!(matches!(end, Ok(None)), "a clean end, got {end:?}");
+    });
+}
+
+#[test]
+fn garbage_handshakes_are_closed_and_the_server_serves_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certs = tempfile::tempdir().expect("tempdir");
+    let pki = generate(certs.path(), &["127.0.0.1"]).expect("pki");
+    runtime().block_on(async {
+        let acceptor = Acceptor::tls(&pki.cert, &pki.key).expect("acceptor");
+        let addr = tls_server(acceptor, 10).await;
+        let mut oversized = vec![0x16, 0x03, 0x01, 0xff, 0xff];
+        oversized.extend(std::iter::repeat_n(0xab, 70_000));
+        let hostile: [Vec<u8>; 3] = [
+            // A handshake record of garbage.
+            [&[0x16u8, 0x03, 0x01, 0x00, 0x20][..], &[0x5a; 32]].concat(),
+            // A record longer than TLS allows, and more bytes than it announced.
+            oversized,
+            // Not TLS and not a frame either: a frame length over the limit.
+            vec![0xff; 64],
+        ];
+        for bytes in hostile {
+            let mut s = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let _ = s.write_all(&bytes).await;
+            let mut buf = vec![0u8; 4096];
+            let closed = tokio::time::timeout(TIMEOUT, async {
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => continue,
+                    }
+                }
+            })
+            .await;
+            assert!(closed.is_ok(), "the server closes a garbage handshake");
+        }
+        let dialer = Dialer::tls(&pki.ca).expect("dialer");
+        let mut conn = RpcClient::connect(&dialer, &addr, TIMEOUT)
+            .await
+            .expect("an honest client after them");
+        let answer = conn.call(stat()).await;
+        assert!(matches!(
+            answer,
+            Err(Error::Remote(RemoteError::NotFound { .. }))
+        ));
     });
 }

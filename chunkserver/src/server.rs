@@ -402,6 +402,9 @@ async fn listen(
                     };
                     match conn {
                         Ok(conn) => serve_connection(shared2, conn).await,
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                            tracing::debug!(%peer, error = %e, "closed before its TLS handshake")
+                        }
                         Err(e) => tracing::warn!(%peer, error = %e, "TLS handshake failed; closing this connection"),
                     }
                     drop(permit);

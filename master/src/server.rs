@@ -420,6 +420,10 @@ async fn handle_connection(
     };
     let conn = match conn {
         Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%peer, error = %e, "closed before its TLS handshake");
+            return;
+        }
         Err(e) => {
             tracing::warn!(%peer, error = %e, "TLS handshake failed; closing this connection");
             return;

@@ -4,7 +4,7 @@
 //!
 //! A fault on client `i` hits the whole client, as a crash or freeze of its machine
 //! would: SIGKILL takes the writer and the mount (the dead mount is detached with
-//! `umount -l`), SIGSTOP freezes both, and both run in the client's network namespace.
+//! its FUSE connection aborted and `umount -l`), SIGSTOP freezes both, and both run in the client's network namespace.
 //! A client that exits by itself (or whose mount dies) is noted and started again.
 
 use crate::cluster::{Proc, ProcState};
@@ -52,11 +52,65 @@ pub fn is_fuse_mount(path: &Path) -> bool {
     })
 }
 
-/// Detaches whatever is mounted on `point` (a dead FUSE server's mount included).
+/// Detaches whatever is mounted on `point` (a dead FUSE server's mount included),
+/// aborting its FUSE connection first.
 fn detach(point: &Path) {
     if is_fuse_mount(point) {
+        abort_fuse(point);
         let _ = Command::new("umount").arg("-l").arg(point).output();
     }
+}
+
+/// Where the kernel lists FUSE connections (the `fusectl` file system).
+const FUSE_CONNECTIONS: &str = "/sys/fs/fuse/connections";
+
+/// Aborts the FUSE connection of the mount on `point`: every request waiting for its
+/// server fails at once. A server SIGKILLed while one of its threads was inside the
+/// kernel, dropping cached pages that an unanswered read of its own held locked, can
+/// otherwise never exit: its `/dev/fuse` descriptor, whose release would abort the
+/// connection, stays open in the stuck thread (seen with seed 9929). Mounts `fusectl`
+/// when it is not mounted yet.
+fn abort_fuse(point: &Path) {
+    let Some(conn) = fuse_connection(point) else {
+        return;
+    };
+    let dir = Path::new(FUSE_CONNECTIONS).join(conn.to_string());
+    if !dir.exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none", FUSE_CONNECTIONS])
+            .output();
+    }
+    if let Err(e) = std::fs::write(dir.join("abort"), "1") {
+        tracing::debug!(point = %point.display(), error = %e, "could not abort the FUSE connection");
+    }
+}
+
+/// The FUSE connection number of the mount on `point`: the minor number of its
+/// device, from the mount table (looking at the mount itself could hang).
+fn fuse_connection(point: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    fuse_connection_in(&info, point)
+}
+
+/// [`fuse_connection`] in the mount table `info` (`/proc/self/mountinfo`'s format).
+fn fuse_connection_in(info: &str, point: &Path) -> Option<u32> {
+    let want = point.to_string_lossy();
+    info.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split_whitespace().collect();
+        if fields.get(4) != Some(&&*want) || !right.starts_with("fuse") {
+            return None;
+        }
+        fields.get(2)?.split_once(':')?.1.parse().ok()
+    })
+}
+
+/// Ends a FUSE client's mount server: SIGKILL, then the connection aborted and the
+/// mount detached before waiting for the process (see [`abort_fuse`]).
+fn kill_mount(m: &mut MountProc) {
+    m.proc.sigkill();
+    detach(&m.point);
+    m.proc.kill();
 }
 
 /// A FUSE client's mount.
@@ -316,8 +370,7 @@ impl Clients {
         self.killed[i] = true;
         self.pending[i] = None;
         if let Some(m) = self.mounts[i].as_mut() {
-            m.proc.kill();
-            detach(&m.point);
+            kill_mount(m);
         }
         self.procs[i].kill();
     }
@@ -429,7 +482,7 @@ impl Clients {
                 let note = format!("{} did not end after umount; killed", m.proc.name);
                 tracing::warn!(%note);
                 self.unexpected_exits.push(note);
-                m.proc.kill();
+                kill_mount(m);
             }
             detach(&m.point);
         }
@@ -440,11 +493,27 @@ impl Drop for Clients {
     fn drop(&mut self) {
         // Mounts first (see `Clients::kill`).
         for m in self.mounts.iter_mut().flatten() {
-            m.proc.kill();
-            detach(&m.point);
+            kill_mount(m);
         }
         for p in &mut self.procs {
             p.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fuse_connection_is_the_mounts_minor_number() {
+        let info = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+                    60 27 0:44 / /tmp/n/mnt2 rw,nosuid,nodev,relatime - fuse \
+                    stampfs:10.77.0.2:35491 rw,user_id=0,group_id=0,default_permissions\n";
+        assert_eq!(fuse_connection_in(info, Path::new("/tmp/n/mnt2")), Some(44));
+        // The root is mounted but is not FUSE; another path is not mounted at all.
+        assert_eq!(fuse_connection_in(info, Path::new("/")), None);
+        assert_eq!(fuse_connection_in(info, Path::new("/tmp/n")), None);
+        assert_eq!(fuse_connection(Path::new("/nonexistent/mnt")), None);
     }
 }

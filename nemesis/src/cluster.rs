@@ -224,6 +224,11 @@ impl Proc {
     }
 
     /// SIGKILL and reap.
+    /// SIGKILL without waiting for the process to end (see [`Proc::kill`]).
+    pub fn sigkill(&self) {
+        let _ = self.signal(Signal::SIGKILL);
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -293,7 +293,7 @@ impl Frame {
 }
 
 fn parse_prefix(prefix: [u8; PREFIX_LEN]) -> Result<(usize, u32)> {
-    // A frame's length is below 2^26, so its first byte is never a TLS record's type.
+    // A frame's length is at most 2^25, so its first byte is never a TLS record's type.
     if prefix[0] == crate::net::TLS_HANDSHAKE_RECORD && prefix[1] == 3 {
         return Err(Error::Malformed {
             reason: "a TLS handshake where a stampfs frame was expected: the peer dials with \

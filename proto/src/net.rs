@@ -15,7 +15,7 @@
 //! TLS here is for privacy and for knowing the server: who the *peer* is, client or
 //! chunkserver, is still proven by the handshakes of [`crate::auth`], under TLS or not.
 
-use crate::codec::{decode_prefix, FrameReader, FrameWriter};
+use crate::codec::{decode_prefix, FrameWriter, PREFIX_LEN};
 use crate::error::{Error, RemoteError, Result};
 use crate::rpc::reply_frame;
 use rustls::pki_types::pem::PemObject;
@@ -134,7 +134,7 @@ impl std::fmt::Debug for Acceptor {
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first byte of a TLS connection (a handshake record). A stampfs frame never
-/// starts with it: its first byte is the top of a length below 2^26.
+/// starts with it: its first byte is the top of a length of at most 2^25, so 0, 1 or 2.
 pub const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 impl Acceptor {
@@ -192,7 +192,14 @@ impl Acceptor {
         let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first))
             .await
             .map_err(timed_out)??;
-        if n == 1 && first[0] != TLS_HANDSHAKE_RECORD {
+        if n == 0 {
+            // A port probe: connected and closed. Nothing to log above debug.
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "closed before its TLS handshake",
+            ));
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
             let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, refuse_plain(&mut stream)).await;
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -220,7 +227,8 @@ pub struct TlsFiles {
     pub tls_key: Option<PathBuf>,
     /// Certificate authority (PEM) that issued the certificates of the servers this one
     /// dials: with it, connections to them speak TLS and their certificates are checked.
-    #[cfg_attr(feature = "clap", arg(long, env = "STAMPFS_TLS_CA"))]
+    /// (A server does not read STAMPFS_TLS_CA, the clients' variable.)
+    #[cfg_attr(feature = "clap", arg(long))]
     pub tls_ca: Option<PathBuf>,
 }
 
@@ -368,10 +376,16 @@ impl AsyncWrite for ConnWrite {
 /// Answers the first request of a plain client on a TLS port with the reason it is
 /// refused.
 async fn refuse_plain(stream: &mut TcpStream) -> Result<()> {
-    let (r, w) = stream.split();
-    let mut reader = FrameReader::new(r);
-    let frame = reader.read_frame().await?.ok_or(Error::Truncated)?;
-    let (id, _): (u64, usize) = decode_prefix(&frame.header)?;
+    use tokio::io::AsyncReadExt;
+    // Only the request id is needed: the prefix, the header length and the start of
+    // the header (an id is a varint of at most 9 bytes), never the whole frame.
+    let mut start = [0u8; PREFIX_LEN + 4];
+    stream.read_exact(&mut start).await?;
+    let hlen = u32::from_be_bytes([start[8], start[9], start[10], start[11]]) as usize;
+    let mut header = vec![0u8; hlen.min(16)];
+    stream.read_exact(&mut header).await?;
+    let (id, _): (u64, usize) = decode_prefix(&header)?;
+    let (_, w) = stream.split();
     let refusal: std::result::Result<(), RemoteError> = Err(RemoteError::Unauthenticated {
         reason: "this server accepts TLS connections only: dial it with TLS, trusting \
                  its certificate authority (--tls-ca or STAMPFS_TLS_CA)"

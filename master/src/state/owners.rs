@@ -5,9 +5,11 @@
 //! bindings are memory; these owners are their durable part. A record that gives a
 //! client a lease (`Create`, `Reopen`) is preceded, in the same batch, by a
 //! `ClientOwner` record naming the user of the connection it came from, unless that
-//! owner is already known ([`MasterState::commit`]). A restarted master seeds its
-//! bindings from them ([`MasterState::owners`]), so that a client's leases are still
-//! its user's alone after a restart, before the client speaks again.
+//! client already holds a lease under that owner ([`MasterState::commit`]). Only then
+//! is the owner sure to be in every checkpoint, which is built by replay apart from the
+//! live state and keeps the owners of lease holders alone. A restarted master seeds
+//! its bindings from them ([`MasterState::owners`]), so that a client's leases are
+//! still its user's alone after a restart, before the client speaks again.
 //!
 //! Owners of clients that hold no lease any more are forgotten when the table has
 //! grown past twice the lease holders, and are not written to checkpoints.
@@ -42,7 +44,9 @@ impl MasterState {
     pub(super) fn owner_record(&self, rec: &Record) -> Option<Record> {
         let client = rec.leased_to()?;
         let user = REQUEST_USER.try_with(|u| u.clone()).ok()?;
-        if self.owners.get(&client) == Some(&user) {
+        // Only an owner that every checkpoint keeps (the client holds a lease) may go
+        // unrepeated; checkpoints are built by replay, apart from this state.
+        if self.leases.holds_any(client) && self.owners.get(&client) == Some(&user) {
             return None;
         }
         Some(Record::ClientOwner { client, user })
@@ -52,8 +56,10 @@ impl MasterState {
     pub(super) fn apply_client_owner(&mut self, client: ClientId, user: &str) {
         self.owners.insert(client, user.to_string());
         if self.owners.len() > PRUNE_ABOVE && self.owners.len() > 2 * self.leases.holders() {
+            // The client just named keeps its owner: its lease comes with the next record.
             let leases = &self.leases;
-            self.owners.retain(|c, _| leases.holds_any(*c));
+            self.owners
+                .retain(|c, _| *c == client || leases.holds_any(*c));
         }
     }
 
@@ -227,6 +233,50 @@ mod tests {
             back.leases.files_of(A).len(),
             1,
             "the open file's lease is back"
+        );
+    }
+
+    #[test]
+    fn an_owner_outlives_a_checkpoint_taken_while_its_client_held_no_lease() {
+        // Live, a client creates and closes a file, a checkpoint is taken (built by
+        // replay, as the master builds them), the client creates again: a restart
+        // from that checkpoint and the log after it must still know the owner.
+        let mut st = MasterState::new(Settings::for_tests());
+        let mut log = Vec::new();
+        let f = as_user("alice", || create(&mut st, "/f", A));
+        close(&mut st, "/f", f, A);
+        log.extend(st.take_outbox());
+        let mut at_checkpoint = MasterState::new(Settings::for_tests());
+        let replay = log.iter().map(|(l, b)| (*l, b.as_slice()));
+        replay_records(&mut at_checkpoint, replay, 0).expect("replay");
+        let checkpoint = at_checkpoint.encode_snapshot().expect("encode");
+        let _g = as_user("alice", || create(&mut st, "/g", A));
+        let tail = st.take_outbox();
+        let mut back =
+            MasterState::decode_snapshot(Settings::for_tests(), &checkpoint, 0).expect("decode");
+        let replay = tail.iter().map(|(l, b)| (*l, b.as_slice()));
+        replay_records(&mut back, replay, 0).expect("replay the tail");
+        assert_eq!(back.owners(), st.owners());
+        assert_eq!(back.owners().get(&A).map(String::as_str), Some("alice"));
+    }
+
+    #[test]
+    fn pruning_keeps_the_owner_of_the_client_being_given_a_lease() {
+        let mut st = MasterState::new(Settings::for_tests());
+        for i in 0..PRUNE_ABOVE as u64 {
+            let client = ClientId(0x1000 + i);
+            let path = format!("/f{i}");
+            let ino = as_user("alice", || create(&mut st, &path, client));
+            close(&mut st, &path, ino, client);
+        }
+        st.take_outbox();
+        let last = ClientId(0x9999);
+        let _open = as_user("bob", || create(&mut st, "/last", last));
+        assert_eq!(st.owners().get(&last).map(String::as_str), Some("bob"));
+        assert!(
+            st.owners.len() <= PRUNE_ABOVE,
+            "pruned: {}",
+            st.owners.len()
         );
     }
 }
