@@ -168,7 +168,11 @@ impl fuser::Filesystem for StampFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        lock(&self.shared.inodes).forget(ino.0, nlookup);
+        let mut inodes = lock(&self.shared.inodes);
+        inodes.forget(ino.0, nlookup);
+        if inodes.path(ino.0).is_none() {
+            lock(&self.shared.told).remove(&ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

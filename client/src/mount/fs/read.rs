@@ -82,6 +82,110 @@ impl Shared {
                 }
             }
         }
-        read_from(reader, &h.path, offset, size).await
+        let mut data = read_from(reader, &h.path, offset, size).await?;
+        // A read that comes back short below the size the kernel was told would be
+        // shown as zeros (the kernel fills the rest of its pages). The readable length
+        // of a file being written can fall back for a moment (a master that restarted
+        // and does not list every replica yet): look again a few times.
+        for attempt in 0..=SHORT_READ_RETRIES {
+            let told = lock(&self.told).get(&h.ino).copied();
+            match short_read_verdict(offset, size, data.len(), told) {
+                ShortRead::Fine => return Ok(data),
+                ShortRead::Retry if attempt < SHORT_READ_RETRIES => {
+                    tokio::time::sleep(SHORT_READ_WAIT).await;
+                    if let Ok(fresh) = self.client.open(&h.path).await {
+                        if fresh.len() > reader.len() {
+                            *reader = fresh;
+                        }
+                    }
+                    data = read_from(reader, &h.path, offset, size).await?;
+                }
+                ShortRead::Retry => break,
+            }
+        }
+        // Still short. A closed file that is now shorter was cut: the short read is the
+        // truth, and the kernel is told to drop what it holds of the file. Otherwise the
+        // bytes the kernel was told of cannot be read now: an error, never zeros.
+        let st = self
+            .client
+            .stat(&h.path)
+            .await
+            .map_err(|e| errno_for(&e, "stat", &h.path))?;
+        let end = offset + data.len() as u64;
+        if st.state == FileState::Closed && end >= st.length.min(offset + u64::from(size)) {
+            lock(&self.told).insert(h.ino, st.length);
+            drop(self.drop_page_cache(h.ino));
+            return Ok(data);
+        }
+        tracing::warn!(
+            path = %h.path,
+            offset,
+            got = data.len(),
+            committed = st.length,
+            "a read came back short below the size the kernel knows; failing it (EIO) rather than letting the kernel show zeros"
+        );
+        Err(Errno::EIO)
+    }
+}
+
+/// How often a read that came back too short is tried again, and how long apart.
+const SHORT_READ_RETRIES: u32 = 3;
+const SHORT_READ_WAIT: Duration = Duration::from_millis(100);
+
+/// What to do with a read of `size` bytes at `offset` that returned `got` bytes,
+/// when the kernel was last told the file has `told` bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ShortRead {
+    /// Whole, or short exactly at the size the kernel knows (its end of file).
+    Fine,
+    /// Short below the size the kernel knows: the kernel would show zeros.
+    Retry,
+}
+
+pub(super) fn short_read_verdict(
+    offset: u64,
+    size: u32,
+    got: usize,
+    told: Option<u64>,
+) -> ShortRead {
+    let end = offset + got as u64;
+    let asked_end = offset + u64::from(size);
+    match told {
+        Some(told) if got < size as usize && end < told.min(asked_end) => ShortRead::Retry,
+        _ => ShortRead::Fine,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_read_is_fine_only_at_the_size_the_kernel_knows() {
+        // Whole reads, and short ones at the known end of the file.
+        assert_eq!(
+            short_read_verdict(0, 4096, 4096, Some(100)),
+            ShortRead::Fine
+        );
+        assert_eq!(short_read_verdict(0, 4096, 100, Some(100)), ShortRead::Fine);
+        assert_eq!(
+            short_read_verdict(4096, 4096, 0, Some(4096)),
+            ShortRead::Fine
+        );
+        // No size told yet: nothing to compare with.
+        assert_eq!(short_read_verdict(0, 4096, 10, None), ShortRead::Fine);
+        // Seed 9941: 128 KiB asked 40 bytes into the file's readable part, which the
+        // kernel had been told was 208 108 bytes longer.
+        let (offset, told) = (2_359_296, 2_567_404);
+        assert_eq!(
+            short_read_verdict(offset, 131_072, 40, Some(told)),
+            ShortRead::Retry
+        );
+        // Short, but past what the read asked for is beyond the known size anyway.
+        assert_eq!(short_read_verdict(0, 4096, 50, Some(50)), ShortRead::Fine);
+        assert_eq!(
+            short_read_verdict(100, 4096, 20, Some(130)),
+            ShortRead::Retry
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! lookups, attributes and directory listings the callbacks build their replies from.
 
 use super::*;
+use std::collections::HashMap;
 /// Everything the callbacks and their tasks share.
 pub(crate) struct Shared {
     pub(crate) client: Client,
@@ -31,6 +32,10 @@ pub(crate) struct Shared {
     /// The kernel side of the session, to drop what its page cache holds of a file
     /// ([`Shared::drop_page_cache`]); set once the session exists.
     pub(crate) kernel: std::sync::OnceLock<fuser::Notifier>,
+    /// Per regular file (inode): the size last told to the kernel. A read that ends
+    /// below it must not come back short: the kernel would fill the rest of its pages
+    /// with zeros and show them ([`short_read_verdict`](super::read::short_read_verdict)).
+    pub(super) told: Mutex<HashMap<u64, u64>>,
 }
 
 impl Shared {
@@ -53,6 +58,7 @@ impl Shared {
             root_attr: Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
             kernel: std::sync::OnceLock::new(),
+            told: Mutex::new(HashMap::new()),
         }
     }
 
@@ -119,7 +125,12 @@ impl Shared {
         checked_path(path)
     }
 
+    /// The attributes told to the kernel for `st` with `size`; remembers the size of a
+    /// regular file (see [`Shared::told`]).
     pub(super) fn attr(&self, st: &FileStatus, size: u64) -> FileAttr {
+        if st.kind == FileKind::File {
+            lock(&self.told).insert(st.inode.0, size);
+        }
         let a = &st.attr;
         let (kind, nlink) = match st.kind {
             FileKind::Directory => (FileType::Directory, 2),
