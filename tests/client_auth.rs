@@ -44,6 +44,19 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A raw connection to the master that proved the key in `creds`.
+async fn connect_as(c: &TestCluster, creds: &Path) -> RpcClient {
+    let dialer = stampfs_proto::net::Dialer::plain();
+    let mut conn = RpcClient::connect(&dialer, &c.master.addr, TIMEOUT)
+        .await
+        .expect("connect");
+    let creds = Credentials::load(creds).expect("credentials");
+    authenticate_client(&mut conn, &creds)
+        .await
+        .expect("the user proves its key");
+    conn
+}
+
 fn add_user(c: &TestCluster, name: &str, uid: u32, extra: &[&str]) -> std::path::PathBuf {
     let path = c.dir.path().join(format!("{name}.credentials"));
     let uid = uid.to_string();
@@ -330,19 +343,7 @@ fn a_client_id_belongs_to_the_user_that_first_used_it() {
         use tokio::io::AsyncWriteExt;
         w.write_all(b"x").await.expect("write");
         let id: ClientId = admin.id();
-        let as_bob = || async {
-            let mut conn = RpcClient::connect(
-                &stampfs_proto::net::Dialer::plain(),
-                &c.master.addr,
-                TIMEOUT,
-            )
-            .await
-            .expect("connect");
-            authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
-                .await
-                .expect("bob proves his key");
-            conn
-        };
+        let as_bob = || connect_as(&c, &bob);
         // Bob renews the superuser's client's leases under its id: refused.
         let mut conn = as_bob().await;
         let res = conn.call(RenewLease { client: id }).await;
@@ -407,16 +408,7 @@ fn a_clients_leases_stay_its_users_across_a_master_restart() {
 
         // The master restarts: nobody has used alice's client id since.
         c.master.restart();
-        let mut conn = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
-        authenticate_client(&mut conn, &Credentials::load(&bob).expect("bob"))
-            .await
-            .expect("bob proves his key");
+        let mut conn = connect_as(&c, &bob).await;
         let res = conn.call(RenewLease { client: id }).await;
         if let Err(stampfs_proto::Error::Remote(stampfs_proto::RemoteError::Unauthenticated {
             reason,

@@ -21,6 +21,7 @@ use stampfs_proto::rpc::{parse_request, reply_frame};
 use stampfs_proto::{Error, FrameReader, FrameWriter, MasterRequest, RemoteError, RpcClient, Stat};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -239,37 +240,29 @@ fn plain_and_untrusting_clients_are_told_why_they_are_refused() {
     c.put_bytes("/f", b"over tls\n", &[]);
     assert_eq!(c.cat("/f"), b"over tls\n");
 
-    let plain = c
-        .cmd(&["cat", "/f"])
-        .env_remove("STAMPFS_TLS_CA")
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&plain.stderr);
-    assert!(!plain.status.success());
+    // `stampfs cat /f` with STAMPFS_TLS_CA set to `ca` (removed with `None`): it
+    // fails, and says this.
+    let refused = |ca: Option<&Path>| {
+        let mut cmd = c.cmd(&["cat", "/f"]);
+        match ca {
+            Some(ca) => cmd.env("STAMPFS_TLS_CA", ca),
+            None => cmd.env_remove("STAMPFS_TLS_CA"),
+        };
+        let out = cmd.output().expect("run");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(None);
     assert!(
         err.contains("accepts TLS connections only") && err.contains("--tls-ca"),
         "{err}"
     );
-
-    let untrusting = c
-        .cmd(&["cat", "/f"])
-        .env("STAMPFS_TLS_CA", &other.ca)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&untrusting.stderr);
-    assert!(!untrusting.status.success());
+    let err = refused(Some(&other.ca));
     assert!(
         err.contains("TLS handshake") && err.contains("invalid peer certificate"),
         "{err}"
     );
-
-    let missing = c
-        .cmd(&["cat", "/f"])
-        .env("STAMPFS_TLS_CA", certs.path().join("nonexistent.pem"))
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&missing.stderr);
-    assert!(!missing.status.success());
+    let err = refused(Some(&certs.path().join("nonexistent.pem")));
     assert!(err.contains("nonexistent.pem"), "{err}");
 
     // The master served everyone else throughout, and says whom it refused.
