@@ -129,3 +129,32 @@ fn acknowledged_mutations_and_versions_survive_a_master_sigkill() {
         }
     });
 }
+
+/// A read right after the master restarted, before any chunkserver has registered
+/// again (the master lists no replica yet), waits for the locations instead of
+/// failing with "no replica".
+#[test]
+fn a_read_right_after_a_master_restart_waits_for_the_chunkservers() {
+    let mut c = TestCluster::start();
+    let rt = common::runtime();
+    let data = common::pattern(300_000, 7);
+    rt.block_on(async {
+        let client = common::connect(&c.master.addr).await.expect("connect");
+        let mut w = client
+            .create("/f", CreateOptions::default())
+            .await
+            .expect("create");
+        w.write_all(&data).await.expect("write");
+        w.close().await.expect("close");
+    });
+    c.master.restart();
+    rt.block_on(async {
+        let client = common::connect(&c.master.addr).await.expect("connect");
+        let mut r = client.open("/f").await.expect("open");
+        let mut got = Vec::new();
+        r.read_to_end(&mut got)
+            .await
+            .expect("read while the chunkservers register again");
+        assert!(got == data, "the file's bytes");
+    });
+}

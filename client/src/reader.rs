@@ -27,10 +27,15 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
 
 /// Bytes fetched per request (and read ahead by the `AsyncRead` impl).
 const READ_SIZE: u64 = 1 << 20;
+/// How many times more a read no replica could serve asks for the locations again,
+/// and the first wait before it (doubled each time: 0.25 + 0.5 + 1 + 2 s).
+const NO_REPLICA_RETRIES: u32 = 4;
+const NO_REPLICA_WAIT: Duration = Duration::from_millis(250);
 /// Fetches a sequential reader keeps in flight past its buffer.
 pub(crate) const AHEAD: usize = 4;
 
@@ -166,10 +171,15 @@ impl Shared {
         Ok(view)
     }
 
-    /// Reads at most `max` bytes at `offset` from one chunk.
+    /// Reads at most `max` bytes at `offset` from one chunk. A failed read is tried
+    /// again on fresh locations; when no replica could serve it (a master that just
+    /// restarted lists none until the chunkservers register again, a chunkserver
+    /// moving), up to [`NO_REPLICA_RETRIES`] times more, waiting longer each time, as
+    /// HDFS's readers fetch block locations again before giving up.
     async fn fetch(self: Arc<Self>, offset: u64, max: u64) -> Result<Bytes> {
         let mut view = self.view();
         let mut refreshed = false;
+        let mut waits = 0;
         loop {
             if offset >= view.length {
                 return Ok(Bytes::new());
@@ -188,6 +198,13 @@ impl Shared {
                     tracing::debug!(error = %e, "read failed; refreshing locations");
                     view = self.refresh().await?;
                     refreshed = true;
+                }
+                Err(e @ Error::NoReplica { .. }) if waits < NO_REPLICA_RETRIES => {
+                    let wait = NO_REPLICA_WAIT * 2u32.pow(waits);
+                    tracing::info!(error = %e, ?wait, "no replica could be read; asking for the locations again after a wait");
+                    tokio::time::sleep(wait).await;
+                    waits += 1;
+                    view = self.refresh().await?;
                 }
                 Err(e) => return Err(e),
             }
