@@ -44,12 +44,17 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A raw connection to the master, before any handshake.
+async fn raw_connect(c: &TestCluster) -> RpcClient {
+    let dialer = stampfs_proto::net::Dialer::plain();
+    RpcClient::connect(&dialer, &c.master.addr, TIMEOUT)
+        .await
+        .expect("connect")
+}
+
 /// A raw connection to the master that proved the key in `creds`.
 async fn connect_as(c: &TestCluster, creds: &Path) -> RpcClient {
-    let dialer = stampfs_proto::net::Dialer::plain();
-    let mut conn = RpcClient::connect(&dialer, &c.master.addr, TIMEOUT)
-        .await
-        .expect("connect");
+    let mut conn = raw_connect(c).await;
     let creds = Credentials::load(creds).expect("credentials");
     authenticate_client(&mut conn, &creds)
         .await
@@ -197,13 +202,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
     let c = cluster();
     runtime().block_on(async {
         // No handshake at all.
-        let mut conn = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
+        let mut conn = raw_connect(&c).await;
         let res = conn
             .call(Stat {
                 path: "/".into(),
@@ -224,13 +223,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
                 Credentials::new("mallory", [9; 32]).expect("creds"),
             ),
         ] {
-            let mut conn = RpcClient::connect(
-                &stampfs_proto::net::Dialer::plain(),
-                &c.master.addr,
-                TIMEOUT,
-            )
-            .await
-            .expect("connect");
+            let mut conn = raw_connect(&c).await;
             let err = authenticate_client(&mut conn, &creds)
                 .await
                 .expect_err(what);
@@ -249,13 +242,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
 
         // A proof recorded on one connection, replayed on another: the master's
         // challenge differs, so it proves nothing.
-        let mut first = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
+        let mut first = raw_connect(&c).await;
         let mine = nonce();
         let ch = first
             .call(ClientHello {
@@ -269,13 +256,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
             .call(ClientProve { proof })
             .await
             .expect("a good proof");
-        let mut replay = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
+        let mut replay = raw_connect(&c).await;
         replay
             .call(ClientHello {
                 user: admin.user.clone(),
@@ -286,13 +267,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
         let res = replay.call(ClientProve { proof }).await;
         refused_and_closed("a replayed proof", res, &mut replay).await;
         // A user name far past any real one: refused at the hello, not kept.
-        let mut huge = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
+        let mut huge = raw_connect(&c).await;
         let res = huge
             .call(ClientHello {
                 user: "u".repeat(4 << 20),
@@ -301,13 +276,7 @@ fn forged_replayed_and_missing_credentials_are_refused_and_the_master_serves_on(
             .await;
         refused_and_closed("an oversized user name", res, &mut huge).await;
         // A proof with no hello before it.
-        let mut bare = RpcClient::connect(
-            &stampfs_proto::net::Dialer::plain(),
-            &c.master.addr,
-            TIMEOUT,
-        )
-        .await
-        .expect("connect");
+        let mut bare = raw_connect(&c).await;
         let res = bare.call(ClientProve { proof }).await;
         refused_and_closed("a proof without a challenge", res, &mut bare).await;
 
