@@ -158,3 +158,36 @@ fn a_read_right_after_a_master_restart_waits_for_the_chunkservers() {
         assert!(got == data, "the file's bytes");
     });
 }
+
+/// A writer whose pipeline holds a chunkserver that is frozen while the master
+/// restarts finishes its file, and every byte it wrote is there. Its close went on a
+/// pooled connection to the master that the restart had closed, a close the client
+/// had not noticed yet; it failed with "connection closed in the middle of a frame"
+/// before the client sent such a request once more on a new connection.
+#[test]
+fn a_writer_finishes_when_a_pipeline_member_froze_across_a_master_restart() {
+    let mut c = TestCluster::start();
+    let rt = common::runtime();
+    let data = common::pattern(600_000, 43);
+    rt.block_on(async {
+        let client = common::connect(&c.master.addr).await.expect("connect");
+        let opts = CreateOptions {
+            chunk_size: Some(256 << 10),
+            ..Default::default()
+        };
+        let mut w = client.create("/f", opts).await.expect("create");
+        w.write_all(&data).await.expect("write");
+        w.hflush().await.expect("hflush");
+        c.chunkservers[0].stop();
+        c.master.restart();
+        std::thread::sleep(Duration::from_millis(1500));
+        w.close()
+            .await
+            .expect("close with a frozen pipeline member");
+        c.chunkservers[0].cont();
+        let mut r = client.open("/f").await.expect("open");
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).await.expect("read");
+        assert!(got == data, "the file's bytes");
+    });
+}

@@ -84,10 +84,7 @@ fn a_file_whose_readable_length_falls_back_is_never_read_short_through_the_mount
                 }
             }
         }
-        // Cleanup only: this writer's close after the restart is not what is tested
-        // here (it fails today, "connection closed in the middle of a frame", noted
-        // for a fix of its own).
-        drop(w.close().await);
+        w.close().await.expect("close");
     });
     let log = m.log_text();
     assert!(!log.contains("panicked"), "{log}");

@@ -596,9 +596,12 @@ impl Client {
                 let id = client.inner.id;
                 match client.call(RenewLease { client: id }).await {
                     Ok(terms) => {
+                        // A writer that closed while the renewal was on its way
+                        // leaves nothing to renew: not a lost lease.
+                        let held = client.inner.leases.lock().map(|l| l.len()).unwrap_or(0);
                         if terms.renewed > 0 {
                             said_nothing_renewed = false;
-                        } else if !said_nothing_renewed {
+                        } else if held > 0 && !said_nothing_renewed {
                             said_nothing_renewed = true;
                             tracing::warn!(held, "lease renewal renewed nothing: the master no longer counts this client as a writer (lease recovery took its files); their next writes will be refused");
                         }

@@ -118,9 +118,10 @@ impl Error {
         Error::Io(e)
     }
 
-    /// A copy good enough to hand to several callers (the writer reports one failure
-    /// to every later call).
-    pub(crate) fn duplicate(&self) -> Error {
+    /// A copy good enough to hand to several callers (the writer of `path` reports one
+    /// failure to every later call). Errors that cannot be cloned become a
+    /// [`Error::Pipeline`] of `path` that carries their message.
+    pub(crate) fn duplicate(&self, path: &str) -> Error {
         match self {
             Error::Fenced {
                 path,
@@ -143,8 +144,12 @@ impl Error {
                 path: path.clone(),
                 reason: reason.clone(),
             },
+            Error::Pipeline { path, reason } => Error::Pipeline {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
             other => Error::Pipeline {
-                path: String::new(),
+                path: path.to_string(),
                 reason: other.to_string(),
             },
         }
@@ -163,3 +168,33 @@ impl Error {
 
 /// Result with the client's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicated_failure_names_the_path_once() {
+        let e = Error::Pipeline {
+            path: "/f".into(),
+            reason: "gave up".into(),
+        };
+        assert_eq!(
+            e.duplicate("/f").to_string(),
+            "write pipeline for /f failed: gave up"
+        );
+        let e = Error::Proto(stampfs_proto::Error::Truncated);
+        assert_eq!(
+            e.duplicate("/f").to_string(),
+            "write pipeline for /f failed: connection closed in the middle of a frame"
+        );
+        assert!(Error::Fenced {
+            path: "/f".into(),
+            handle: None,
+            presented: None,
+            current: None
+        }
+        .duplicate("/f")
+        .is_fenced());
+    }
+}

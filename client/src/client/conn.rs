@@ -13,10 +13,14 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 impl Client {
-    /// Sends one request to the master.
+    /// Sends one request to the master. A pooled connection the master closed while
+    /// it sat idle (the master restarted; the check in the pool cannot see a close
+    /// that the runtime has not noticed yet) fails before any reply: the request then
+    /// goes once more on a new connection, and the other pooled ones are dropped
+    /// (see [`retry_on_fresh`]; DESIGN.md "Master requests on a closed connection").
     pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
     where
-        R: Rpc<Request = MasterRequest>,
+        R: Rpc<Request = MasterRequest> + Clone,
     {
         let pooled = self.inner.master_pool.lock().ok().and_then(|mut p| {
             // Connections the master closed while they were idle (it restarted) go.
@@ -27,19 +31,40 @@ impl Client {
             }
             None
         });
-        let mut conn = match pooled {
+        let reused = pooled.is_some();
+        let conn = match pooled {
             Some(c) => c,
-            None => {
-                dial_master(
-                    &self.inner.config.dialer,
-                    &self.inner.master,
-                    self.inner.config.connect_timeout,
-                    &self.inner.creds,
-                )
-                .await?
-                .0
-            }
+            None => self.dial_master_conn().await?,
         };
+        match self.call_on(conn, req.clone()).await {
+            Err(Error::Proto(e)) if retry_on_fresh(reused, &e) => {
+                tracing::debug!(error = %e, "pooled master connection was closed; retrying on a new one");
+                if let Ok(mut p) = self.inner.master_pool.lock() {
+                    p.clear();
+                }
+                let conn = self.dial_master_conn().await?;
+                self.call_on(conn, req).await
+            }
+            other => other,
+        }
+    }
+
+    async fn dial_master_conn(&self) -> Result<RpcClient> {
+        Ok(dial_master(
+            &self.inner.config.dialer,
+            &self.inner.master,
+            self.inner.config.connect_timeout,
+            &self.inner.creds,
+        )
+        .await?
+        .0)
+    }
+
+    /// One request on `conn`, which goes back to the pool unless the transport failed.
+    async fn call_on<R>(&self, mut conn: RpcClient, req: R) -> Result<R::Response>
+    where
+        R: Rpc<Request = MasterRequest>,
+    {
         let reply =
             stampfs_proto::pause::timeout(self.inner.config.request_timeout, conn.call(req))
                 .await
@@ -201,9 +226,10 @@ pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
 /// only when the connection came from the pool (it may have been closed for idleness
 /// while it waited there) and the failure is the connection being closed: an EOF where
 /// the reply should start (`Truncated`: `RpcClient` does not tell an EOF before the
-/// reply from one inside it; both are harmless to retry for a [`PooledChunkRequest`]),
-/// a reset or a broken pipe. A typed error, a malformed reply or a timeout is never
-/// retried, and a fresh connection is never retried (the caller tries once).
+/// reply from one inside it; both are harmless to retry for a [`PooledChunkRequest`],
+/// which changes nothing; for a master request see [`Client::call`]), a reset or a
+/// broken pipe. A typed error, a malformed reply or a timeout is never retried, and a
+/// fresh connection is never retried (the caller tries once).
 pub(crate) fn retry_on_fresh(reused: bool, e: &stampfs_proto::Error) -> bool {
     let closed = match e {
         stampfs_proto::Error::Truncated => true,

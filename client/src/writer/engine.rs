@@ -385,7 +385,7 @@ impl Engine {
                 self.answered(Awaiting::FileClose);
                 let res = res.map_err(|e| {
                     let e = self.master_error(e);
-                    self.fail(e.duplicate());
+                    self.fail(e.duplicate(&self.path));
                     e
                 });
                 self.close_done(res);
@@ -407,14 +407,14 @@ impl Engine {
 
     fn check(&self) -> Result<()> {
         match &self.failed {
-            Some(e) => Err(e.duplicate()),
+            Some(e) => Err(e.duplicate(&self.path)),
             None => Ok(()),
         }
     }
 
     fn fail(&mut self, e: Error) {
         if self.failed.is_none() {
-            self.output.push_back(Action::Fail(e.duplicate()));
+            self.output.push_back(Action::Fail(e.duplicate(&self.path)));
             self.failed = Some(e);
         }
     }
@@ -434,7 +434,7 @@ impl Engine {
             })
         );
         if then == Then::Return && final_drain {
-            self.fail(e.duplicate());
+            self.fail(e.duplicate(&self.path));
             self.drain_flushed = false;
             match self.job.take() {
                 Some(Job::Close { .. }) => self.close_done(Err(e)),

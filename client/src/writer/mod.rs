@@ -407,7 +407,7 @@ impl FileWriter {
     /// Shrinks the file to `len`, in the chunk being written.
     async fn cut(&mut self, len: u64) -> Result<()> {
         if let Some(e) = &self.done {
-            return Err(e.duplicate());
+            return Err(e.duplicate(&self.path));
         }
         std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
         self.modified = true;
@@ -428,7 +428,7 @@ impl FileWriter {
             }
             Err(e) => {
                 if e.is_fenced() {
-                    self.done = Some(e.duplicate());
+                    self.done = Some(e.duplicate(&self.path));
                 }
                 Err(e)
             }
@@ -457,7 +457,7 @@ impl FileWriter {
 
     fn closed_error(&self) -> Error {
         match &self.done {
-            Some(e) => e.duplicate(),
+            Some(e) => e.duplicate(&self.path),
             None => Error::WriterClosed {
                 path: self.path.clone(),
             },
@@ -543,7 +543,7 @@ impl FileWriter {
         self.pending = None;
         if let Err(e) = &res {
             if e.is_fenced() {
-                self.done = Some(e.duplicate());
+                self.done = Some(e.duplicate(&self.path));
             }
         }
         Poll::Ready(res)
@@ -564,7 +564,7 @@ impl FileWriter {
     /// file's final status.
     pub async fn close(&mut self) -> Result<FileStatus> {
         if let Some(e) = &self.done {
-            return Err(e.duplicate());
+            return Err(e.duplicate(&self.path));
         }
         std::future::poll_fn(|cx| self.poll_send_buf(cx)).await?;
         let (done, rx) = oneshot::channel();
@@ -587,7 +587,7 @@ impl FileWriter {
                 Ok(status)
             }
             Err(e) => {
-                self.done = Some(e.duplicate());
+                self.done = Some(e.duplicate(&self.path));
                 Err(e)
             }
         }
@@ -657,7 +657,7 @@ impl AsyncWrite for FileWriter {
             Ok(()) => Error::WriterClosed {
                 path: this.path.clone(),
             },
-            Err(e) => e.duplicate(),
+            Err(e) => e.duplicate(&this.path),
         });
         Poll::Ready(res.map_err(Error::into_io))
     }

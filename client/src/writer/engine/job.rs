@@ -398,7 +398,7 @@ impl Engine {
             Err(e) => {
                 let e = self.master_error(e);
                 if e.is_fenced() {
-                    self.fail(e.duplicate());
+                    self.fail(e.duplicate(&self.path));
                 }
                 // The stream of the chunk being written was finished; its grant
                 // stands, and the next write reopens a stream with it.
@@ -419,7 +419,7 @@ impl Engine {
             Err(e) => {
                 let e = self.master_error(e);
                 if e.is_fenced() {
-                    self.fail(e.duplicate());
+                    self.fail(e.duplicate(&self.path));
                 }
                 self.job = None;
                 self.output.push_back(Action::FlushDone(Err(e)));
