@@ -10,18 +10,17 @@
 //!
 //! The record is kept small (the design budget is under 150 bytes per chunk in the
 //! master): no strings, chunkservers as `u32`, up to three replicas inline. Records
-//! live in fixed pages of slots (a slab, freed slots reused) and a hash index maps a
-//! handle to its slot, so a chunk costs its slot (88 bytes) and an index entry (16
-//! bytes at the index's load factor) instead of a hash entry the size of the record
-//! (half empty after each doubling) plus a separate allocation for its replicas.
+//! live in a slab ([`crate::slab`]), so a chunk costs its slot (88 bytes) and an index
+//! entry (16 bytes at the index's load factor) instead of a hash entry the size of the
+//! record (half empty after each doubling) plus a separate allocation for its replicas.
 
+use crate::slab::{Slab, SlabKey, SlabRefused, SlabValue};
 use bincode::de::Decoder;
 use bincode::enc::Encoder;
 use bincode::error::{DecodeError, EncodeError};
 use bincode::{Decode, Encode};
 use smallvec::SmallVec;
 use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, ReplicaReport, ReplicaState};
-use std::collections::HashMap;
 
 /// One replica as the master knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,85 +168,39 @@ impl ChunkInfo {
     }
 }
 
-/// Slots per page of the slab: 4096 × 88 bytes, about 352 KiB a page.
-const PAGE: usize = 4096;
-
-/// One slot of the slab; `handle` 0 marks a free one (handles start at 1).
-#[derive(Clone, Debug)]
-struct Slot {
-    handle: ChunkHandle,
-    info: ChunkInfo,
+impl SlabKey for ChunkHandle {
+    const VACANT: Self = ChunkHandle(0);
 }
 
-impl Slot {
-    fn free() -> Self {
-        Self {
-            handle: ChunkHandle(0),
-            info: ChunkInfo::new(ChunkVersion(0), 0),
-        }
+impl SlabValue for ChunkInfo {
+    fn vacant() -> Self {
+        ChunkInfo::new(ChunkVersion(0), 0)
     }
 }
 
 /// Every chunk, plus the handle counter.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkTable {
-    /// Handle → slot number.
-    index: HashMap<ChunkHandle, u32>,
-    /// The slab: pages of [`PAGE`] slots, allocated whole as the table grows (never
-    /// moved, so growth copies nothing).
-    pages: Vec<Box<[Slot]>>,
-    /// Free slots below the slab's high-water mark, reused before it grows.
-    free: Vec<u32>,
-    /// Slots ever used (the high-water mark).
-    used: u32,
+    chunks: Slab<ChunkHandle, ChunkInfo>,
     next_handle: u64,
 }
 
 impl Default for ChunkTable {
     fn default() -> Self {
         Self {
-            index: HashMap::new(),
-            pages: Vec::new(),
-            free: Vec::new(),
-            used: 0,
+            chunks: Slab::default(),
             next_handle: 1,
         }
     }
 }
 
-/// Two tables are equal when they hold the same chunks and counter, wherever their
-/// slots are.
-impl PartialEq for ChunkTable {
-    fn eq(&self, other: &Self) -> bool {
-        self.next_handle == other.next_handle
-            && self.len() == other.len()
-            && self
-                .iter()
-                .all(|(h, c)| other.get(*h).is_some_and(|o| o == c))
-    }
-}
-
-impl Eq for ChunkTable {}
-
 impl ChunkTable {
-    fn slot(&self, n: u32) -> &Slot {
-        let n = n as usize;
-        &self.pages[n / PAGE][n % PAGE]
-    }
-
-    fn slot_mut(&mut self, n: u32) -> &mut Slot {
-        let n = n as usize;
-        &mut self.pages[n / PAGE][n % PAGE]
-    }
-
     pub fn get(&self, h: ChunkHandle) -> Option<&ChunkInfo> {
-        let n = *self.index.get(&h)?;
-        Some(&self.slot(n).info)
+        self.chunks.get(h)
     }
 
     pub fn get_mut(&mut self, h: ChunkHandle) -> Option<&mut ChunkInfo> {
-        let n = *self.index.get(&h)?;
-        Some(&mut self.slot_mut(n).info)
+        self.chunks.get_mut(h)
     }
 
     /// The handle the next new chunk gets. Never reused: the counter only grows, and
@@ -258,13 +211,7 @@ impl ChunkTable {
 
     /// Adds a chunk (advancing the handle counter past it).
     pub fn insert(&mut self, h: ChunkHandle, info: ChunkInfo) -> std::result::Result<(), String> {
-        if h.0 == 0 {
-            return Err("chunk handle 0 is not a valid handle".to_string());
-        }
-        if self.index.contains_key(&h) {
-            return Err(format!("chunk {h} already exists"));
-        }
-        if h.0 < self.next_handle {
+        if h.0 != 0 && !self.chunks.contains_key(h) && h.0 < self.next_handle {
             // A handle below the counter was minted before: reusing it would be a bug.
             return Err(format!(
                 "chunk {h} is below the handle counter {}",
@@ -278,69 +225,28 @@ impl ChunkTable {
 
     /// Puts a new chunk into a free slot (the counter is the caller's business).
     fn place(&mut self, h: ChunkHandle, info: ChunkInfo) -> std::result::Result<(), String> {
-        if h.0 == 0 {
-            return Err("chunk handle 0 is not a valid handle".to_string());
-        }
-        if self.index.contains_key(&h) {
-            return Err(format!("chunk {h} already exists"));
-        }
-        let n = match self.free.pop() {
-            Some(n) => n,
-            None => {
-                let n = self.used;
-                let Some(next) = n.checked_add(1) else {
-                    return Err("the chunk table is full (2^32 chunks)".to_string());
-                };
-                if n as usize == self.pages.len() * PAGE {
-                    let page: Vec<Slot> = (0..PAGE).map(|_| Slot::free()).collect();
-                    self.pages.push(page.into_boxed_slice());
-                }
-                self.used = next;
-                n
-            }
-        };
-        *self.slot_mut(n) = Slot { handle: h, info };
-        self.index.insert(h, n);
-        Ok(())
+        self.chunks.insert(h, info).map_err(|e| match e {
+            SlabRefused::VacantKey => "chunk handle 0 is not a valid handle".to_string(),
+            SlabRefused::Exists => format!("chunk {h} already exists"),
+            SlabRefused::Full => "the chunk table is full (2^32 chunks)".to_string(),
+        })
     }
 
     pub fn remove(&mut self, h: ChunkHandle) -> Option<ChunkInfo> {
-        let n = self.index.remove(&h)?;
-        let slot = std::mem::replace(self.slot_mut(n), Slot::free());
-        self.free.push(n);
-        if self.index.is_empty() {
-            // Nothing left: give the slab back.
-            self.pages = Vec::new();
-            self.free = Vec::new();
-            self.used = 0;
-        }
-        Some(slot.info)
+        self.chunks.remove(h)
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.chunks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.chunks.is_empty()
     }
 
     /// Every chunk, in slot order (no particular order of handles).
     pub fn iter(&self) -> impl Iterator<Item = (&ChunkHandle, &ChunkInfo)> {
-        self.pages
-            .iter()
-            .flat_map(|p| p.iter())
-            .take(self.used as usize)
-            .filter(|s| s.handle.0 != 0)
-            .map(|s| (&s.handle, &s.info))
-    }
-
-    /// Reserves index room for `n` more chunks (a checkpoint being loaded).
-    fn reserve(&mut self, n: usize) {
-        self.index.reserve(n);
-        let want = (self.used as usize).saturating_add(n);
-        self.pages
-            .reserve(want.div_ceil(PAGE).saturating_sub(self.pages.len()));
+        self.chunks.iter()
     }
 }
 
@@ -365,7 +271,9 @@ impl<C> Decode<C> for ChunkTable {
         let next_handle = u64::decode(d)?;
         let n = u64::decode(d)?;
         let mut table = ChunkTable::default();
-        table.reserve(usize::try_from(n.min(1 << 20)).unwrap_or(0));
+        table
+            .chunks
+            .reserve(usize::try_from(n.min(1 << 20)).unwrap_or(0));
         for _ in 0..n {
             let h = ChunkHandle::decode(d)?;
             let version = ChunkVersion::decode(d)?;
@@ -458,12 +366,12 @@ mod tests {
     #[test]
     fn the_slab_reuses_freed_slots_and_compares_by_content() {
         let mut a = ChunkTable::default();
-        let n = (PAGE + 10) as u64;
+        let n = (crate::slab::PAGE + 10) as u64;
         for h in 1..=n {
             a.insert(ChunkHandle(h), ChunkInfo::new(ChunkVersion(h), 3))
                 .expect("insert");
         }
-        assert_eq!(a.pages.len(), 2);
+        assert_eq!(a.chunks.pages(), 2);
         for h in (1..=n).filter(|h| h % 2 == 0) {
             assert_eq!(
                 a.remove(ChunkHandle(h)).map(|c| c.version),
@@ -477,7 +385,7 @@ mod tests {
             a.insert(ChunkHandle(h), ChunkInfo::new(ChunkVersion(h), 3))
                 .expect("insert");
         }
-        assert_eq!(a.pages.len(), 2);
+        assert_eq!(a.chunks.pages(), 2);
         assert_eq!(a.len(), n as usize);
         assert!(a
             .insert(ChunkHandle(0), ChunkInfo::new(ChunkVersion(1), 1))
@@ -513,7 +421,7 @@ mod tests {
         for h in want {
             a.remove(ChunkHandle(h));
         }
-        assert!(a.is_empty() && a.pages.is_empty());
+        assert!(a.is_empty() && a.chunks.pages() == 0);
     }
 
     #[test]

@@ -92,6 +92,7 @@ pub mod recovery;
 pub mod registry;
 pub mod server;
 pub mod service;
+pub mod slab;
 pub mod state;
 pub mod trash;
 

@@ -6,11 +6,17 @@
 //! low-level steps the state machine's records apply; validation of requests happens
 //! before a record is written (see [`crate::state`]).
 
+use bincode::de::Decoder;
+use bincode::enc::Encoder;
+use bincode::error::{DecodeError, EncodeError};
 use bincode::{Decode, Encode};
+use ecow::EcoString;
 use stampfs_proto::{Attr, ChunkHandle, ChunkVersion, ClientId, InodeId};
 use std::collections::{BTreeMap, HashMap};
+use thin_vec::ThinVec;
 
 use crate::error::{Error, Result};
+use crate::slab::{Slab, SlabKey, SlabRefused, SlabValue};
 
 /// The root directory's inode.
 pub const ROOT: InodeId = InodeId(1);
@@ -52,13 +58,41 @@ impl WriteState {
 }
 
 /// A file's metadata.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileMeta {
     pub replication: u8,
     pub chunk_size: u64,
-    pub chunks: Vec<ChunkHandle>,
+    /// One pointer (no allocation while empty) instead of a `Vec`'s three words.
+    pub chunks: ThinVec<ChunkHandle>,
     pub write: WriteState,
 }
+
+/// Encoded as it was while `chunks` was a `Vec` (the checkpoint keeps its format).
+impl Encode for FileMeta {
+    fn encode<E: Encoder>(&self, e: &mut E) -> std::result::Result<(), EncodeError> {
+        self.replication.encode(e)?;
+        self.chunk_size.encode(e)?;
+        self.chunks.as_slice().encode(e)?;
+        self.write.encode(e)
+    }
+}
+
+impl<C> Decode<C> for FileMeta {
+    fn decode<D: Decoder<Context = C>>(d: &mut D) -> std::result::Result<Self, DecodeError> {
+        let replication = u8::decode(d)?;
+        let chunk_size = u64::decode(d)?;
+        let chunks: Vec<ChunkHandle> = Vec::decode(d)?;
+        let write = WriteState::decode(d)?;
+        Ok(Self {
+            replication,
+            chunk_size,
+            chunks: ThinVec::from(chunks),
+            write,
+        })
+    }
+}
+
+bincode::impl_borrow_decode!(FileMeta);
 
 impl FileMeta {
     /// The client holding the file open, if any.
@@ -75,11 +109,39 @@ impl FileMeta {
     }
 }
 
-/// A directory's entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+/// A directory's entries. A name of up to 15 bytes is kept inside its entry
+/// ([`EcoString`], 16 bytes), so most names cost no allocation of their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DirMeta {
-    pub children: BTreeMap<Box<str>, InodeId>,
+    pub children: BTreeMap<EcoString, InodeId>,
 }
+
+/// Encoded as a map of strings to inodes, as it always was.
+impl Encode for DirMeta {
+    fn encode<E: Encoder>(&self, e: &mut E) -> std::result::Result<(), EncodeError> {
+        (self.children.len() as u64).encode(e)?;
+        for (name, ino) in &self.children {
+            name.as_str().encode(e)?;
+            ino.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+impl<C> Decode<C> for DirMeta {
+    fn decode<D: Decoder<Context = C>>(d: &mut D) -> std::result::Result<Self, DecodeError> {
+        let n = u64::decode(d)?;
+        let mut children = BTreeMap::new();
+        for _ in 0..n {
+            let name = String::decode(d)?;
+            let ino = InodeId::decode(d)?;
+            children.insert(EcoString::from(name), ino);
+        }
+        Ok(Self { children })
+    }
+}
+
+bincode::impl_borrow_decode!(DirMeta);
 
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub enum InodeKind {
@@ -91,16 +153,18 @@ pub enum InodeKind {
     Symlink(String),
 }
 
-/// One namespace entry. Names live only in the parent's children map.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+/// One namespace entry. Names live only in the parent's children map, extended
+/// attributes in the namespace's side table ([`Namespace::xattrs`]: few entries have
+/// any, so none of them pays for a pointer).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inode {
     pub parent: InodeId,
     pub attr: Attr,
     pub kind: InodeKind,
-    /// Extended attributes (`user.*`), by name; `None` without any (one pointer, not
-    /// an empty map, on every inode).
-    pub xattrs: Option<Box<BTreeMap<String, Vec<u8>>>>,
 }
+
+/// Extended attributes (`user.*`) of one entry, by name.
+pub type Xattrs = BTreeMap<String, Vec<u8>>;
 
 /// Nanoseconds of a wall-clock time in milliseconds (saturating).
 pub fn ms_to_ns(ms: u64) -> i64 {
@@ -136,7 +200,6 @@ impl Inode {
                 ctime_ns: t,
             },
             kind,
-            xattrs: None,
         }
     }
 
@@ -209,39 +272,158 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
     })
 }
 
-/// The tree of inodes.
-#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+impl SlabKey for InodeId {
+    const VACANT: Self = InodeId(0);
+}
+
+impl SlabValue for Inode {
+    fn vacant() -> Self {
+        Inode::dir(InodeId(0), 0)
+    }
+}
+
+/// The tree of inodes, kept in a slab ([`crate::slab`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Namespace {
-    inodes: HashMap<InodeId, Inode>,
+    inodes: Slab<InodeId, Inode>,
+    /// The extended attributes of the entries that have any (never an empty map).
+    xattrs: HashMap<InodeId, Xattrs>,
     next_inode: u64,
 }
 
 impl Default for Namespace {
     fn default() -> Self {
-        let mut inodes = HashMap::new();
-        inodes.insert(ROOT, Inode::dir(ROOT, 0));
+        let mut inodes = Slab::default();
+        // A fresh slab takes any key but 0.
+        let _ = inodes.insert(ROOT, Inode::dir(ROOT, 0));
         Self {
             inodes,
+            xattrs: HashMap::new(),
             next_inode: ROOT.0 + 1,
         }
     }
 }
 
+/// Checkpoint form: a map of inode ids to inodes (as the hash map it was, in slot
+/// order), each inode its parent, attributes, kind and optional extended attributes
+/// (as the inode held them), then the counter.
+impl Encode for Namespace {
+    fn encode<E: Encoder>(&self, e: &mut E) -> std::result::Result<(), EncodeError> {
+        (self.inodes.len() as u64).encode(e)?;
+        for (ino, inode) in self.inodes.iter() {
+            ino.encode(e)?;
+            inode.parent.encode(e)?;
+            inode.attr.encode(e)?;
+            inode.kind.encode(e)?;
+            self.xattrs.get(ino).encode(e)?;
+        }
+        self.next_inode.encode(e)
+    }
+}
+
+impl<C> Decode<C> for Namespace {
+    fn decode<D: Decoder<Context = C>>(d: &mut D) -> std::result::Result<Self, DecodeError> {
+        let n = u64::decode(d)?;
+        let mut ns = Namespace {
+            inodes: Slab::default(),
+            xattrs: HashMap::new(),
+            next_inode: 0,
+        };
+        ns.inodes
+            .reserve(usize::try_from(n.min(1 << 20)).unwrap_or(0));
+        for _ in 0..n {
+            let ino = InodeId::decode(d)?;
+            let inode = Inode {
+                parent: InodeId::decode(d)?,
+                attr: Attr::decode(d)?,
+                kind: InodeKind::decode(d)?,
+            };
+            let xattrs = Option::<Xattrs>::decode(d)?;
+            ns.add(ino, inode)
+                .map_err(|e| DecodeError::OtherString(format!("checkpoint namespace: {e}")))?;
+            if let Some(x) = xattrs.filter(|x| !x.is_empty()) {
+                ns.xattrs.insert(ino, x);
+            }
+        }
+        ns.next_inode = ns.next_inode.max(u64::decode(d)?);
+        Ok(ns)
+    }
+}
+
+bincode::impl_borrow_decode!(Namespace);
+
 impl Namespace {
+    /// A namespace of `inodes` (a checkpoint's, or an older format's upgraded); the
+    /// counter never below an inode in use.
+    pub(crate) fn from_inodes(
+        inodes: impl IntoIterator<Item = (InodeId, Inode)>,
+        next_inode: u64,
+    ) -> std::result::Result<Self, String> {
+        let mut ns = Namespace {
+            inodes: Slab::default(),
+            xattrs: HashMap::new(),
+            next_inode,
+        };
+        for (ino, inode) in inodes {
+            ns.add(ino, inode)?;
+        }
+        Ok(ns)
+    }
+
+    /// Adds a decoded inode (its parent's entry comes with the parent), keeping the
+    /// counter above it.
+    fn add(&mut self, ino: InodeId, inode: Inode) -> std::result::Result<(), String> {
+        self.inodes
+            .insert(ino, inode)
+            .map_err(|e| refused(ino, e))?;
+        self.next_inode = self.next_inode.max(ino.0.saturating_add(1));
+        Ok(())
+    }
+
     pub fn get(&self, ino: InodeId) -> Option<&Inode> {
-        self.inodes.get(&ino)
+        self.inodes.get(ino)
+    }
+
+    /// The extended attributes of `ino`, `None` without any.
+    pub fn xattrs(&self, ino: InodeId) -> Option<&Xattrs> {
+        self.xattrs.get(&ino)
+    }
+
+    /// Sets (`Some`) or removes (`None`) the extended attribute `name` of an existing
+    /// `ino`; false when there is no such inode.
+    pub fn set_xattr(&mut self, ino: InodeId, name: &str, value: Option<&[u8]>) -> bool {
+        if !self.inodes.contains_key(ino) {
+            return false;
+        }
+        match value {
+            Some(v) => {
+                self.xattrs
+                    .entry(ino)
+                    .or_default()
+                    .insert(name.to_string(), v.to_vec());
+            }
+            None => {
+                if let Some(map) = self.xattrs.get_mut(&ino) {
+                    map.remove(name);
+                    if map.is_empty() {
+                        self.xattrs.remove(&ino);
+                    }
+                }
+            }
+        }
+        true
     }
 
     pub fn get_mut(&mut self, ino: InodeId) -> Option<&mut Inode> {
-        self.inodes.get_mut(&ino)
+        self.inodes.get_mut(ino)
     }
 
     pub fn file(&self, ino: InodeId) -> Option<&FileMeta> {
-        self.inodes.get(&ino).and_then(Inode::as_file)
+        self.inodes.get(ino).and_then(Inode::as_file)
     }
 
     pub fn file_mut(&mut self, ino: InodeId) -> Option<&mut FileMeta> {
-        match self.inodes.get_mut(&ino).map(|i| &mut i.kind) {
+        match self.inodes.get_mut(ino).map(|i| &mut i.kind) {
             Some(InodeKind::File(f)) => Some(f),
             _ => None,
         }
@@ -270,7 +452,7 @@ impl Namespace {
     /// The child `name` of directory `dir`.
     pub fn child(&self, dir: InodeId, name: &str) -> Option<InodeId> {
         self.inodes
-            .get(&dir)
+            .get(dir)
             .and_then(Inode::as_dir)
             .and_then(|d| d.children.get(name).copied())
     }
@@ -279,7 +461,7 @@ impl Namespace {
     pub fn resolve(&self, comps: &[&str]) -> Result<InodeId> {
         let mut cur = ROOT;
         for (i, name) in comps.iter().enumerate() {
-            let Some(dir) = self.inodes.get(&cur).and_then(Inode::as_dir) else {
+            let Some(dir) = self.inodes.get(cur).and_then(Inode::as_dir) else {
                 return Err(Error::NotADirectory {
                     path: join(&comps[..i]),
                 });
@@ -304,7 +486,7 @@ impl Namespace {
             },
             other => other,
         })?;
-        if self.inodes.get(&parent).and_then(Inode::as_dir).is_none() {
+        if self.inodes.get(parent).and_then(Inode::as_dir).is_none() {
             return Err(Error::NotADirectory {
                 path: join(dir_comps),
             });
@@ -316,8 +498,8 @@ impl Namespace {
     pub fn path_of(&self, mut ino: InodeId) -> Option<String> {
         let mut names = Vec::new();
         while ino != ROOT {
-            let parent = self.inodes.get(&ino)?.parent;
-            let dir = self.inodes.get(&parent).and_then(Inode::as_dir)?;
+            let parent = self.inodes.get(ino)?.parent;
+            let dir = self.inodes.get(parent).and_then(Inode::as_dir)?;
             let name = dir
                 .children
                 .iter()
@@ -339,7 +521,7 @@ impl Namespace {
             if ino == ROOT {
                 return false;
             }
-            match self.inodes.get(&ino) {
+            match self.inodes.get(ino) {
                 Some(i) => ino = i.parent,
                 None => return false,
             }
@@ -354,11 +536,11 @@ impl Namespace {
         ino: InodeId,
         inode: Inode,
     ) -> std::result::Result<(), String> {
-        if self.inodes.contains_key(&ino) {
+        if self.inodes.contains_key(ino) {
             return Err(format!("inode {ino} already exists"));
         }
         let mtime_ns = inode.attr.mtime_ns;
-        match self.inodes.get_mut(&parent) {
+        match self.inodes.get_mut(parent) {
             Some(Inode {
                 kind: InodeKind::Dir(d),
                 attr,
@@ -373,7 +555,9 @@ impl Namespace {
             }
             _ => return Err(format!("parent {parent} is not a directory")),
         }
-        self.inodes.insert(ino, inode);
+        self.inodes
+            .insert(ino, inode)
+            .map_err(|e| refused(ino, e))?;
         self.next_inode = self.next_inode.max(ino.0.saturating_add(1));
         Ok(())
     }
@@ -387,7 +571,7 @@ impl Namespace {
         mtime_ms: u64,
     ) -> std::result::Result<Vec<(InodeId, Inode)>, String> {
         let not_dir = || format!("parent {parent} is not a directory");
-        let p = self.inodes.get_mut(&parent).ok_or_else(not_dir)?;
+        let p = self.inodes.get_mut(parent).ok_or_else(not_dir)?;
         let InodeKind::Dir(d) = &mut p.kind else {
             return Err(not_dir());
         };
@@ -399,7 +583,8 @@ impl Namespace {
         let mut removed = Vec::new();
         let mut stack = vec![ino];
         while let Some(i) = stack.pop() {
-            if let Some(inode) = self.inodes.remove(&i) {
+            if let Some(inode) = self.inodes.remove(i) {
+                self.xattrs.remove(&i);
                 if let InodeKind::Dir(d) = &inode.kind {
                     stack.extend(d.children.values().copied());
                 }
@@ -426,7 +611,7 @@ impl Namespace {
         }
         if self
             .inodes
-            .get(&dst_parent)
+            .get(dst_parent)
             .and_then(Inode::as_dir)
             .is_none()
         {
@@ -436,7 +621,7 @@ impl Namespace {
             return Err(format!("cannot move {ino} into itself"));
         }
         for (dir, add) in [(src_parent, false), (dst_parent, true)] {
-            if let Some(p) = self.inodes.get_mut(&dir) {
+            if let Some(p) = self.inodes.get_mut(dir) {
                 if let InodeKind::Dir(d) = &mut p.kind {
                     if add {
                         d.children.insert(dst_name.into(), ino);
@@ -447,7 +632,7 @@ impl Namespace {
                 }
             }
         }
-        if let Some(i) = self.inodes.get_mut(&ino) {
+        if let Some(i) = self.inodes.get_mut(ino) {
             i.parent = dst_parent;
             i.changed(mtime_ms);
         }
@@ -455,277 +640,17 @@ impl Namespace {
     }
 }
 
-/// The namespace as checkpoint formats 2 to 5 wrote it (before attributes were
-/// stored: an inode held its modification time in milliseconds only), decoded only to
-/// upgrade old checkpoints. Their entries take the defaults of [`Inode::new`]: uid 0,
-/// gid 0, the default mode of their kind, every time at their modification time.
-pub(crate) mod v5 {
-    use super::InodeKind;
-    use bincode::Decode;
-    use stampfs_proto::InodeId;
-    use std::collections::HashMap;
-
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode, Debug, PartialEq))]
-    pub struct Inode {
-        pub parent: InodeId,
-        pub mtime_ms: u64,
-        pub kind: InodeKind,
-    }
-
-    /// A namespace of formats 2 to 5.
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    pub struct Namespace {
-        pub inodes: HashMap<InodeId, Inode>,
-        pub next_inode: u64,
-    }
-
-    impl Namespace {
-        /// `ns` as formats 2 to 5 wrote it: every attribute but the modification
-        /// time (in milliseconds) dropped.
-        #[cfg(test)]
-        pub fn downgrade(ns: &super::Namespace) -> Self {
-            Self {
-                inodes: ns
-                    .inodes
-                    .iter()
-                    .map(|(ino, i)| {
-                        let old = Inode {
-                            parent: i.parent,
-                            mtime_ms: i.mtime_ms(),
-                            kind: i.kind.clone(),
-                        };
-                        (*ino, old)
-                    })
-                    .collect(),
-                next_inode: ns.next_inode,
-            }
-        }
-
-        /// The current form.
-        pub fn upgrade(self) -> super::Namespace {
-            super::Namespace {
-                inodes: self
-                    .inodes
-                    .into_iter()
-                    .map(|(ino, i)| (ino, super::Inode::new(i.parent, i.mtime_ms, i.kind)))
-                    .collect(),
-                next_inode: self.next_inode,
-            }
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-        use crate::namespace::{DirMeta, ROOT};
-
-        #[test]
-        fn a_format_5_namespace_upgrades_with_default_attributes() {
-            let mut root = DirMeta::default();
-            root.children.insert("l".into(), InodeId(2));
-            let mut inodes = HashMap::new();
-            inodes.insert(
-                ROOT,
-                Inode {
-                    parent: ROOT,
-                    mtime_ms: 7,
-                    kind: InodeKind::Dir(root),
-                },
-            );
-            inodes.insert(
-                InodeId(2),
-                Inode {
-                    parent: ROOT,
-                    mtime_ms: 9,
-                    kind: InodeKind::Symlink("t".into()),
-                },
-            );
-            let old = Namespace {
-                inodes,
-                next_inode: 3,
-            };
-            let bytes = bincode::encode_to_vec(&old, bincode::config::standard()).unwrap();
-            let (back, _): (Namespace, usize) =
-                bincode::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
-            let ns = back.upgrade();
-            let root = ns.get(ROOT).unwrap();
-            assert_eq!(root.attr.mode, 0o755);
-            assert_eq!(root.attr.mtime_ns, 7_000_000);
-            let link = ns.get(InodeId(2)).unwrap();
-            assert_eq!(link.attr.mode, 0o777);
-            assert_eq!((link.attr.uid, link.attr.gid), (0, 0));
-            assert_eq!(link.attr.atime_ns, 9_000_000);
-            assert_eq!(link.attr.ctime_ns, 9_000_000);
-            assert_eq!(ns.next_inode().0, 3);
-        }
+/// Why an inode could not be added.
+fn refused(ino: InodeId, e: SlabRefused) -> String {
+    match e {
+        SlabRefused::VacantKey => "inode 0 is not a valid inode".to_string(),
+        SlabRefused::Exists => format!("inode {ino} already exists"),
+        SlabRefused::Full => "the namespace is full (2^32 inodes)".to_string(),
     }
 }
 
-/// The namespace as checkpoint format 1 wrote it (before `WriteState::Open` carried
-/// the granted version), decoded only to upgrade old checkpoints.
-pub(crate) mod v1 {
-    use super::DirMeta;
-    use bincode::Decode;
-    use stampfs_proto::{ChunkHandle, ChunkVersion, ClientId, InodeId};
-    use std::collections::HashMap;
-
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    enum WriteState {
-        Closed,
-        Open {
-            client: ClientId,
-        },
-        Recovering {
-            holder: ClientId,
-            old_version: ChunkVersion,
-        },
-    }
-
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    struct FileMeta {
-        replication: u8,
-        chunk_size: u64,
-        chunks: Vec<ChunkHandle>,
-        write: WriteState,
-    }
-
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    enum InodeKind {
-        Dir(DirMeta),
-        File(FileMeta),
-    }
-
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    struct Inode {
-        parent: InodeId,
-        mtime_ms: u64,
-        kind: InodeKind,
-    }
-
-    /// A format-1 namespace.
-    #[derive(Decode)]
-    #[cfg_attr(test, derive(bincode::Encode))]
-    pub struct Namespace {
-        inodes: HashMap<InodeId, Inode>,
-        next_inode: u64,
-    }
-
-    impl Namespace {
-        /// The current form. An open file's granted version is what format 1 implied:
-        /// the current version of its last chunk (`version_of`), zero without one.
-        pub fn upgrade(self, version_of: impl Fn(ChunkHandle) -> ChunkVersion) -> super::Namespace {
-            let inodes = self
-                .inodes
-                .into_iter()
-                .map(|(ino, i)| {
-                    let kind = match i.kind {
-                        InodeKind::Dir(d) => super::InodeKind::Dir(d),
-                        InodeKind::File(f) => {
-                            let write = match f.write {
-                                WriteState::Closed => super::WriteState::Closed,
-                                WriteState::Open { client } => super::WriteState::Open {
-                                    client,
-                                    granted: f
-                                        .chunks
-                                        .last()
-                                        .map_or(ChunkVersion(0), |h| version_of(*h)),
-                                },
-                                WriteState::Recovering {
-                                    holder,
-                                    old_version,
-                                } => super::WriteState::Recovering {
-                                    holder,
-                                    old_version,
-                                },
-                            };
-                            super::InodeKind::File(super::FileMeta {
-                                replication: f.replication,
-                                chunk_size: f.chunk_size,
-                                chunks: f.chunks,
-                                write,
-                            })
-                        }
-                    };
-                    (ino, super::Inode::new(i.parent, i.mtime_ms, kind))
-                })
-                .collect();
-            super::Namespace {
-                inodes,
-                next_inode: self.next_inode,
-            }
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-        use crate::namespace::ROOT;
-
-        #[test]
-        fn a_format_1_namespace_upgrades_with_the_last_chunks_version_granted() {
-            let mut root = DirMeta::default();
-            root.children.insert("open".into(), InodeId(2));
-            root.children.insert("closed".into(), InodeId(3));
-            let file = |write| Inode {
-                parent: ROOT,
-                mtime_ms: 5,
-                kind: InodeKind::File(FileMeta {
-                    replication: 3,
-                    chunk_size: 1 << 20,
-                    chunks: vec![ChunkHandle(7)],
-                    write,
-                }),
-            };
-            let old = Namespace {
-                inodes: HashMap::from([
-                    (
-                        ROOT,
-                        Inode {
-                            parent: ROOT,
-                            mtime_ms: 0,
-                            kind: InodeKind::Dir(root),
-                        },
-                    ),
-                    (
-                        InodeId(2),
-                        file(WriteState::Open {
-                            client: ClientId(9),
-                        }),
-                    ),
-                    (InodeId(3), file(WriteState::Closed)),
-                ]),
-                next_inode: 4,
-            };
-            let cfg = bincode::config::standard();
-            let bytes = bincode::encode_to_vec(&old, cfg).expect("encode");
-            let (back, _): (Namespace, usize) =
-                bincode::decode_from_slice(&bytes, cfg).expect("decode");
-            let ns = back.upgrade(|h| {
-                assert_eq!(h, ChunkHandle(7));
-                ChunkVersion(4)
-            });
-            assert_eq!(
-                ns.file(InodeId(2)).expect("file").write,
-                super::super::WriteState::Open {
-                    client: ClientId(9),
-                    granted: ChunkVersion(4)
-                }
-            );
-            assert_eq!(
-                ns.file(InodeId(3)).expect("file").write,
-                super::super::WriteState::Closed
-            );
-            assert_eq!(ns.next_inode(), InodeId(4));
-            assert_eq!(ns.resolve(&["open"]).expect("resolve"), InodeId(2));
-        }
-    }
-}
+pub(crate) mod v1;
+pub(crate) mod v5;
 
 #[cfg(test)]
 mod tests {
@@ -738,7 +663,7 @@ mod tests {
             InodeKind::File(FileMeta {
                 replication: 3,
                 chunk_size: 1 << 20,
-                chunks: vec![],
+                chunks: ThinVec::new(),
                 write: WriteState::Closed,
             }),
         )
@@ -807,3 +732,8 @@ mod tests {
         );
     }
 }
+
+/// The namespace's checkpoint form is the one the derived encoding of its earlier
+/// types wrote.
+#[cfg(test)]
+mod format_tests;

@@ -8,6 +8,7 @@ use crate::chunk_table::{server_index, ChunkInfo};
 use crate::namespace::{FileMeta, Inode, InodeKind, WriteState};
 use stampfs_proto::{ChunkHandle, ChunkVersion, ChunkserverId, InodeId, MODE_BITS};
 use std::collections::BTreeSet;
+use thin_vec::ThinVec;
 
 impl MasterState {
     /// Applies record `lsn`. Used by [`MasterState::commit`] and by replay; lease timers
@@ -76,7 +77,7 @@ impl MasterState {
                     InodeKind::File(FileMeta {
                         replication: *replication,
                         chunk_size: *chunk_size,
-                        chunks: Vec::new(),
+                        chunks: ThinVec::new(),
                         write: WriteState::Open {
                             client: *client,
                             granted: ChunkVersion(0),
@@ -507,22 +508,13 @@ impl MasterState {
                 value,
                 mtime_ms,
             } => {
+                if !self.ns.set_xattr(*inode, name, value.as_deref()) {
+                    return Err(format!("extended attribute of unknown inode {inode}"));
+                }
                 let i = self
                     .ns
                     .get_mut(*inode)
                     .ok_or(format!("extended attribute of unknown inode {inode}"))?;
-                let map = i.xattrs.get_or_insert_with(Default::default);
-                match value {
-                    Some(v) => {
-                        map.insert(name.clone(), v.clone());
-                    }
-                    None => {
-                        map.remove(name);
-                    }
-                }
-                if map.is_empty() {
-                    i.xattrs = None;
-                }
                 i.changed(*mtime_ms);
             }
             Record::WithAttr { record, attr } => {

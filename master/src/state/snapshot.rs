@@ -135,7 +135,7 @@ impl MasterState {
                     SnapV5,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-                let ns = ns.upgrade();
+                let ns = ns.upgrade().map_err(upgrade_failed)?;
                 (last_lsn, ns, chunks, servers, next_server, pipelines, open)
             }
             3 => {
@@ -146,7 +146,7 @@ impl MasterState {
                 let open = BTreeMap::new();
                 (
                     last_lsn,
-                    ns.upgrade(),
+                    ns.upgrade().map_err(upgrade_failed)?,
                     chunks,
                     servers,
                     next_server,
@@ -160,7 +160,7 @@ impl MasterState {
                 let none = BTreeMap::new();
                 (
                     last_lsn,
-                    ns.upgrade(),
+                    ns.upgrade().map_err(upgrade_failed)?,
                     chunks,
                     servers,
                     next_server,
@@ -171,7 +171,9 @@ impl MasterState {
             1 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server), _): (SnapV1, usize) =
                     bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
-                let ns = ns.upgrade(|h| chunks.get(h).map_or(ChunkVersion(0), |c| c.version));
+                let ns = ns
+                    .upgrade(|h| chunks.get(h).map_or(ChunkVersion(0), |c| c.version))
+                    .map_err(upgrade_failed)?;
                 let none = BTreeMap::new();
                 (
                     last_lsn,
@@ -214,5 +216,12 @@ impl MasterState {
             .map(|(ino, _)| *ino)
             .collect();
         Ok(st)
+    }
+}
+
+/// An older checkpoint's namespace the current form refuses.
+fn upgrade_failed(reason: String) -> Error {
+    Error::Codec {
+        reason: format!("checkpoint namespace: {reason}"),
     }
 }

@@ -680,7 +680,9 @@ fn a_format_1_checkpoint_is_still_read() {
     );
     // What formats before 6 kept of the namespace: no attributes but the
     // modification time.
-    st.ns = crate::namespace::v5::Namespace::downgrade(&st.ns).upgrade();
+    st.ns = crate::namespace::v5::Namespace::downgrade(&st.ns)
+        .upgrade()
+        .expect("upgrade");
     // Without open files formats 1 and 2 differ only in the leading number (one
     // varint byte), and 2 to 5 share the namespace's layout.
     let mut snap = bincode::encode_to_vec(

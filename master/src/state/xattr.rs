@@ -35,11 +35,7 @@ impl MasterState {
         check_name(&req.name)?;
         self.check_access(&req.path, req.caller.as_ref(), READ)?;
         let ino = self.resolve_path(&req.path)?;
-        Ok(self
-            .ns
-            .get(ino)
-            .and_then(|i| i.xattrs.as_ref())
-            .and_then(|m| m.get(&req.name).cloned()))
+        Ok(self.ns.xattrs(ino).and_then(|m| m.get(&req.name).cloned()))
     }
 
     /// The names of the entry's extended attributes, sorted.
@@ -48,8 +44,7 @@ impl MasterState {
         let ino = self.resolve_path(&req.path)?;
         Ok(self
             .ns
-            .get(ino)
-            .and_then(|i| i.xattrs.as_ref())
+            .xattrs(ino)
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default())
     }
@@ -71,7 +66,7 @@ impl MasterState {
                 reason: "a symbolic link has no user extended attributes".into(),
             });
         }
-        let map = inode.xattrs.as_deref();
+        let map = self.ns.xattrs(ino);
         let existed = map.is_some_and(|m| m.contains_key(&req.name));
         match (&req.value, req.how) {
             (None, _) | (Some(_), XattrSet::Replace) if !existed => return Ok(false),

@@ -586,7 +586,7 @@ fn granted_pipelines_survive_the_log_and_checkpoints_of_every_format() {
     .expect("v2");
     let old = MasterState::decode_snapshot(settings(), &v2, 0).expect("decode v2");
     assert!(old.pipelines.is_empty());
-    assert_eq!(old.ns, v5_ns.upgrade());
+    assert_eq!(old.ns, v5_ns.upgrade().expect("upgrade"));
     // A pipeline record naming a chunkserver twice, or one never registered, is
     // refused.
     for servers in [vec![ids[0], ids[0]], vec![ChunkserverId(77)]] {
