@@ -81,12 +81,17 @@ impl<C> Decode<C> for FileMeta {
     fn decode<D: Decoder<Context = C>>(d: &mut D) -> std::result::Result<Self, DecodeError> {
         let replication = u8::decode(d)?;
         let chunk_size = u64::decode(d)?;
-        let chunks: Vec<ChunkHandle> = Vec::decode(d)?;
+        let n = u64::decode(d)?;
+        // Reserved up to a bound only: the length comes from the input.
+        let mut chunks = ThinVec::with_capacity(usize::try_from(n.min(1 << 12)).unwrap_or(0));
+        for _ in 0..n {
+            chunks.push(ChunkHandle::decode(d)?);
+        }
         let write = WriteState::decode(d)?;
         Ok(Self {
             replication,
             chunk_size,
-            chunks: ThinVec::from(chunks),
+            chunks,
             write,
         })
     }
@@ -539,25 +544,32 @@ impl Namespace {
         if self.inodes.contains_key(ino) {
             return Err(format!("inode {ino} already exists"));
         }
-        let mtime_ns = inode.attr.mtime_ns;
-        match self.inodes.get_mut(parent) {
+        match self.inodes.get(parent) {
             Some(Inode {
                 kind: InodeKind::Dir(d),
-                attr,
                 ..
             }) => {
                 if d.children.contains_key(name) {
                     return Err(format!("{name:?} already exists in {parent}"));
                 }
-                d.children.insert(name.into(), ino);
-                attr.mtime_ns = mtime_ns;
-                attr.ctime_ns = mtime_ns;
             }
             _ => return Err(format!("parent {parent} is not a directory")),
         }
+        // The inode first: when the slab refuses it, nothing has changed.
+        let mtime_ns = inode.attr.mtime_ns;
         self.inodes
             .insert(ino, inode)
             .map_err(|e| refused(ino, e))?;
+        if let Some(Inode {
+            kind: InodeKind::Dir(d),
+            attr,
+            ..
+        }) = self.inodes.get_mut(parent)
+        {
+            d.children.insert(name.into(), ino);
+            attr.mtime_ns = mtime_ns;
+            attr.ctime_ns = mtime_ns;
+        }
         self.next_inode = self.next_inode.max(ino.0.saturating_add(1));
         Ok(())
     }

@@ -12,7 +12,8 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-/// Slots per page: 4096 (352 KiB for a chunk, 448 KiB for an inode).
+/// Slots per page: 4096 (352 KiB of 88-byte chunk slots, 416 KiB of 104-byte inode
+/// slots).
 pub const PAGE: usize = 4096;
 
 /// A key of a slab: never [`Self::VACANT`] for a record.

@@ -298,11 +298,22 @@ impl ConnRead {
     pub fn idle_state(&mut self) -> IdleState {
         let mut probe = [0u8; 1];
         match self {
-            ConnRead::Plain(r) => match r.try_read(&mut probe) {
-                Ok(_) => IdleState::Unusable,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => IdleState::Quiet,
-                Err(_) => IdleState::Unusable,
-            },
+            // Asked of the kernel (a peek that does not wait): the runtime's own view of
+            // the socket, which `try_read` consults first, may not have caught up with a
+            // close that arrived while the connection sat idle (a master restarted a
+            // moment ago), and a request sent then is lost with the connection.
+            ConnRead::Plain(r) => {
+                let peeked = rustix::net::recv(
+                    AsRef::<TcpStream>::as_ref(r),
+                    &mut probe[..],
+                    rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+                );
+                match peeked {
+                    Err(e) if e == rustix::io::Errno::WOULDBLOCK => IdleState::Quiet,
+                    // EOF, bytes nobody asked for, or an error.
+                    _ => IdleState::Unusable,
+                }
+            }
             ConnRead::Tls(r) => {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 let mut buf = ReadBuf::new(&mut probe);
@@ -434,6 +445,32 @@ fn tls_file(path: &Path, reason: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection the peer closed while it sat idle is unusable at once, before the
+    /// runtime has polled its socket (here: never, the runtime's only thread sleeps).
+    #[test]
+    fn an_idle_connection_closed_by_the_peer_is_seen_closed_at_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr").to_string();
+            let mut conn = Dialer::plain()
+                .connect(&addr, Duration::from_secs(5))
+                .await
+                .expect("connect");
+            let (server, _) = listener.accept().await.expect("accept");
+            assert_eq!(conn.read.idle_state(), IdleState::Quiet);
+            drop(server);
+            // The FIN arrives; the runtime does not run meanwhile.
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(conn.read.idle_state(), IdleState::Unusable);
+        });
+    }
 
     #[test]
     fn server_names_come_from_the_host_part() {

@@ -22,15 +22,20 @@ pub trait Rpc: Sized {
     type Request: Encode + Decode<()>;
     /// What a successful call returns.
     type Response: Encode + Decode<()>;
+    /// Whether the request may be sent a second time after a first whose reply was
+    /// lost (the connection ended before it), without a second effect and without an
+    /// error for what the first did: reads, and writes that set a state again.
+    const RESEND_SAFE: bool = false;
     /// Wraps the request in its enum.
     fn into_request(self) -> Self::Request;
 }
 
 macro_rules! rpc {
-    ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty;)*) => {$(
+    ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty $([$resend:ident])?;)*) => {$(
         impl Rpc for $req {
             type Request = $enum;
             type Response = $resp;
+            $(const RESEND_SAFE: bool = { let _ = stringify!($resend); true };)?
             fn into_request(self) -> $enum {
                 $enum::$variant(self)
             }
@@ -38,17 +43,18 @@ macro_rules! rpc {
     )*};
 }
 
+// `[resend]`: the request is [`Rpc::RESEND_SAFE`].
 rpc! {
     MasterRequest::Mkdir(Mkdir) -> FileStatus;
     MasterRequest::Create(Create) -> FileStatus;
     MasterRequest::Append(Append) -> AppendReply;
     MasterRequest::AddChunk(AddChunk) -> WriteGrant;
     MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant;
-    MasterRequest::Close(Close) -> FileStatus;
-    MasterRequest::RenewLease(RenewLease) -> LeaseTerms;
-    MasterRequest::GetLocations(GetLocations) -> FileLocations;
-    MasterRequest::List(List) -> Vec<FileStatus>;
-    MasterRequest::Stat(Stat) -> FileStatus;
+    MasterRequest::Close(Close) -> FileStatus [resend];
+    MasterRequest::RenewLease(RenewLease) -> LeaseTerms [resend];
+    MasterRequest::GetLocations(GetLocations) -> FileLocations [resend];
+    MasterRequest::List(List) -> Vec<FileStatus> [resend];
+    MasterRequest::Stat(Stat) -> FileStatus [resend];
     MasterRequest::Rename(Rename) -> ();
     MasterRequest::Delete(Delete) -> ();
     MasterRequest::RecoverLease(RecoverLease) -> RecoveryOutcome;
@@ -56,25 +62,25 @@ rpc! {
     MasterRequest::Register(Register) -> RegisterReply;
     MasterRequest::Heartbeat(Heartbeat) -> HeartbeatReply;
     MasterRequest::ChunkReport(ChunkReport) -> ();
-    MasterRequest::Fsck(Fsck) -> FsckReport;
-    MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport;
+    MasterRequest::Fsck(Fsck) -> FsckReport [resend];
+    MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport [resend];
     MasterRequest::ReportPart(ReportPart) -> ();
     MasterRequest::MakeFile(MakeFile) -> FileStatus;
-    MasterRequest::CutLastChunk(CutLastChunk) -> ();
+    MasterRequest::CutLastChunk(CutLastChunk) -> () [resend];
     MasterRequest::OpenChunk(OpenChunk) -> WriteGrant;
     MasterRequest::DropChunks(DropChunks) -> ();
     MasterRequest::Symlink(Symlink) -> FileStatus;
-    MasterRequest::ReadLink(ReadLink) -> String;
-    MasterRequest::SetAttr(SetAttr) -> FileStatus;
-    MasterRequest::GetXattr(GetXattr) -> Option<Vec<u8>>;
-    MasterRequest::ListXattr(ListXattr) -> Vec<String>;
+    MasterRequest::ReadLink(ReadLink) -> String [resend];
+    MasterRequest::SetAttr(SetAttr) -> FileStatus [resend];
+    MasterRequest::GetXattr(GetXattr) -> Option<Vec<u8>> [resend];
+    MasterRequest::ListXattr(ListXattr) -> Vec<String> [resend];
     MasterRequest::SetXattr(SetXattr) -> bool;
     MasterRequest::ServerHello(ServerHello) -> ServerChallenge;
     MasterRequest::ServerProve(ServerProve) -> ServerProveReply;
     MasterRequest::ClientHello(ClientHello) -> ClientChallenge;
     MasterRequest::ClientProve(ClientProve) -> ClientProveReply;
     MasterRequest::AddUser(AddUser) -> AddUserReply;
-    MasterRequest::ListUsers(ListUsers) -> Vec<UserInfo>;
+    MasterRequest::ListUsers(ListUsers) -> Vec<UserInfo> [resend];
     MasterRequest::RemoveUser(RemoveUser) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 impl Client {
     /// Sends one request to the master. A pooled connection the master closed while
-    /// it sat idle (the master restarted; the check in the pool cannot see a close
-    /// that the runtime has not noticed yet) fails before any reply: the request then
-    /// goes once more on a new connection, and the other pooled ones are dropped
-    /// (see [`retry_on_fresh`]; DESIGN.md "Master requests on a closed connection").
+    /// it sat idle is found closed before it is used; one closed in the moment
+    /// between that check and the request fails without a reply: a request that is
+    /// [`Rpc::RESEND_SAFE`] then goes once more on a new connection (see
+    /// [`retry_on_fresh`]; DESIGN.md "Master requests on a closed connection"), and the
+    /// other pooled connections are dropped either way.
     pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
     where
         R: Rpc<Request = MasterRequest> + Clone,
@@ -38,10 +39,15 @@ impl Client {
         };
         match self.call_on(conn, req.clone()).await {
             Err(Error::Proto(e)) if retry_on_fresh(reused, &e) => {
-                tracing::debug!(error = %e, "pooled master connection was closed; retrying on a new one");
+                // The master closed its connections (it restarted): so it did with
+                // the others in the pool.
                 if let Ok(mut p) = self.inner.master_pool.lock() {
                     p.clear();
                 }
+                if !R::RESEND_SAFE {
+                    return Err(Error::Proto(e));
+                }
+                tracing::debug!(error = %e, "pooled master connection was closed; sending the request again on a new one");
                 let conn = self.dial_master_conn().await?;
                 self.call_on(conn, req).await
             }

@@ -125,3 +125,15 @@ fn an_inode_is_compact() {
         std::mem::size_of::<Inode>()
     );
 }
+
+#[test]
+fn an_inode_the_slab_refuses_leaves_its_parent_alone() {
+    let mut ns = Namespace::default();
+    let before = ns.clone();
+    let e = ns
+        .insert(ROOT, "zero", InodeId(0), Inode::dir(ROOT, 5))
+        .unwrap_err();
+    assert!(e.contains("inode 0"), "{e}");
+    assert_eq!(ns, before, "no entry and no new times in the parent");
+    assert_eq!(ns.child(ROOT, "zero"), None);
+}
