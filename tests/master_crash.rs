@@ -171,13 +171,7 @@ fn a_writer_finishes_when_a_pipeline_member_froze_across_a_master_restart() {
     let data = common::pattern(600_000, 43);
     rt.block_on(async {
         let client = common::connect(&c.master.addr).await.expect("connect");
-        let opts = CreateOptions {
-            chunk_size: Some(256 << 10),
-            ..Default::default()
-        };
-        let mut w = client.create("/f", opts).await.expect("create");
-        w.write_all(&data).await.expect("write");
-        w.hflush().await.expect("hflush");
+        let mut w = common::hflushed_writer(&client, "/f", &data).await;
         c.chunkservers[0].stop();
         c.master.restart();
         std::thread::sleep(Duration::from_millis(1500));

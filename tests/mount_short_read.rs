@@ -15,9 +15,7 @@ mod common;
 
 use common::mount::{fuse_or_skip, MountGuard};
 use common::{pattern, runtime, TestCluster};
-use stampfs_client::CreateOptions;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
 #[test]
 fn a_file_whose_readable_length_falls_back_is_never_read_short_through_the_mount() {
@@ -30,13 +28,7 @@ fn a_file_whose_readable_length_falls_back_is_never_read_short_through_the_mount
     let data = pattern(600_000, 41);
     runtime().block_on(async {
         let client = common::connect(&c.master.addr).await.expect("connect");
-        let opts = CreateOptions {
-            chunk_size: Some(256 << 10),
-            ..Default::default()
-        };
-        let mut w = client.create("/f", opts).await.expect("create");
-        w.write_all(&data).await.expect("write");
-        w.hflush().await.expect("hflush");
+        let mut w = common::hflushed_writer(&client, "/f", &data).await;
 
         let size = std::fs::metadata(m.path("f")).expect("stat").len();
         assert_eq!(size, data.len() as u64, "the mount shows the hflushed size");

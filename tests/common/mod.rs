@@ -726,3 +726,21 @@ pub async fn refused_and_closed<T: std::fmt::Debug>(
         "{what}: the master closes the connection after refusing it, got {after:?}"
     );
 }
+
+/// A writer of a new file `path` in chunks of 256 KiB that wrote and hflushed `data`
+/// (in a cluster of three chunkservers, each holds a replica of the open last chunk).
+pub async fn hflushed_writer(
+    client: &stampfs_client::Client,
+    path: &str,
+    data: &[u8],
+) -> stampfs_client::FileWriter {
+    use tokio::io::AsyncWriteExt;
+    let opts = stampfs_client::CreateOptions {
+        chunk_size: Some(256 << 10),
+        ..Default::default()
+    };
+    let mut w = client.create(path, opts).await.expect("create");
+    w.write_all(data).await.expect("write");
+    w.hflush().await.expect("hflush");
+    w
+}
