@@ -302,9 +302,21 @@ fn add_chunk_mints_handles_and_versions_and_commits_the_previous() {
     let p0 = st.add_chunk(&add(None), ino, 0, 2).expect("first chunk");
     assert_eq!((p0.bump.chunk_index, p0.bump.file_offset), (0, 0));
     assert!(p0.finalize.is_none());
-    // previous None while the file already has a chunk is allowed: that chunk keeps
-    // its committed length (0 here).
-    let p1 = st.add_chunk(&add(None), ino, 0, 2).expect("second chunk");
+    // A new chunk that commits nothing goes only after a full one: a second copy of
+    // the first request (its reply lost) is refused, not applied twice.
+    let e = st.add_chunk(&add(None), ino, 0, 2).unwrap_err();
+    assert!(e.to_string().contains("holds 0 of"), "{e}");
+    let p1 = st
+        .add_chunk(
+            &add(Some(ChunkCommit {
+                handle: p0.bump.handle,
+                length: 1 << 20,
+            })),
+            ino,
+            0,
+            2,
+        )
+        .expect("second chunk");
     assert_eq!(p1.bump.chunk_index, 1);
     ack_all(&mut st, &p1.bump);
     assert_eq!(p1.bump.version, ChunkVersion(1));
@@ -322,7 +334,7 @@ fn add_chunk_mints_handles_and_versions_and_commits_the_previous() {
         )
         .expect("third chunk");
     assert!(p2.bump.handle > p1.bump.handle);
-    assert_eq!(p2.bump.file_offset, 1000);
+    assert_eq!(p2.bump.file_offset, (1 << 20) + 1000);
     let fin = p2.finalize.expect("finalize previous");
     assert_eq!(
         (fin.handle, fin.length, fin.targets.len()),
@@ -630,12 +642,22 @@ fn counters_resume_strictly_above_after_replay_and_checkpoint() {
             )
             .expect("re-register keeps the id");
         let ino = replayed.resolve_path("/f0").expect("f0");
+        // B reopened /f0: it commits the last chunk it holds as it moves on.
+        let last = *replayed
+            .ns
+            .file(ino)
+            .and_then(|f| f.chunks.last())
+            .expect("a chunk");
+        let length = replayed.chunks.get(last).expect("chunk").length;
         let p = replayed
             .add_chunk(
                 &AddChunk {
                     path: "/f0".into(),
                     client: B,
-                    previous: None,
+                    previous: Some(ChunkCommit {
+                        handle: last,
+                        length,
+                    }),
                 },
                 ino,
                 0,

@@ -183,6 +183,26 @@ impl MasterState {
         Ok(())
     }
 
+    /// A new chunk that commits no chunk before it goes first, or after a full one:
+    /// every chunk before the last stays full (a writer that filled the last chunk
+    /// commits it in the same request, as `previous`). So an `AddChunk` applied twice
+    /// (its reply lost, the request sent again) is refused instead of adding a chunk
+    /// behind an empty one.
+    fn check_full_end(&self, path: &str, f: &FileMeta) -> Result<()> {
+        let Some(last) = f.chunks.last() else {
+            return Ok(());
+        };
+        let length = self.chunks.get(*last).map_or(0, |c| c.length);
+        if length < f.chunk_size {
+            return Err(Error::bad_request(format!(
+                "a new chunk of {path} after chunk {last}, which holds {length} of {} \
+                 bytes: commit it as the previous chunk",
+                f.chunk_size
+            )));
+        }
+        Ok(())
+    }
+
     /// The open chunk of `ino`, when its writer was granted it (a `GrantedPipeline`
     /// names it): the writer may hold acknowledged bytes there.
     fn granted_chunk(&self, ino: InodeId, f: &FileMeta) -> Option<ChunkHandle> {
@@ -305,8 +325,9 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
-        if let Some(c) = &req.previous {
-            self.check_commit(&path, expect, f, c)?;
+        match &req.previous {
+            Some(c) => self.check_commit(&path, expect, f, c)?,
+            None => self.check_full_end(&path, f)?,
         }
         let replication = f.replication;
         let chunk_size = f.chunk_size;
