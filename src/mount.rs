@@ -140,6 +140,7 @@ async fn foreground(args: MountArgs) -> u8 {
         allow_other: args.allow_other,
         attr_ttl: args.cache_timeout,
         negative_ttl: args.negative_timeout,
+        threads: usize::from(args.threads),
         ..MountConfig::default()
     };
     let mut mount = match Mount::start(client, &args.mountpoint, config).await {
@@ -306,7 +307,9 @@ async fn background(args: MountArgs) -> u8 {
     cmd.arg("--cache-timeout")
         .arg(humantime::format_duration(args.cache_timeout).to_string())
         .arg("--negative-timeout")
-        .arg(humantime::format_duration(args.negative_timeout).to_string());
+        .arg(humantime::format_duration(args.negative_timeout).to_string())
+        .arg("--threads")
+        .arg(args.threads.to_string());
     let spawned = cmd
         .arg(&mountpoint)
         .current_dir("/")

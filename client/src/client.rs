@@ -24,6 +24,7 @@ use std::time::Duration;
 
 mod conn;
 mod files;
+pub(crate) mod inline;
 
 pub(crate) use conn::connection_closed;
 use conn::{dial_master, IdlePool};

@@ -1,7 +1,7 @@
 //! Connections: to the master (authenticated on every new one, pooled), and to
 //! chunkservers (pooled per address for requests that change nothing).
 
-use super::Client;
+use super::{inline, Client};
 use crate::error::{Error, Result};
 use stampfs_proto::auth::{authenticate_client, AuthFailure};
 use stampfs_proto::net::Dialer;
@@ -23,15 +23,7 @@ impl Client {
     where
         R: Rpc<Request = MasterRequest> + Clone,
     {
-        let pooled = self.inner.master_pool.lock().ok().and_then(|mut p| {
-            // Connections the master closed while they were idle (it restarted) go.
-            while let Some(mut c) = p.pop() {
-                if !c.unusable_while_idle() {
-                    return Some(c);
-                }
-            }
-            None
-        });
+        let pooled = self.take_master();
         let reused = pooled.is_some();
         let conn = match pooled {
             Some(c) => c,
@@ -41,7 +33,9 @@ impl Client {
             Err(Error::Proto(e)) if retry_on_fresh(reused, &e) => {
                 // The master closed its connections (it restarted): so it did with
                 // the others in the pool.
-                if let Ok(mut p) = self.inner.master_pool.lock() {
+                if inline::inside() {
+                    inline::clear_master();
+                } else if let Ok(mut p) = self.inner.master_pool.lock() {
                     p.clear();
                 }
                 if !R::RESEND_SAFE {
@@ -93,7 +87,31 @@ impl Client {
         }
     }
 
+    /// An idle master connection the master has not closed: this thread's own when
+    /// it serves inline ([`inline`]), else one from the shared pool.
+    fn take_master(&self) -> Option<RpcClient> {
+        // Connections the master closed while they were idle (it restarted) go.
+        if inline::inside() {
+            while let Some(mut c) = inline::take_master() {
+                if !c.unusable_while_idle() {
+                    return Some(c);
+                }
+            }
+            return None;
+        }
+        let mut p = self.inner.master_pool.lock().ok()?;
+        while let Some(mut c) = p.pop() {
+            if !c.unusable_while_idle() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
     fn put_master(&self, conn: RpcClient) {
+        if inline::inside() {
+            return inline::put_master(conn);
+        }
         if let Ok(mut p) = self.inner.master_pool.lock() {
             if p.len() < 8 {
                 p.push(conn);
@@ -167,12 +185,20 @@ impl Client {
     /// A pooled connection to `addr` that has not been idle too long, with the instant
     /// it went idle.
     fn take_chunk(&self, addr: &str) -> Option<(RpcClient, Instant)> {
+        if inline::inside() {
+            // A pooled connection may be bound to another thread's runtime.
+            return None;
+        }
         let max_idle = self.inner.config.pooled_connection_max_idle;
         let mut pool = self.inner.chunk_pool.lock().ok()?;
         pool.take(addr, Instant::now(), max_idle)
     }
 
     fn put_chunk(&self, addr: &str, conn: RpcClient) {
+        if inline::inside() {
+            // Bound to this thread's runtime: no use to the shared pool's users.
+            return;
+        }
         if let Ok(mut pool) = self.inner.chunk_pool.lock() {
             pool.put(addr, conn, Instant::now());
         }

@@ -1,10 +1,13 @@
 //! [`StampFs`]: the fuser callbacks, and [`Shared`]: the state and the async work
 //! behind them.
 //!
-//! fuser calls [`StampFs`] on its one session thread. A callback never waits for the
-//! network there: it answers from memory (cached attributes, directory snapshots) or
-//! hands the request and its `Reply*` object to a task on the tokio runtime, which
-//! replies when the cluster has answered. So a slow read never holds up an `ls`.
+//! fuser calls [`StampFs`] on its request threads (`MountConfig::threads`). A callback
+//! answers from memory when it can (cached attributes, directory snapshots). Otherwise
+//! a namespace request is served to its end on that thread ([`StampFs::inline`]: the
+//! thread's own runtime; DESIGN.md "The mount's request path"), and a request on an
+//! open file (read, write, open, flush, fsync, release, truncate) goes with its
+//! `Reply*` object to a task on the mount's runtime ([`StampFs::spawn`]), which replies
+//! when the cluster has answered: a slow read holds no thread.
 
 use super::capacity::{Capacity, CapacityCache, Lookup};
 use super::errno::errno_for;
@@ -134,6 +137,28 @@ impl StampFs {
         self.spawn(crate::client::REQUEST_CALLER.scope(caller, fut));
     }
 
+    /// Runs a namespace request to its end on this FUSE thread's own runtime, which
+    /// answers the kernel from here (see `client/inline.rs`): a request that needs only
+    /// the master crosses no thread of the mount.
+    fn inline<F>(&self, fut: F)
+    where
+        F: Future<Output = ()>,
+    {
+        if let Err(e) = crate::client::inline::block_on(fut) {
+            // The request (and its reply) was dropped unanswered: fuser answers EIO.
+            tracing::error!(error = %e, "cannot build the FUSE thread's runtime");
+        }
+    }
+
+    /// [`StampFs::inline`] as the process that made `req` (see [`StampFs::spawn_as`]).
+    fn inline_as<F>(&self, req: &Request, fut: F)
+    where
+        F: Future<Output = ()>,
+    {
+        let caller = caller_of(req);
+        self.inline(crate::client::REQUEST_CALLER.scope(caller, fut));
+    }
+
     fn handle(&self, fh: FileHandle) -> Option<Handle> {
         lock(&self.shared.handles).get(fh.0)
     }
@@ -159,7 +184,7 @@ impl fuser::Filesystem for StampFs {
             return reply.error(Errno::ENOENT);
         }
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.inline(async move {
             match sh.status_and_size(&path).await {
                 Ok((st, size)) => sh.reply_entry(reply, &st, size),
                 Err(e) => reply.error(e),
@@ -177,7 +202,7 @@ impl fuser::Filesystem for StampFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.inline(async move {
             match sh.getattr(ino).await {
                 Ok(attr) => reply.attr(&sh.ttl, &attr),
                 Err(e) => reply.error(e),
@@ -226,12 +251,19 @@ impl fuser::Filesystem for StampFs {
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        let work = async move {
             match sh.setattr(ino, size, change).await {
                 Ok(attr) => reply.attr(&sh.ttl, &attr),
                 Err(e) => reply.error(e),
             }
-        });
+        };
+        if size.is_none() && mtime.is_none() {
+            self.inline_as(req, work);
+        } else {
+            // A truncate or a set modification time concerns this mount's writers
+            // (runtime tasks): served among them.
+            self.spawn_as(req, work);
+        }
     }
 
     fn mknod(
@@ -253,7 +285,7 @@ impl fuser::Filesystem for StampFs {
         }
         let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.mknod(path, attr).await {
                 Ok(st) => sh.reply_entry(reply, &st, 0),
                 Err(e) => reply.error(e),
@@ -276,7 +308,7 @@ impl fuser::Filesystem for StampFs {
         };
         let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.mkdir(path, attr).await {
                 Ok(st) => sh.reply_entry(reply, &st, 0),
                 Err(e) => reply.error(e),
@@ -290,7 +322,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.remove(path, "unlink").await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -304,7 +336,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.remove(path, "rmdir").await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -326,7 +358,7 @@ impl fuser::Filesystem for StampFs {
         };
         let attr = new_attr(req, 0o777, 0);
         let (sh, target) = (self.shared.clone(), target.to_path_buf());
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.symlink(path, &target, attr).await {
                 Ok(st) => {
                     let size = st.length;
@@ -343,7 +375,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.inline(async move {
             match sh.readlink(path).await {
                 Ok(target) => reply.data(target.as_bytes()),
                 Err(e) => reply.error(e),
@@ -390,7 +422,7 @@ impl fuser::Filesystem for StampFs {
         }
         let replace = !flags.contains(RenameFlags::RENAME_NOREPLACE);
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.rename(from, to, replace).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -584,7 +616,7 @@ impl fuser::Filesystem for StampFs {
             return Shared::fill_dir(&d, offset, reply);
         }
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.inline(async move {
             match sh.list(&d).await {
                 Ok(()) => Shared::fill_dir(&d, 0, reply),
                 Err(e) => reply.error(e),
@@ -622,7 +654,7 @@ impl fuser::Filesystem for StampFs {
             Lookup::Answer(capacity) => reply_statfs(reply, capacity),
             Lookup::Fetch => {
                 let sh = self.shared.clone();
-                self.spawn(async move {
+                self.inline(async move {
                     let capacity = sh.fetch_capacity().await;
                     reply_statfs(reply, capacity);
                 });
@@ -640,7 +672,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let (sh, name) = (self.shared.clone(), name.to_string());
-        self.spawn(async move {
+        self.inline(async move {
             match sh.getxattr(path, name).await {
                 Ok(v) => xattr::reply_sized(reply, size, &v),
                 Err(e) => reply.error(e),
@@ -654,7 +686,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let sh = self.shared.clone();
-        self.spawn(async move {
+        self.inline(async move {
             match sh.listxattr(path).await {
                 Ok(v) => xattr::reply_sized(reply, size, &v),
                 Err(e) => reply.error(e),
@@ -690,7 +722,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let (sh, name, value) = (self.shared.clone(), name.to_string(), value.to_vec());
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.setxattr(path, name, Some(value), how).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -707,7 +739,7 @@ impl fuser::Filesystem for StampFs {
             Err(e) => return reply.error(e),
         };
         let (sh, name) = (self.shared.clone(), name.to_string());
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh
                 .setxattr(path, name, None, stampfs_proto::XattrSet::Any)
                 .await
@@ -740,7 +772,7 @@ impl fuser::Filesystem for StampFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let attr = new_attr(req, mode, umask);
         let sh = self.shared.clone();
-        self.spawn_as(req, async move {
+        self.inline_as(req, async move {
             match sh.create(path, append_mode, attr).await {
                 Ok((st, fh)) => {
                     let attr = sh.attr(&st, 0);

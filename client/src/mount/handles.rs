@@ -22,18 +22,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Whether a flush or release of a write handle is answered at once, on the session
-/// thread, without waiting for a turn or asking the cluster: when no write was ever
-/// sent on the handle. Such a handle has no writer (only a write opens one), so there
+/// Whether a flush or release of a write handle is answered at once, on the FUSE
+/// thread that read it, without waiting for a turn or asking the cluster: when no
+/// write was ever sent on the handle. Such a handle has no writer (only a write opens one), so there
 /// is nothing to flush, no length to commit and no lease to release; every earlier
 /// request on it was a flush or an fsync of nothing.
 pub(crate) fn settles_at_once(wrote: bool) -> bool {
     !wrote
 }
 
-/// Serves tickets in the order they were taken. The FUSE thread takes a ticket while
-/// it still holds the request (in kernel order); the task that serves the request
-/// waits for its turn. Every ticket must be entered once, or later ones wait forever.
+/// Serves tickets in the order they were taken. The FUSE thread that read a request
+/// takes a ticket before anything answers it, so a request sent after an earlier one
+/// was answered takes a later ticket (requests in flight together have no order to
+/// keep); the task that serves the request waits for its turn. Every ticket must be
+/// entered once, or later ones wait forever.
 pub(crate) struct Turnstile {
     next: AtomicU64,
     /// The ticket being served; bumped when a [`Turn`] ends, watched by waiting tasks.
@@ -113,8 +115,9 @@ pub(crate) struct WriteHandle {
     /// A write in place (below the end) or a truncate not yet hflushed: a read through
     /// this mount hflushes first and drops what it read ahead.
     pub(crate) overwrote: AtomicBool,
-    /// Set on the session thread when a write is sent on this handle (true from the
-    /// start for a handle given a writer): see [`settles_at_once`].
+    /// Set by the FUSE thread that read a write on this handle, before the write is
+    /// answered (true from the start for a handle given a writer): see
+    /// [`settles_at_once`].
     pub(crate) wrote: AtomicBool,
     /// Created empty and closed by this mount: its first write reopens it without
     /// asking the master for its length first (it was empty; `Append` says if another

@@ -22,9 +22,14 @@
 //!   default) by the kernel and here; a listing fills the cache so `ls -l` costs one
 //!   request. Reads go through the page cache and each open file's [`FileReader`]
 //!   with its read-ahead buffer.
-//! - **Concurrency.** fuser's session thread never waits for the network: every
-//!   request that needs the cluster runs as a tokio task that replies when done, so a
-//!   slow read does not hold up `ls`, and any number of files can be open.
+//! - **Concurrency.** [`MountConfig::threads`] threads read the kernel's requests.
+//!   A namespace request (lookup, getattr, create, mkdir, unlink, rename, readdir,
+//!   xattrs, chmod...) is served to its end on the thread that read it, on a
+//!   current-thread runtime of that thread's own, as mfsmount's workers do: the
+//!   master's reply wakes the thread that answers the kernel, with no hand-off
+//!   between threads. Reads, writes, opens, flushes and truncates run as tasks on the
+//!   mount's runtime, which answer when done: a slow read holds no thread, and any
+//!   number of files can be open.
 //! - **Crashes.** If the mount process dies, its leases lapse and the files it was
 //!   writing are closed by lease recovery (`stampfs recover PATH`, or the master on
 //!   its own after the hard limit), keeping every acknowledged byte.
@@ -91,6 +96,10 @@ pub struct MountConfig {
     /// Mount over a directory that is not empty (hiding what it holds until the
     /// unmount), as libfuse's `-o nonempty`; refused otherwise.
     pub nonempty: bool,
+    /// Threads reading requests from the kernel; at least 1. Each serves a namespace
+    /// request to its end itself (see "Concurrency" above), so at most this many wait
+    /// for the master at once.
+    pub threads: usize,
     /// Other users may use the mount (`-o allow_other`), each with their own
     /// permissions: the kernel checks the stored modes (`default_permissions`) and
     /// the master checks namespace changes for the calling process's identity.
@@ -104,6 +113,7 @@ impl Default for MountConfig {
             negative_ttl: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
             fsname: "stampfs".to_string(),
+            threads: 4,
             nonempty: false,
             allow_other: false,
         }
@@ -172,9 +182,10 @@ impl Mount {
             }
             options.acl = fuser::SessionACL::All;
         }
-        // One session thread: it only queues work, and one reader keeps each open
-        // file's requests in the kernel's order.
-        options.n_threads = Some(1);
+        // Requests the kernel sent one after the other (the first answered before the
+        // second went) reach the callbacks in that order whichever thread reads them:
+        // so the turn tickets taken there keep each open file's requests in order.
+        options.n_threads = Some(config.threads.max(1));
         let mp = mountpoint.to_path_buf();
         // Mounting waits for the kernel's INIT request: off the async threads.
         let session = tokio::task::spawn_blocking(move || fuser::Session::new(fs, &mp, &options))
