@@ -33,6 +33,8 @@
 //! - [`auth`]: who a connection proved to be (a chunkserver with the cluster key, a
 //!   client with a user's key), whom its requests act as, and which user each client
 //!   id belongs to, pure; the users themselves are state (`state/users.rs`).
+//! - [`raft`]: the types of the master group's replicated log (openraft 0.9; not
+//!   serving yet).
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!
@@ -88,6 +90,7 @@ pub mod oplog;
 pub mod pacing;
 pub mod perm;
 pub mod placement;
+pub mod raft;
 pub mod recovery;
 pub mod registry;
 pub mod server;
