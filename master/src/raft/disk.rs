@@ -5,8 +5,8 @@
 //! ([`EntryDisk`], [`SnapshotMetaDisk`]) and a fixed-layout vote, pinned by golden bytes
 //! in the tests below, converted to and from openraft's types at the storage
 //! boundary. Decoding is bounded ([`MAX_ENTRY_BYTES`]) and checks everything openraft
-//! would take on trust: a membership whose voters have no address is refused, and so is
-//! a record batch whose LSNs would run past the last.
+//! would take on trust: a membership with a voter that is not a member is refused, and
+//! so is a record batch whose LSNs would run past the last.
 //!
 //! Layouts (integers of the vote and the snapshot header big-endian; bincode's
 //! standard varints inside the bincode parts):
@@ -106,8 +106,8 @@ impl From<&Membership<NodeId, MasterNode>> for MembershipDisk {
 }
 
 impl MembershipDisk {
-    /// The membership, checked: at least one config, each with at least one voter, no
-    /// member listed twice, and every voter with an address.
+    /// The membership, checked: at least one config, each with at least one voter
+    /// listed once, no member listed twice, and every voter among the members.
     pub fn to_membership(&self) -> Result<Membership<NodeId, MasterNode>> {
         let what = "membership";
         if self.configs.is_empty() {
@@ -115,9 +115,6 @@ impl MembershipDisk {
         }
         let mut nodes = BTreeMap::new();
         for (id, addr) in &self.nodes {
-            if addr.is_empty() {
-                return Err(corrupt(what, format!("member {id} has no address")));
-            }
             let node = MasterNode { addr: addr.clone() };
             if nodes.insert(*id, node).is_some() {
                 return Err(corrupt(what, format!("member {id} listed twice")));
@@ -130,7 +127,7 @@ impl MembershipDisk {
                 return Err(corrupt(what, format!("bad voter list {c:?}")));
             }
             if let Some(v) = voters.iter().find(|v| !nodes.contains_key(v)) {
-                return Err(corrupt(what, format!("voter {v} has no address")));
+                return Err(corrupt(what, format!("voter {v} is not a member")));
             }
             configs.push(voters);
         }
@@ -405,7 +402,8 @@ mod tests {
             decode_entry(&bytes[..bytes.len() - 1]).is_err(),
             "cut short"
         );
-        // A voter without an address, a member listed twice, no config at all.
+        // A voter that is not a member, a member listed twice, no config at all, a
+        // voter listed twice.
         for m in [
             MembershipDisk {
                 configs: vec![vec![1, 4]],

@@ -14,9 +14,13 @@
 //! - [`disk`]: the on-disk forms of entries, the vote and snapshot metadata, our own
 //!   bincode layouts pinned by golden bytes, so no openraft upgrade changes the
 //!   directory format.
+//! - [`log_store`]: the group's log on disk (openraft's `RaftLogStorage`): segments
+//!   with the operation log's framing and zeros written ahead, the vote, the commit
+//!   point.
 //! - [`wire`]: the Raft RPCs between members, bincode over serde, bounded on decode.
 
 pub mod disk;
+pub mod log_store;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,804 @@
+//! The group's log on disk: openraft's `RaftLogStorage` over segment files, with the
+//! operation log's framing and its zeros written ahead.
+//!
+//! ```text
+//! DIR/log.<first index, 20 digits>  "STMPRLG1" | header | record*
+//!     header := has_prev u8 | prev term u64be | prev node u64be | prev index u64be | crc32
+//!     record := len:u32be | crc:u32be | index:u64be | bincode(EntryDisk)   (oplog framing)
+//! DIR/vote        the vote (disk.rs), replaced through a temp file, fsynced
+//! DIR/committed   the last committed log id, written in place, never fsynced
+//! ```
+//!
+//! **Appends** ([`LogStore::append`] through openraft) write every entry of a call with one
+//! `pwrite` and one `fdatasync` over zeros written ahead, as the operation log does
+//! (`oplog.rs`, "Records overwrite zeros"), and only then tell openraft the entries are
+//! flushed. A segment past [`SEGMENT_BYTES`] is sealed (its zeros cut) and the next one
+//! starts with the log id before its first entry.
+//!
+//! **Truncation** (a follower's conflicting, uncommitted tail) deletes whole later
+//! segments newest first, then cuts the segment holding the first removed entry and
+//! syncs it, so after a crash at any point the log is a prefix of what it was: never a
+//! log with a gap, and the truncation is simply redone or not needed.
+//!
+//! **Purging** (after a snapshot) deletes whole segments whose entries are all at or
+//! below the purge point, never the newest one. Entries up to the purge point that
+//! remain in a kept segment are no longer served. After a restart the purge point is the
+//! oldest kept segment's previous log id, which is at or below the one openraft asked
+//! for: the entries past it are still there.
+//!
+//! **Opening** ([`LogStore::open`]) reads every segment: the records must be
+//! contiguous, each segment's previous log id must be the last entry before it, and
+//! damage is an error, except in the newest segment, whose torn tail (a crash in the
+//! middle of an append that was never acknowledged) is cut and whose zeros are kept for
+//! appending.
+
+use super::disk::{self, decode_entry, encode_entry};
+use super::{Entry, NodeId, TypeConfig};
+use crate::error::{Error, Result};
+use crate::oplog::{encode_record, lock, sync_dir, MAX_RECORD_LEN, PREALLOC};
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{AnyError, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// First bytes of every segment.
+pub const SEGMENT_MAGIC: &[u8; 8] = b"STMPRLG1";
+/// A segment is sealed and the next one started once it holds this many bytes.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+const SEGMENT_PREFIX: &str = "log.";
+/// Magic, previous log id (flag, term, node, index), CRC.
+const HEADER_LEN: usize = 8 + 1 + 24 + 4;
+/// Bytes before a record's payload: len, crc, index.
+const RECORD_HEADER: usize = 16;
+/// Zeros are written ahead again when fewer than this remain past the records.
+const PREALLOC_MARGIN: u64 = 256 << 10;
+const VOTE_FILE: &str = "vote";
+const VOTE_TMP: &str = "vote.tmp";
+const COMMITTED_FILE: &str = "committed";
+/// The committed file: flag, term, node, index, CRC.
+const COMMITTED_LEN: usize = 1 + 24 + 4;
+
+/// The group's log. Clones share it: openraft's log reader is a clone.
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = lock(&self.inner);
+        f.debug_struct("LogStore")
+            .field("dir", &inner.dir)
+            .field("segments", &inner.segs.len())
+            .field("last", &inner.last_log_id())
+            .finish()
+    }
+}
+
+/// Where one entry is: its offset in its segment and its log id.
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    offset: u64,
+    len: u32,
+    log_id: LogId<NodeId>,
+}
+
+/// One segment file, open for reading and writing.
+#[derive(Debug)]
+struct Seg {
+    path: PathBuf,
+    file: File,
+    /// The index of its first entry (in its name).
+    first: u64,
+    /// The log id of the entry before its first; `None` for the oldest segment of a log
+    /// that starts at 0 or after a point not known (openraft may start a log anywhere).
+    prev: Option<LogId<NodeId>>,
+    recs: Vec<Rec>,
+    /// Where its records end.
+    pos: u64,
+    /// Its size: zeros run from `pos` to here.
+    allocated: u64,
+}
+
+impl Seg {
+    fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        self.recs.last().map(|r| r.log_id).or(self.prev)
+    }
+
+    fn io(&self, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+        let what = format!("{what} {}", self.path.display());
+        move |e| Error::io(what.clone(), e)
+    }
+
+    /// Writes [`PREALLOC`] zeros past the allocated end (not synced).
+    fn pad(&mut self) -> Result<()> {
+        let zeros = vec![0u8; PREALLOC as usize];
+        self.file
+            .write_all_at(&zeros, self.allocated)
+            .map_err(self.io("preallocate"))?;
+        self.allocated += PREALLOC;
+        Ok(())
+    }
+
+    /// Writes `buf` after the last record and makes it durable (zeros written ahead
+    /// first when they run short, synced with it).
+    fn write_durably(&mut self, buf: &[u8]) -> Result<()> {
+        let end = self.pos + buf.len() as u64;
+        while end + PREALLOC_MARGIN > self.allocated {
+            self.pad()?;
+        }
+        self.file
+            .write_all_at(buf, self.pos)
+            .and_then(|()| self.file.sync_data())
+            .map_err(self.io("append to"))?;
+        self.pos = end;
+        Ok(())
+    }
+
+    /// Cuts the file to `at` (dropping every record from there), writes zeros ahead
+    /// again and syncs, size included.
+    fn cut(&mut self, at: u64) -> Result<()> {
+        self.file.set_len(at).map_err(self.io("truncate"))?;
+        self.recs.retain(|r| r.offset < at);
+        self.pos = at;
+        self.allocated = at;
+        self.pad()?;
+        self.file.sync_all().map_err(self.io("sync"))
+    }
+
+    /// Reads and decodes entry `i` of this segment, its CRC checked.
+    fn read(&self, i: usize) -> Result<Entry> {
+        let r = self.recs[i];
+        let mut buf = vec![0u8; r.len as usize];
+        self.file
+            .read_exact_at(&mut buf, r.offset)
+            .map_err(self.io("read"))?;
+        let crc = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        if crc32fast::hash(&buf[8..]) != crc {
+            return Err(Error::CorruptLog {
+                path: self.path.clone(),
+                offset: r.offset,
+                reason: "CRC mismatch in an entry read back".into(),
+            });
+        }
+        decode_entry(&buf[RECORD_HEADER..])
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    /// Oldest first; never empty once open. The last one is appended to.
+    segs: Vec<Seg>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+    /// Entries up to here are not served (openraft purged them).
+    purged: Option<LogId<NodeId>>,
+    /// A segment holding this many bytes is sealed before the next append.
+    segment_bytes: u64,
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{SEGMENT_PREFIX}{first:020}")
+}
+
+fn encode_log_id(id: Option<LogId<NodeId>>) -> [u8; 25] {
+    let mut out = [0u8; 25];
+    if let Some(id) = id {
+        out[0] = 1;
+        out[1..9].copy_from_slice(&id.leader_id.term.to_be_bytes());
+        out[9..17].copy_from_slice(&id.leader_id.node_id.to_be_bytes());
+        out[17..25].copy_from_slice(&id.index.to_be_bytes());
+    }
+    out
+}
+
+/// Decodes what [`encode_log_id`] wrote; `None` inside for "no log id", `Err(reason)`
+/// for a bad flag.
+fn decode_log_id(b: &[u8; 25]) -> std::result::Result<Option<LogId<NodeId>>, String> {
+    let u = |at: usize| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&b[at..at + 8]);
+        u64::from_be_bytes(x)
+    };
+    match b[0] {
+        0 if b[1..].iter().all(|&x| x == 0) => Ok(None),
+        1 => Ok(Some(LogId::new(
+            openraft::CommittedLeaderId::new(u(1), u(9)),
+            u(17),
+        ))),
+        f => Err(format!("bad log id flag {f}")),
+    }
+}
+
+fn segment_header(prev: Option<LogId<NodeId>>) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[..8].copy_from_slice(SEGMENT_MAGIC);
+    out[8..33].copy_from_slice(&encode_log_id(prev));
+    let crc = crc32fast::hash(&out[..33]);
+    out[33..].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// The segments in `dir`, oldest first, with the first index in their name.
+fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let list = |e| Error::io(format!("list {}", dir.display()), e);
+    for entry in std::fs::read_dir(dir).map_err(list)? {
+        let entry = entry.map_err(list)?;
+        let name = entry.file_name();
+        let Some(num) = name.to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)) else {
+            continue;
+        };
+        if num.len() == 20 {
+            if let Ok(first) = num.parse::<u64>() {
+                out.push((first, entry.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What reading one segment found.
+struct Scanned {
+    prev: Option<LogId<NodeId>>,
+    recs: Vec<Rec>,
+    /// Where the good records end.
+    good: u64,
+    /// Why the rest (from `good`) cannot be used, unless it is only zeros.
+    torn: Option<String>,
+}
+
+/// Reads segment `path` (first index `first`) whole.
+fn scan(path: &Path, first: u64) -> Result<Scanned> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let corrupt = |offset: u64, reason: String| Error::CorruptLog {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    if bytes.len() < HEADER_LEN {
+        return Ok(Scanned {
+            prev: None,
+            recs: Vec::new(),
+            good: 0,
+            torn: Some("segment header cut short".into()),
+        });
+    }
+    if &bytes[..8] != SEGMENT_MAGIC {
+        return Err(corrupt(0, "not a stampfs group log segment".into()));
+    }
+    let crc = u32::from_be_bytes([bytes[33], bytes[34], bytes[35], bytes[36]]);
+    if crc32fast::hash(&bytes[..33]) != crc {
+        return Err(corrupt(8, "segment header CRC mismatch".into()));
+    }
+    let mut id = [0u8; 25];
+    id.copy_from_slice(&bytes[8..33]);
+    let prev = decode_log_id(&id).map_err(|r| corrupt(8, r))?;
+    if let Some(p) = prev.filter(|p| p.index.checked_add(1) != Some(first)) {
+        return Err(corrupt(
+            8,
+            format!("named for index {first} but follows index {}", p.index),
+        ));
+    }
+    let mut recs = Vec::new();
+    let mut at = HEADER_LEN;
+    let mut torn = None;
+    let mut next = first;
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        if rest.iter().all(|&b| b == 0) {
+            break; // the zeros written ahead
+        }
+        if rest.len() < RECORD_HEADER {
+            torn = Some(format!("record header cut short at {at}"));
+            break;
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        if !(8..=MAX_RECORD_LEN + 8).contains(&len) || RECORD_HEADER + len - 8 > rest.len() {
+            torn = Some(format!("record of {len} bytes at {at} runs past the end"));
+            break;
+        }
+        let body = &rest[8..RECORD_HEADER + len - 8];
+        if crc32fast::hash(body) != crc {
+            torn = Some(format!("CRC mismatch at {at}"));
+            break;
+        }
+        let mut ix = [0u8; 8];
+        ix.copy_from_slice(&rest[8..16]);
+        let index = u64::from_be_bytes(ix);
+        if index != next {
+            return Err(corrupt(
+                at as u64,
+                format!("entry {index} where {next} belongs"),
+            ));
+        }
+        let entry = decode_entry(&body[8..])
+            .map_err(|e| corrupt(at as u64, format!("entry {index}: {e}")))?;
+        if entry.log_id.index != index {
+            return Err(corrupt(
+                at as u64,
+                format!("entry {} framed as {index}", entry.log_id.index),
+            ));
+        }
+        recs.push(Rec {
+            offset: at as u64,
+            len: (RECORD_HEADER + len - 8) as u32,
+            log_id: entry.log_id,
+        });
+        at += RECORD_HEADER + len - 8;
+        next += 1;
+    }
+    let good = recs
+        .last()
+        .map_or(HEADER_LEN as u64, |r| r.offset + u64::from(r.len));
+    Ok(Scanned {
+        prev,
+        recs,
+        good,
+        torn,
+    })
+}
+
+impl Inner {
+    fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        self.segs.last().and_then(Seg::last_log_id)
+    }
+
+    fn active(&mut self) -> Result<&mut Seg> {
+        self.segs.last_mut().ok_or_else(|| Error::Codec {
+            reason: "the group log has no segment".into(),
+        })
+    }
+
+    /// Creates the segment whose first entry is `first`, after `prev` (`None`: not
+    /// known, for the oldest segment only): header and zeros, durable, and its
+    /// directory entry too.
+    fn create_segment(&mut self, first: u64, prev: Option<LogId<NodeId>>) -> Result<()> {
+        let path = self.dir.join(segment_name(first));
+        let what = format!("create {}", path.display());
+        let io = |e| Error::io(what.clone(), e);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io)?;
+        file.write_all(&segment_header(prev)).map_err(io)?;
+        let mut seg = Seg {
+            path,
+            file,
+            first,
+            prev,
+            recs: Vec::new(),
+            pos: HEADER_LEN as u64,
+            allocated: HEADER_LEN as u64,
+        };
+        seg.pad()?;
+        seg.file.sync_all().map_err(io)?;
+        sync_dir(&self.dir)?;
+        self.segs.push(seg);
+        Ok(())
+    }
+
+    /// The segment and position of entry `index`, if it is held.
+    fn locate(&self, index: u64) -> Option<(usize, usize)> {
+        let s = self
+            .segs
+            .partition_point(|s| s.first <= index)
+            .checked_sub(1)?;
+        let i = usize::try_from(index - self.segs[s].first).ok()?;
+        (i < self.segs[s].recs.len()).then_some((s, i))
+    }
+
+    fn append(&mut self, entries: Vec<Entry>) -> Result<()> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        let expected = first.log_id.index;
+        let live = match (self.last_log_id(), self.purged) {
+            (Some(l), Some(p)) => (l.index > p.index).then_some(l),
+            (l, None) => l,
+            (None, Some(_)) => None,
+        };
+        match live {
+            // Entries follow the last one held.
+            Some(l) if l.index + 1 != expected => {
+                return Err(Error::Codec {
+                    reason: format!("append of entry {expected} where {} belongs", l.index + 1),
+                });
+            }
+            Some(_) => {}
+            // Nothing held past the purge point: the log may start anywhere (a log
+            // that starts after a snapshot; openraft's start-up purges up to what the
+            // state machine applied even where the log holds nothing).
+            None => {
+                let fits = self
+                    .segs
+                    .last()
+                    .is_some_and(|a| a.first + a.recs.len() as u64 == expected);
+                if !fits {
+                    // A new segment, and the old ones (nothing live in them) go.
+                    let prev = self
+                        .purged
+                        .filter(|p| p.index.checked_add(1) == Some(expected));
+                    let old = std::mem::take(&mut self.segs);
+                    self.create_segment(expected, prev)?;
+                    for s in old {
+                        std::fs::remove_file(&s.path).map_err(s.io("remove"))?;
+                    }
+                    sync_dir(&self.dir)?;
+                }
+            }
+        }
+        let segment_bytes = self.segment_bytes;
+        let full = {
+            let a = self.active()?;
+            !a.recs.is_empty() && a.pos >= segment_bytes
+        };
+        if full {
+            let prev = self.last_log_id();
+            let a = self.active()?;
+            a.file.set_len(a.pos).map_err(a.io("seal"))?;
+            a.file.sync_all().map_err(a.io("seal"))?;
+            a.allocated = a.pos;
+            let first = prev.map_or(0, |p| p.index + 1);
+            self.create_segment(first, prev)?;
+        }
+        let a = self.active()?;
+        let mut buf = Vec::new();
+        let mut recs = Vec::with_capacity(entries.len());
+        for (n, e) in entries.iter().enumerate() {
+            if e.log_id.index != expected + n as u64 {
+                return Err(Error::Codec {
+                    reason: format!("entries out of order at {}", e.log_id.index),
+                });
+            }
+            let framed = encode_record(e.log_id.index, &encode_entry(e)?)?;
+            recs.push(Rec {
+                offset: a.pos + buf.len() as u64,
+                len: framed.len() as u32,
+                log_id: e.log_id,
+            });
+            buf.extend_from_slice(&framed);
+        }
+        a.write_durably(&buf)?;
+        a.recs.extend(recs);
+        Ok(())
+    }
+
+    fn truncate(&mut self, since: u64) -> Result<()> {
+        if self.last_log_id().is_none_or(|l| l.index < since) {
+            return Ok(());
+        }
+        if self.segs.first().is_some_and(|s| s.first > since) {
+            return Err(Error::Codec {
+                reason: format!("truncate from {since}, before the oldest entry held"),
+            });
+        }
+        // Newest first, so the log stays a prefix of what it was at every step.
+        let mut removed = false;
+        while self.segs.len() > 1 && self.segs.last().is_some_and(|s| s.first > since) {
+            if let Some(s) = self.segs.pop() {
+                std::fs::remove_file(&s.path).map_err(s.io("remove"))?;
+                removed = true;
+            }
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        let a = self.active()?;
+        let at = match usize::try_from(since - a.first)
+            .ok()
+            .and_then(|i| a.recs.get(i))
+        {
+            Some(r) => r.offset,
+            None => return Ok(()),
+        };
+        a.cut(at)
+    }
+
+    fn purge(&mut self, upto: LogId<NodeId>) -> Result<()> {
+        if self.purged.is_none_or(|p| p.index < upto.index) {
+            self.purged = Some(upto);
+        }
+        let mut removed = false;
+        while self.segs.len() > 1
+            && self.segs[0]
+                .last_log_id()
+                .is_some_and(|l| l.index <= upto.index)
+        {
+            let s = self.segs.remove(0);
+            std::fs::remove_file(&s.path).map_err(s.io("remove"))?;
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Entries from `start` below `end` (`None`: to the last), those not purged.
+    fn entries(&self, start: u64, end: Option<u64>) -> Result<Vec<Entry>> {
+        let oldest = self.segs.first().map_or(0, |s| s.first);
+        let start = start
+            .max(self.purged.map_or(0, |p| p.index + 1))
+            .max(oldest);
+        let mut out = Vec::new();
+        let mut index = start;
+        while end.is_none_or(|e| index < e) {
+            let Some((s, i)) = self.locate(index) else {
+                break;
+            };
+            out.push(self.segs[s].read(i)?);
+            index += 1;
+        }
+        Ok(out)
+    }
+
+    fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
+        let tmp = self.dir.join(VOTE_TMP);
+        let path = self.dir.join(VOTE_FILE);
+        let io = |e| Error::io(format!("save the vote in {}", path.display()), e);
+        let mut f = File::create(&tmp).map_err(io)?;
+        f.write_all(&disk::encode_vote(vote)).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        sync_dir(&self.dir)?;
+        self.vote = Some(*vote);
+        Ok(())
+    }
+
+    fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+        let mut b = [0u8; COMMITTED_LEN];
+        b[..25].copy_from_slice(&encode_log_id(committed));
+        let crc = crc32fast::hash(&b[..25]);
+        b[25..].copy_from_slice(&crc.to_be_bytes());
+        let path = self.dir.join(COMMITTED_FILE);
+        // Not synced: a value lost in a crash only makes the next start apply less
+        // before it learns the commit point again.
+        std::fs::write(&path, b).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+        self.committed = committed;
+        Ok(())
+    }
+}
+
+/// Reads the committed file; `None` when missing or damaged (it is never synced).
+fn read_committed(dir: &Path) -> Option<LogId<NodeId>> {
+    let b = std::fs::read(dir.join(COMMITTED_FILE)).ok()?;
+    if b.len() != COMMITTED_LEN {
+        return None;
+    }
+    let crc = u32::from_be_bytes([b[25], b[26], b[27], b[28]]);
+    if crc32fast::hash(&b[..25]) != crc {
+        return None;
+    }
+    let mut id = [0u8; 25];
+    id.copy_from_slice(&b[..25]);
+    decode_log_id(&id).ok().flatten()
+}
+
+impl LogStore {
+    /// Opens the log in `dir` (created empty if missing): reads the vote, the committed
+    /// log id and every segment (see the module doc for what is checked and repaired).
+    pub fn open(dir: &Path) -> Result<LogStore> {
+        Self::open_with(dir, SEGMENT_BYTES)
+    }
+
+    /// [`LogStore::open`] with segments sealed at `segment_bytes` (tests rotate small).
+    pub fn open_with(dir: &Path, segment_bytes: u64) -> Result<LogStore> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let vote = match std::fs::read(dir.join(VOTE_FILE)) {
+            Ok(b) => Some(disk::decode_vote(&b).map_err(|e| Error::CorruptLog {
+                path: dir.join(VOTE_FILE),
+                offset: 0,
+                reason: e.to_string(),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("read the vote in {}", dir.display()), e)),
+        };
+        let mut inner = Inner {
+            dir: dir.to_path_buf(),
+            segs: Vec::new(),
+            vote,
+            committed: read_committed(dir),
+            purged: None,
+            segment_bytes,
+        };
+        let found = list_segments(dir)?;
+        let n = found.len();
+        for (k, (first, path)) in found.into_iter().enumerate() {
+            let newest = k + 1 == n;
+            let mut s = scan(&path, first)?;
+            if let Some(reason) = &s.torn {
+                if !newest {
+                    return Err(Error::CorruptLog {
+                        path,
+                        offset: s.good,
+                        reason: reason.clone(),
+                    });
+                }
+                if s.good == 0 {
+                    // A crash while the segment was being created: nothing in it.
+                    tracing::warn!(path = %path.display(), "removing a group log segment whose header was cut short");
+                    std::fs::remove_file(&path)
+                        .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+                    sync_dir(dir)?;
+                    continue;
+                }
+                tracing::warn!(path = %path.display(), at = s.good, reason, "cutting a torn tail off the group log");
+            }
+            let expected = inner.last_log_id();
+            if let Some(before) = inner.segs.last() {
+                if s.prev != expected {
+                    return Err(Error::CorruptLog {
+                        path,
+                        offset: 8,
+                        reason: format!(
+                            "follows {:?}, but the segment before ({}) ends at {expected:?}",
+                            s.prev,
+                            before.path.display()
+                        ),
+                    });
+                }
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+            let size = file
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+                .len();
+            let mut seg = Seg {
+                path,
+                file,
+                first,
+                prev: s.prev,
+                recs: std::mem::take(&mut s.recs),
+                pos: s.good,
+                allocated: size,
+            };
+            if s.torn.is_some() {
+                seg.cut(s.good)?;
+            }
+            inner.segs.push(seg);
+        }
+        if inner.segs.is_empty() {
+            inner.create_segment(0, None)?;
+        }
+        inner.purged = inner.segs.first().and_then(|s| s.prev);
+        Ok(LogStore {
+            inner: Arc::new(Mutex::new(inner)),
+        })
+    }
+}
+
+fn write_err(e: Error) -> StorageError<NodeId> {
+    StorageIOError::write_logs(AnyError::error(e)).into()
+}
+
+fn read_err(e: Error) -> StorageError<NodeId> {
+    StorageIOError::read_logs(AnyError::error(e)).into()
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> std::result::Result<Vec<Entry>, StorageError<NodeId>> {
+        let start = match range.start_bound() {
+            Bound::Included(s) => *s,
+            Bound::Excluded(s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(e) => Some(e.saturating_add(1)),
+            Bound::Excluded(e) => Some(*e),
+            Bound::Unbounded => None,
+        };
+        lock(&self.inner).entries(start, end).map_err(read_err)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(
+        &mut self,
+    ) -> std::result::Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let inner = lock(&self.inner);
+        let purged = inner.purged;
+        let last = match (inner.last_log_id(), purged) {
+            (Some(l), Some(p)) if p.index > l.index => Some(p),
+            (l, p) => l.or(p),
+        };
+        Ok(LogState {
+            last_purged_log_id: purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(
+        &mut self,
+        vote: &Vote<NodeId>,
+    ) -> std::result::Result<(), StorageError<NodeId>> {
+        lock(&self.inner)
+            .save_vote(vote)
+            .map_err(|e| StorageIOError::write_vote(AnyError::error(e)).into())
+    }
+
+    async fn read_vote(
+        &mut self,
+    ) -> std::result::Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(lock(&self.inner).vote)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> std::result::Result<(), StorageError<NodeId>> {
+        lock(&self.inner)
+            .save_committed(committed)
+            .map_err(write_err)
+    }
+
+    async fn read_committed(
+        &mut self,
+    ) -> std::result::Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(lock(&self.inner).committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> std::result::Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let res = lock(&self.inner).append(entries.into_iter().collect());
+        match res {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(write_err(e))
+            }
+        }
+    }
+
+    async fn truncate(
+        &mut self,
+        log_id: LogId<NodeId>,
+    ) -> std::result::Result<(), StorageError<NodeId>> {
+        lock(&self.inner).truncate(log_id.index).map_err(write_err)
+    }
+
+    async fn purge(
+        &mut self,
+        log_id: LogId<NodeId>,
+    ) -> std::result::Result<(), StorageError<NodeId>> {
+        lock(&self.inner).purge(log_id).map_err(write_err)
+    }
+}
+
+#[cfg(test)]
+mod tests;
