@@ -1,8 +1,8 @@
 //! The master group's replicated log, built on openraft 0.9 (issue 19;
 //! `docs/openraft-plan.md` is the plan, DESIGN.md "Master group" what exists).
 //!
-//! This module holds the types the group is built from; nothing serves through it
-//! yet (increment 0 of the plan):
+//! Nothing serves through this module yet: it holds the group's pieces as the plan's
+//! increments build them (a group of one runs in its tests):
 //! - [`TypeConfig`]: openraft's type configuration. A Raft entry's data is a
 //!   [`Batch`]: one group-commit batch of encoded [`Record`](crate::state::Record)s,
 //!   the LSN of the first one with it (the LSN stays the record number; the Raft index
@@ -17,11 +17,25 @@
 //! - [`log_store`]: the group's log on disk (openraft's `RaftLogStorage`): segments
 //!   with the operation log's framing and zeros written ahead, the vote, the commit
 //!   point.
+//! - [`proposer`]: group commit through openraft: records queued under the state
+//!   lock, submitted one batch (one entry) at a time, waited for until committed.
+//! - [`state_machine`]: follows the commit point and publishes the committed LSN (a
+//!   group of one; what followers apply comes later).
+//! - [`group`]: openraft's settings, and a group of one started on a directory
+//!   ([`group::GroupOfOne`]).
+//! - [`network`]: the connections to other members (none in a group of one).
 //! - [`wire`]: the Raft RPCs between members, bincode over serde, bounded on decode.
 
 pub mod disk;
+pub mod group;
 pub mod log_store;
+pub mod network;
+pub mod proposer;
+pub mod state_machine;
 pub mod wire;
+
+#[cfg(test)]
+mod group_tests;
 
 use serde::{Deserialize, Serialize};
 use std::io;

@@ -1,0 +1,151 @@
+//! A group of one, end to end on the real log store: records queued by concurrent
+//! requests are committed in batches, in LSN order, survive a restart of the group, and
+//! a stopped group fails its waiters instead of hanging them.
+
+use super::group::GroupOfOne;
+use super::log_store::LogStore;
+use super::proposer::Proposer;
+use super::{Entry, TypeConfig};
+use openraft::{EntryPayload, Raft, RaftLogReader};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+async fn start_group(dir: &Path) -> (Raft<TypeConfig>, Arc<Proposer>, LogStore) {
+    let g = GroupOfOne::start(dir, 1, "127.0.0.1:7070", 0)
+        .await
+        .expect("a group of one");
+    (g.raft, g.proposer, g.log)
+}
+
+/// The records the log holds, in order: (LSN, bytes).
+async fn logged(log: &LogStore) -> Vec<(u64, Vec<u8>)> {
+    let mut reader = log.clone();
+    let entries: Vec<Entry> = reader.try_get_log_entries(0..).await.expect("read");
+    let mut out = Vec::new();
+    for e in entries {
+        if let EntryPayload::Normal(b) = e.payload {
+            for (i, r) in b.records.iter().enumerate() {
+                out.push((b.first_lsn + i as u64, r.to_vec()));
+            }
+        }
+    }
+    out
+}
+
+fn record(lsn: u64) -> Vec<u8> {
+    format!("record {lsn}").into_bytes()
+}
+
+#[test]
+fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (tasks, per_task) = (16u64, 25u64);
+    let total = tasks * per_task;
+    rt.block_on(async {
+        let (raft, proposer, log) = start_group(dir.path()).await;
+        // The master's state lock: LSNs are taken and queued under it, in order.
+        let next = Arc::new(Mutex::new(0u64));
+        let mut handles = Vec::new();
+        for _ in 0..tasks {
+            let (proposer, next) = (proposer.clone(), next.clone());
+            handles.push(tokio::spawn(async move {
+                for _ in 0..per_task {
+                    let lsn = {
+                        let mut n = next.lock().expect("lock");
+                        *n += 1;
+                        proposer.append(*n, &record(*n)).expect("queue");
+                        *n
+                    };
+                    proposer.wait_committed(lsn).await.expect("committed");
+                    assert!(proposer.committed_lsn() >= lsn);
+                }
+            }));
+        }
+        for h in handles {
+            h.await.expect("task");
+        }
+        let got = logged(&log).await;
+        let want: Vec<_> = (1..=total).map(|l| (l, record(l))).collect();
+        assert_eq!(got, want, "every record once, in LSN order");
+        let entries = log
+            .clone()
+            .try_get_log_entries(0..)
+            .await
+            .expect("read")
+            .len() as u64;
+        assert!(
+            entries < total,
+            "{total} records in {entries} entries: concurrent records share batches"
+        );
+        // A record nobody waits for is committed by the sweeper.
+        {
+            let mut n = next.lock().expect("lock");
+            *n += 1;
+            proposer.append(*n, &record(*n)).expect("queue");
+        }
+        let mut rx = raft.metrics();
+        let swept = tokio::time::timeout(Duration::from_secs(10), async {
+            while proposer.committed_lsn() < total + 1 {
+                let _ = rx.changed().await;
+            }
+        })
+        .await;
+        assert!(swept.is_ok(), "the sweeper submitted the lone record");
+        proposer.stop();
+        raft.shutdown().await.expect("shutdown");
+    });
+    // The group restarts from its directory: same records, and it goes on after them.
+    rt.block_on(async {
+        let (raft, proposer, log) = start_group(dir.path()).await;
+        let got = logged(&log).await;
+        assert_eq!(got.len() as u64, total + 1);
+        assert_eq!(got.last(), Some(&(total + 1, record(total + 1))));
+        // The restarted state machine learned the commit point from the log.
+        let mut rx = raft.metrics();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while proposer.committed_lsn() < total + 1 {
+                let _ = rx.changed().await;
+            }
+        })
+        .await
+        .expect("replayed up to the last record");
+        let lsn = total + 2;
+        proposer.append(lsn, &record(lsn)).expect("queue");
+        proposer.wait_committed(lsn).await.expect("committed");
+        assert_eq!(logged(&log).await.last(), Some(&(lsn, record(lsn))));
+        // Out of order is refused; after a stop nothing is taken.
+        assert!(proposer.append(lsn + 2, b"gap").is_err());
+        proposer.stop();
+        assert!(proposer.append(lsn + 1, b"late").is_err());
+        raft.shutdown().await.expect("shutdown");
+    });
+}
+
+#[test]
+fn waiters_fail_instead_of_hanging_when_the_group_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (raft, proposer, _log) = start_group(dir.path()).await;
+        raft.shutdown().await.expect("shutdown");
+        proposer
+            .append(1, &record(1))
+            .expect("queued (nothing checked yet)");
+        let waited = tokio::time::timeout(Duration::from_secs(10), proposer.wait_committed(1))
+            .await
+            .expect("answered, not hung");
+        let err = waited.expect_err("a stopped group commits nothing");
+        assert!(err.to_string().contains("stopped"), "{err}");
+        assert!(proposer.append(2, &record(2)).is_err(), "the log failed");
+    });
+}

@@ -1,0 +1,247 @@
+//! Group commit through openraft: the master's requests queue their records and the
+//! first one that must wait for its record submits everything queued as one entry.
+//!
+//! openraft makes one log entry per `client_write` and flushes each entry on its own
+//! (docs/openraft-plan.md 1.4.1), so the batching is ours, as the operation log's is:
+//! - [`Proposer::append`] queues a record under the master's state lock; it never
+//!   touches the disk or openraft.
+//! - [`Proposer::wait_committed`] returns once the record is committed. If no batch is
+//!   in flight it first submits the whole queue (up to [`MAX_BATCH_BYTES`]) as one
+//!   [`Batch`] with `client_write_ff`, which only hands it to openraft's core; the
+//!   state machine publishes the commit ([`Progress`]) when it applies the entry.
+//!   Whatever queues while a batch is in flight is the next batch.
+//! - A record nobody waits for (its request was dropped) is submitted by the sweeper
+//!   task once it has been queued for [`SWEEP_AFTER`].
+//!
+//! One batch at a time keeps the log in LSN order: a batch is submitted only after the
+//! one before it committed, so entries and LSNs rise together.
+
+use super::state_machine::Progress;
+use super::{Batch, TypeConfig};
+use crate::error::{Error, Result};
+use openraft::Raft;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// The most record bytes one batch carries (a record larger than this goes alone).
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// How long a record may stay queued before the sweeper submits it.
+pub const SWEEP_AFTER: Duration = Duration::from_millis(5);
+
+/// Queues the master's records and submits them to the group in batches.
+pub struct Proposer {
+    raft: Raft<TypeConfig>,
+    queue: Mutex<Queue>,
+    progress: Arc<watch::Sender<Progress>>,
+    /// Woken when a record is queued into an empty queue, at a stop and at the end.
+    queued: Arc<Notify>,
+}
+
+impl Drop for Proposer {
+    fn drop(&mut self) {
+        self.queued.notify_one();
+    }
+}
+
+impl std::fmt::Debug for Proposer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proposer")
+            .field("progress", &*self.progress.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// The LSN of `records[0]`.
+    first_lsn: u64,
+    records: Vec<serde_bytes::ByteBuf>,
+    /// The last LSN queued (or submitted, or committed before the start).
+    last_queued: u64,
+    /// The last LSN handed to openraft.
+    submitted: u64,
+    stopped: bool,
+}
+
+fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Proposer {
+    /// A proposer submitting to `raft` the records after the `progress`'s committed
+    /// LSN; starts its sweeper on the current runtime.
+    pub fn start(raft: Raft<TypeConfig>, progress: Arc<watch::Sender<Progress>>) -> Arc<Self> {
+        let committed = progress.borrow().committed_lsn;
+        let p = Arc::new(Proposer {
+            raft,
+            queue: Mutex::new(Queue {
+                first_lsn: committed + 1,
+                last_queued: committed,
+                submitted: committed,
+                ..Queue::default()
+            }),
+            progress,
+            queued: Arc::new(Notify::new()),
+        });
+        tokio::spawn(sweeper(Arc::downgrade(&p), p.queued.clone()));
+        p
+    }
+
+    /// Queues record `lsn` (which must follow the previous one). Never waits; call
+    /// [`Proposer::wait_committed`] before anything depending on it leaves.
+    pub fn append(&self, lsn: u64, record: &[u8]) -> Result<()> {
+        let mut q = lock(&self.queue);
+        if q.stopped {
+            return Err(Error::ShuttingDown);
+        }
+        if let Some(reason) = &self.progress.borrow().failed {
+            return Err(Error::LogFailed {
+                reason: reason.clone(),
+            });
+        }
+        if lsn != q.last_queued + 1 {
+            return Err(Error::Codec {
+                reason: format!("log record {lsn} queued after {}", q.last_queued),
+            });
+        }
+        let was_empty = q.records.is_empty();
+        if was_empty {
+            q.first_lsn = lsn;
+        }
+        q.records.push(serde_bytes::ByteBuf::from(record.to_vec()));
+        q.last_queued = lsn;
+        drop(q);
+        if was_empty {
+            self.queued.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Waits until record `lsn` and every record before it are committed, submitting
+    /// the queue first when no batch is in flight.
+    pub async fn wait_committed(&self, lsn: u64) -> Result<()> {
+        let mut rx = self.progress.subscribe();
+        loop {
+            {
+                let p = rx.borrow_and_update();
+                if p.committed_lsn >= lsn {
+                    return Ok(());
+                }
+                if let Some(reason) = &p.failed {
+                    return Err(Error::LogFailed {
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            // Seen before submitting: a commit published meanwhile wakes `changed`.
+            self.submit().await;
+            if rx.changed().await.is_err() {
+                return Err(Error::LogFailed {
+                    reason: "the master group's state machine is gone".into(),
+                });
+            }
+        }
+    }
+
+    /// The highest committed LSN.
+    pub fn committed_lsn(&self) -> u64 {
+        self.progress.borrow().committed_lsn
+    }
+
+    /// Refuses records from now on (shutdown).
+    pub fn stop(&self) {
+        lock(&self.queue).stopped = true;
+        self.queued.notify_one();
+    }
+
+    /// Submits the queue as one batch unless a batch is in flight or nothing is queued.
+    async fn submit(&self) {
+        let batch = {
+            let mut q = lock(&self.queue);
+            let committed = self.progress.borrow().committed_lsn;
+            if q.records.is_empty() || q.submitted > committed {
+                return;
+            }
+            let mut bytes = 0usize;
+            let n = q
+                .records
+                .iter()
+                .take_while(|r| {
+                    bytes += r.len();
+                    bytes <= MAX_BATCH_BYTES
+                })
+                .count()
+                .max(1);
+            let records: Vec<_> = q.records.drain(..n).collect();
+            let first_lsn = q.first_lsn;
+            q.first_lsn += n as u64;
+            q.submitted = first_lsn + n as u64 - 1;
+            Batch { first_lsn, records }
+        };
+        let last = batch.last_lsn();
+        match self.raft.client_write_ff(batch).await {
+            Ok(rx) => {
+                // The commit is published by the state machine; this only learns of a
+                // batch the group refused (it would never commit).
+                let progress = self.progress.clone();
+                tokio::spawn(async move {
+                    let refused = match rx.await {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "the group dropped the batch".to_string(),
+                    };
+                    fail(
+                        &progress,
+                        format!("the batch up to LSN {last:?} was refused: {refused}"),
+                    );
+                });
+            }
+            Err(fatal) => fail(&self.progress, format!("the master group stopped: {fatal}")),
+        }
+    }
+}
+
+/// Publishes why the log stopped; waiters wake and fail.
+fn fail(progress: &watch::Sender<Progress>, reason: String) {
+    tracing::error!(%reason, "the master group's log stopped");
+    progress.send_modify(|p| {
+        if p.failed.is_none() {
+            p.failed = Some(reason);
+        }
+    });
+}
+
+/// Submits records nobody waits for, [`SWEEP_AFTER`] after they were queued.
+async fn sweeper(p: Weak<Proposer>, queued: Arc<Notify>) {
+    loop {
+        let Some(proposer) = p.upgrade() else { return };
+        let waiting = {
+            let q = lock(&proposer.queue);
+            if q.stopped {
+                return;
+            }
+            (!q.records.is_empty()).then_some(q.last_queued)
+        };
+        match waiting {
+            Some(lsn) => {
+                drop(proposer);
+                tokio::time::sleep(SWEEP_AFTER).await;
+                let Some(proposer) = p.upgrade() else { return };
+                if let Err(e) = proposer.wait_committed(lsn).await {
+                    tracing::debug!(error = %e, "the sweeper's records were not committed");
+                    return;
+                }
+            }
+            None => {
+                // Registered before the proposer is let go, so a record queued in
+                // between still wakes it.
+                let notified = queued.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                drop(proposer);
+                notified.await;
+            }
+        }
+    }
+}
