@@ -414,10 +414,11 @@ pub struct MountArgs {
     /// long (mfsmount's negative entry cache timeout). Default 0: always ask.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub negative_timeout: std::time::Duration,
-    /// Threads reading requests from the kernel. Each serves a namespace request
-    /// (lookup, create, mkdir, unlink, rename, listing...) to its end itself, so at
-    /// most this many wait for the master at once; reads and writes of open files run
-    /// on the mount's runtime and never hold a thread (as mfsmount's worker threads).
+    /// Threads reading requests from the kernel. All but one serve a namespace request
+    /// (lookup, create, mkdir, unlink, rename, listing...) to its end themselves, as
+    /// mfsmount's worker threads do; one always stays free to read, and reads and
+    /// writes of open files run on the mount's runtime. With 1, every request runs
+    /// on the runtime.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
     /// Serve in this process until SIGINT/SIGTERM or `umount`, logging on stderr (or

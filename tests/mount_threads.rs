@@ -29,15 +29,13 @@ fn within<T: Send + 'static>(
         .unwrap_or_else(|_| panic!("{what}: no answer within {limit:?}"))
 }
 
-#[test]
-fn a_lookup_waiting_for_a_frozen_master_holds_up_no_read_of_an_open_file() {
-    if !fuse_or_skip("a_lookup_waiting_for_a_frozen_master_holds_up_no_read_of_an_open_file") {
-        return;
-    }
+/// With the master frozen, `lookups` lookups of new names wait for it while a read of
+/// an open file must still be served.
+fn reads_go_on_while_lookups_wait(threads: &str, lookups: usize) {
     let c = TestCluster::start();
-    // Two threads; attributes trusted long enough that reading the open file asks the
-    // master nothing while it is frozen.
-    let m = MountGuard::start_with(&c, &["--threads", "2", "--cache-timeout", "60s"]);
+    // Attributes trusted long enough that reading the open file asks the master
+    // nothing while it is frozen.
+    let m = MountGuard::start_with(&c, &["--threads", threads, "--cache-timeout", "60s"]);
     let data = pattern(4 * MIB, 7);
     std::fs::write(m.path("f"), &data).expect("write through the mount");
     let f = File::open(m.path("f")).expect("open");
@@ -46,21 +44,23 @@ fn a_lookup_waiting_for_a_frozen_master_holds_up_no_read_of_an_open_file() {
     assert_eq!(head, data[..4096]);
 
     c.master.stop();
-    // A name nobody looked up yet: its lookup goes to the master and waits there,
-    // holding one of the two threads.
-    let missing = m.path("not-yet");
-    let (started_tx, started_rx) = mpsc::channel();
-    let lookup = std::thread::spawn(move || {
-        let _ = started_tx.send(());
-        std::fs::metadata(missing)
-    });
-    started_rx.recv().expect("lookup thread started");
+    // Names nobody looked up yet: their lookups go to the master and wait there.
+    let mut waiting = Vec::new();
+    for i in 0..lookups {
+        let missing = m.path(&format!("not-yet-{i}"));
+        let (started_tx, started_rx) = mpsc::channel();
+        waiting.push(std::thread::spawn(move || {
+            let _ = started_tx.send(());
+            std::fs::metadata(missing)
+        }));
+        started_rx.recv().expect("lookup thread started");
+    }
     std::thread::sleep(Duration::from_millis(300));
-    // The other thread reads the open file far past what the kernel read ahead: the
-    // reader knows the chunk's replicas, so no master is needed.
+    // A read of the open file far past what the kernel read ahead: the reader knows
+    // the chunk's replicas, so no master is needed, and a thread is free to read it.
     let tail = within(
         Duration::from_secs(20),
-        "a read while a lookup waits",
+        "a read while lookups wait",
         move || {
             let mut buf = vec![0u8; 64 * 1024];
             let at = 3 * MIB as u64;
@@ -70,12 +70,25 @@ fn a_lookup_waiting_for_a_frozen_master_holds_up_no_read_of_an_open_file() {
     .expect("read of the open file while the master is frozen");
     c.master.cont();
     assert_eq!(tail, data[3 * MIB..3 * MIB + 64 * 1024]);
-    let looked = lookup.join().expect("lookup thread");
-    assert_eq!(
-        looked.expect_err("nothing made that name").kind(),
-        std::io::ErrorKind::NotFound
-    );
-    // The thread that waited serves again.
+    for w in waiting {
+        let looked = w.join().expect("lookup thread");
+        assert_eq!(
+            looked.expect_err("nothing made that name").kind(),
+            std::io::ErrorKind::NotFound
+        );
+    }
+    // The threads that waited serve again.
     std::fs::write(m.path("after"), b"x").expect("create after the thaw");
     assert_eq!(std::fs::read(m.path("after")).expect("read back"), b"x");
+}
+
+#[test]
+fn lookups_waiting_for_a_frozen_master_hold_up_no_read_of_an_open_file() {
+    if !fuse_or_skip("lookups_waiting_for_a_frozen_master_hold_up_no_read_of_an_open_file") {
+        return;
+    }
+    // Two threads: one serves a lookup inline, the other stays free (the second
+    // lookup becomes a task); one thread: every request is a task.
+    reads_go_on_while_lookups_wait("2", 3);
+    reads_go_on_while_lookups_wait("1", 2);
 }

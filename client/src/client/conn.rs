@@ -23,6 +23,12 @@ impl Client {
     where
         R: Rpc<Request = MasterRequest> + Clone,
     {
+        if inline::inside() {
+            // This thread's runtime is not driven between its requests: let it see
+            // what happened to its idle connections (a TLS connection's close is
+            // learned from the runtime, not asked of the kernel).
+            tokio::task::yield_now().await;
+        }
         let pooled = self.take_master();
         let reused = pooled.is_some();
         let conn = match pooled {

@@ -109,6 +109,29 @@ fn reply_statfs(reply: ReplyStatfs, capacity: Capacity) {
     reply.statfs(b.total, b.free, b.avail, 0, 0, BLKSIZE, NAME_MAX, BLKSIZE);
 }
 
+/// A FUSE thread serving a request inline ([`StampFs::inline`]); given back on drop.
+struct InlineSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InlineSlot<'a> {
+    /// A slot unless taking it would leave fewer than one of the `threads` free.
+    fn take(shared: &'a Shared) -> Option<Self> {
+        use std::sync::atomic::Ordering;
+        let busy = &shared.inline_busy;
+        let before = busy.fetch_add(1, Ordering::AcqRel);
+        if before + 1 >= shared.threads {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(InlineSlot(busy))
+    }
+}
+
+impl Drop for InlineSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// The fuser file system: thin callbacks over [`Shared`].
 pub(crate) struct StampFs {
     pub(crate) shared: Arc<Shared>,
@@ -139,21 +162,30 @@ impl StampFs {
 
     /// Runs a namespace request to its end on this FUSE thread's own runtime, which
     /// answers the kernel from here (see `client/inline.rs`): a request that needs only
-    /// the master crosses no thread of the mount.
+    /// the master crosses no thread of the mount. Unless it would leave no thread free
+    /// to read the next request (with one thread, always): then it runs as a task, as
+    /// reads and writes do, so requests waiting for the master never hold up the ones
+    /// that need only the open files.
     fn inline<F>(&self, fut: F)
     where
-        F: Future<Output = ()>,
+        F: Future<Output = ()> + Send + 'static,
     {
-        if let Err(e) = crate::client::inline::block_on(fut) {
+        let Some(_slot) = InlineSlot::take(&self.shared) else {
+            return self.spawn(fut);
+        };
+        let run = std::panic::AssertUnwindSafe(|| crate::client::inline::block_on(fut));
+        match std::panic::catch_unwind(run) {
+            Ok(Ok(())) => {}
             // The request (and its reply) was dropped unanswered: fuser answers EIO.
-            tracing::error!(error = %e, "cannot build the FUSE thread's runtime");
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot build the FUSE thread's runtime"),
+            Err(_) => tracing::error!("a namespace request panicked; it was answered EIO"),
         }
     }
 
     /// [`StampFs::inline`] as the process that made `req` (see [`StampFs::spawn_as`]).
     fn inline_as<F>(&self, req: &Request, fut: F)
     where
-        F: Future<Output = ()>,
+        F: Future<Output = ()> + Send + 'static,
     {
         let caller = caller_of(req);
         self.inline(crate::client::REQUEST_CALLER.scope(caller, fut));

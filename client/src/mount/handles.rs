@@ -33,9 +33,9 @@ pub(crate) fn settles_at_once(wrote: bool) -> bool {
 
 /// Serves tickets in the order they were taken. The FUSE thread that read a request
 /// takes a ticket before anything answers it, so a request sent after an earlier one
-/// was answered takes a later ticket (requests in flight together have no order to
-/// keep); the task that serves the request waits for its turn. Every ticket must be
-/// entered once, or later ones wait forever.
+/// was answered takes a later ticket (requests in flight together take theirs in the
+/// order the threads read them); the task that serves the request waits for its turn.
+/// Every ticket must be entered once, or later ones wait forever.
 pub(crate) struct Turnstile {
     next: AtomicU64,
     /// The ticket being served; bumped when a [`Turn`] ends, watched by waiting tasks.

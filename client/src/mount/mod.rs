@@ -27,9 +27,12 @@
 //!   xattrs, chmod...) is served to its end on the thread that read it, on a
 //!   current-thread runtime of that thread's own, as mfsmount's workers do: the
 //!   master's reply wakes the thread that answers the kernel, with no hand-off
-//!   between threads. Reads, writes, opens, flushes and truncates run as tasks on the
-//!   mount's runtime, which answer when done: a slow read holds no thread, and any
-//!   number of files can be open.
+//!   between threads. One thread always stays free to read: a namespace request that
+//!   would take the last one runs as a task instead (with one thread, every request
+//!   does). Reads, writes, opens, flushes and truncates always run as tasks on the
+//!   mount's runtime, which answer when done: a slow read holds no thread, a master
+//!   that does not answer holds up no read of an open file, and any number of files
+//!   can be open.
 //! - **Crashes.** If the mount process dies, its leases lapse and the files it was
 //!   writing are closed by lease recovery (`stampfs recover PATH`, or the master on
 //!   its own after the hard limit), keeping every acknowledged byte.
@@ -96,9 +99,9 @@ pub struct MountConfig {
     /// Mount over a directory that is not empty (hiding what it holds until the
     /// unmount), as libfuse's `-o nonempty`; refused otherwise.
     pub nonempty: bool,
-    /// Threads reading requests from the kernel; at least 1. Each serves a namespace
-    /// request to its end itself (see "Concurrency" above), so at most this many wait
-    /// for the master at once.
+    /// Threads reading requests from the kernel; at least 1. All but one serve
+    /// namespace requests to their end themselves (see "Concurrency" above); the last
+    /// free one hands them to the runtime.
     pub threads: usize,
     /// Other users may use the mount (`-o allow_other`), each with their own
     /// permissions: the kernel checks the stored modes (`default_permissions`) and
@@ -156,6 +159,7 @@ impl Mount {
             tokio::runtime::Handle::current(),
             config.attr_ttl,
             config.negative_ttl,
+            config.threads,
         ));
         // Learn the root's attributes now, so that a getattr of the root can be answered
         // from them later if the master is slow or gone (`df` must not hang).

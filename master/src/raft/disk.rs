@@ -23,9 +23,9 @@ use crate::error::{Error, Result};
 use openraft::{EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The most bytes one encoded entry may take (a batch is cut at 1 MiB of records; a
-/// single record is at most the log's own record bound).
-pub const MAX_ENTRY_BYTES: usize = 64 << 20;
+/// The most bytes one encoded entry may take: the log's own record bound (a batch is
+/// cut at 1 MiB of records, and one record is far smaller than this).
+pub const MAX_ENTRY_BYTES: usize = crate::oplog::MAX_RECORD_LEN;
 /// The first bytes of the vote file.
 pub const VOTE_MAGIC: &[u8; 8] = b"STMPVOTE";
 /// Bytes in the vote file.

@@ -36,6 +36,10 @@ pub(crate) struct Shared {
     /// below it must not come back short: the kernel would fill the rest of its pages
     /// with zeros and show them ([`short_read_verdict`](super::read::short_read_verdict)).
     pub(super) told: Mutex<HashMap<u64, u64>>,
+    /// The threads reading the kernel's requests ([`MountConfig::threads`]).
+    pub(super) threads: usize,
+    /// How many of them serve a request inline now (see `StampFs::inline`).
+    pub(super) inline_busy: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -44,6 +48,7 @@ impl Shared {
         rt: tokio::runtime::Handle,
         ttl: Duration,
         negative_ttl: Duration,
+        threads: usize,
     ) -> Self {
         Self {
             client,
@@ -59,6 +64,8 @@ impl Shared {
             generation: std::sync::atomic::AtomicU64::new(0),
             kernel: std::sync::OnceLock::new(),
             told: Mutex::new(HashMap::new()),
+            threads: threads.max(1),
+            inline_busy: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 

@@ -404,3 +404,55 @@ fn openraft_storage_suite_passes_on_the_group_log() {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     Suite::test_all(Builder).expect("openraft storage suite");
 }
+
+#[test]
+fn a_log_that_starts_after_a_purge_point_keeps_one_segment_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = LogStore::open(dir.path()).expect("open");
+    append(&s, entries(1, 0, 10));
+    // A snapshot installed up to 100: everything held is purged, the log goes on at
+    // 101, in a segment that follows the purge point.
+    lock(&s.inner).purge(log_id(1, 1, 100)).expect("purge");
+    append(&s, vec![batch(1, 101, 500)]);
+    let files = segment_files(dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].ends_with(segment_name(101)));
+    drop(s);
+    let s = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(all(&s), vec![batch(1, 101, 500)]);
+    assert_eq!(lock(&s.inner).purged, Some(log_id(1, 1, 100)));
+}
+
+#[test]
+fn a_newest_segment_whose_header_never_reached_the_disk_is_removed() {
+    for header in [[0u8; HEADER_LEN], {
+        // The magic made it, the rest did not.
+        let mut h = [0u8; HEADER_LEN];
+        h[..8].copy_from_slice(SEGMENT_MAGIC);
+        h
+    }] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LogStore::open(dir.path()).expect("open");
+        append(&s, entries(1, 0, 3));
+        drop(s);
+        // A crash inside the creation of the next segment: its size, not its bytes.
+        let mut bytes = header.to_vec();
+        bytes.resize(PREALLOC as usize, 0);
+        std::fs::write(dir.path().join(segment_name(3)), bytes).expect("write");
+        let s = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(segment_files(dir.path()).len(), 1);
+        assert_eq!(all(&s), entries(1, 0, 3));
+        append(&s, entries(1, 3, 4));
+        assert_eq!(all(&s), entries(1, 0, 4));
+    }
+    // A header that is neither (garbage over records) stays an error.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = LogStore::open(dir.path()).expect("open");
+    append(&s, entries(1, 0, 3));
+    drop(s);
+    let path = &segment_files(dir.path())[0];
+    let mut bytes = std::fs::read(path).expect("read");
+    bytes[20] ^= 0xff;
+    std::fs::write(path, bytes).expect("damage");
+    assert!(LogStore::open(dir.path()).is_err());
+}
