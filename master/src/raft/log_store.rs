@@ -6,7 +6,7 @@
 //!     header := has_prev u8 | prev term u64be | prev node u64be | prev index u64be | crc32
 //!     record := len:u32be | crc:u32be | index:u64be | bincode(EntryDisk)   (oplog framing)
 //! DIR/vote        the vote (disk.rs), replaced through a temp file, fsynced
-//! DIR/committed   the last committed log id, rewritten whole, never fsynced
+//! DIR/committed   the last committed log id, overwritten in place, never fsynced
 //! ```
 //!
 //! **Appends** ([`LogStore::append`] through openraft) write every entry of a call with one
@@ -186,6 +186,8 @@ struct Inner {
     purged: Option<LogId<NodeId>>,
     /// A segment holding this many bytes is sealed before the next append.
     segment_bytes: u64,
+    /// The commit point's file, kept open once written.
+    committed_file: Option<File>,
 }
 
 fn segment_name(first: u64) -> String {
@@ -580,9 +582,23 @@ impl Inner {
         let crc = crc32fast::hash(&b[..25]);
         b[25..].copy_from_slice(&crc.to_be_bytes());
         let path = self.dir.join(COMMITTED_FILE);
-        // Not synced: a value lost in a crash only makes the next start apply less
-        // before it learns the commit point again.
-        std::fs::write(&path, b).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+        let io = |e| Error::io(format!("write {}", path.display()), e);
+        if self.committed_file.is_none() {
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(io)?;
+            self.committed_file = Some(f);
+        }
+        // Overwritten in place (no truncation, no new blocks: it is written at every
+        // commit) and not synced: a value lost in a crash only makes the next start
+        // apply less before it learns the commit point again.
+        if let Some(f) = &self.committed_file {
+            f.write_all_at(&b, 0).map_err(io)?;
+        }
         self.committed = committed;
         Ok(())
     }
@@ -630,6 +646,7 @@ impl LogStore {
             committed: read_committed(dir),
             purged: None,
             segment_bytes,
+            committed_file: None,
         };
         let found = list_segments(dir)?;
         let n = found.len();
