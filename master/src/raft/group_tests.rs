@@ -149,3 +149,50 @@ fn waiters_fail_instead_of_hanging_when_the_group_stops() {
         assert!(proposer.append(2, &record(2)).is_err(), "the log failed");
     });
 }
+
+#[test]
+fn a_queue_over_the_batch_bound_goes_in_several_entries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (raft, proposer, log) = start_group(dir.path()).await;
+        // Five records of 400 KiB queued before anyone waits: 2 MB, over the 1 MiB
+        // bound, so they cannot all go in one entry; one of 2 MiB goes alone.
+        let big = |lsn: u64| vec![lsn as u8; 400 << 10];
+        for lsn in 1..=5 {
+            proposer.append(lsn, &big(lsn)).expect("queue");
+        }
+        let huge = vec![6u8; 2 << 20];
+        proposer.append(6, &huge).expect("queue");
+        proposer.wait_committed(6).await.expect("committed");
+        let mut reader = log.clone();
+        let entries: Vec<Entry> = reader.try_get_log_entries(0..).await.expect("read");
+        let batches: Vec<(u64, usize, usize)> = entries
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::Normal(b) => Some((
+                    b.first_lsn,
+                    b.records.len(),
+                    b.records.iter().map(|r| r.len()).sum(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert!(batches.len() >= 3, "{batches:?}");
+        for (first, n, bytes) in &batches {
+            assert!(
+                *bytes <= super::proposer::MAX_BATCH_BYTES || *n == 1,
+                "batch at {first}: {n} records, {bytes} bytes"
+            );
+        }
+        let got = logged(&log).await;
+        let mut want: Vec<(u64, Vec<u8>)> = (1..=5).map(|l| (l, big(l))).collect();
+        want.push((6, huge));
+        assert_eq!(got, want);
+        proposer.stop();
+        raft.shutdown().await.expect("shutdown");
+    });
+}
