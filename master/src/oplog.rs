@@ -409,6 +409,7 @@ pub fn read_checkpoint(dir: &Path) -> Result<Option<(u64, Vec<u8>)>> {
 }
 
 mod commit;
+pub(crate) mod zeros;
 pub use commit::{Durable, LogStats, Oplog};
 
 #[cfg(test)]

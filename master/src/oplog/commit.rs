@@ -26,11 +26,9 @@
 //! record before it. A failed write closes the segment and publishes the failure
 //! before letting it go: no later batch is written or published after a lost one.
 
-use super::{encode_record, lock, segment_name, sync_dir, PREALLOC, PREALLOC_MARGIN};
+use super::zeros::ZeroAhead;
+use super::{encode_record, lock, segment_name};
 use super::{Error, Result, SEGMENT_MAGIC};
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
@@ -163,77 +161,13 @@ impl std::fmt::Debug for Oplog {
     }
 }
 
-/// The segment being appended to: records end at `pos`, zeros run from there to
-/// `allocated` (the file's size).
-struct Segment {
-    path: PathBuf,
-    file: File,
-    pos: u64,
-    allocated: u64,
-}
+/// The segment being appended to.
+type Segment = ZeroAhead;
 
-impl Segment {
-    /// Creates segment `first_lsn`: the magic and [`PREALLOC`] zeros, durable, and
-    /// the directory entry too.
-    fn create(dir: &Path, first_lsn: u64) -> Result<Segment> {
-        let path = dir.join(segment_name(first_lsn));
-        let what = format!("create {}", path.display());
-        let io = |e| Error::io(what.clone(), e);
-        let mut f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io)?;
-        f.write_all(SEGMENT_MAGIC).map_err(io)?;
-        let mut seg = Segment {
-            path,
-            file: f,
-            pos: SEGMENT_MAGIC.len() as u64,
-            allocated: SEGMENT_MAGIC.len() as u64,
-        };
-        seg.pad()?;
-        seg.file.sync_all().map_err(io)?;
-        sync_dir(dir)?;
-        Ok(seg)
-    }
-
-    /// Writes [`PREALLOC`] more zeros past the allocated end (not synced).
-    fn pad(&mut self) -> Result<()> {
-        let zeros = vec![0u8; PREALLOC as usize];
-        self.file
-            .write_all_at(&zeros, self.allocated)
-            .map_err(|e| Error::io(format!("preallocate {}", self.path.display()), e))?;
-        self.allocated += PREALLOC;
-        Ok(())
-    }
-
-    /// Writes `buf` after the last record and makes it durable: padding first when
-    /// the zeros run short, so the `fdatasync` of a small batch finds the file's size
-    /// unchanged.
-    fn write_durably(&mut self, buf: &[u8]) -> Result<()> {
-        let end = self.pos + buf.len() as u64;
-        while end + PREALLOC_MARGIN > self.allocated {
-            self.pad()?;
-        }
-        self.file
-            .write_all_at(buf, self.pos)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| Error::io("write the operation log", e))?;
-        self.pos = end;
-        Ok(())
-    }
-
-    /// Cuts the zeros off, durably: a segment that is no longer appended to holds only
-    /// records.
-    fn seal(&mut self) -> Result<()> {
-        self.file
-            .set_len(self.pos)
-            .and_then(|()| self.file.sync_all())
-            .map_err(|e| Error::io(format!("truncate {}", self.path.display()), e))?;
-        self.allocated = self.pos;
-        Ok(())
-    }
+/// Creates segment `first_lsn`: the magic and [`PREALLOC`](super::PREALLOC) zeros,
+/// durable, and the directory entry too.
+fn create_segment(dir: &Path, first_lsn: u64) -> Result<Segment> {
+    ZeroAhead::create(dir, dir.join(segment_name(first_lsn)), SEGMENT_MAGIC)
 }
 
 impl Oplog {
@@ -241,7 +175,7 @@ impl Oplog {
     /// be `next_lsn`.
     pub fn open(dir: &Path, next_lsn: u64) -> Result<Self> {
         let next_lsn = next_lsn.max(1);
-        let segment = Segment::create(dir, next_lsn)?;
+        let segment = create_segment(dir, next_lsn)?;
         let (durable, _) = watch::channel(Durable {
             lsn: next_lsn - 1,
             failed: None,
@@ -558,7 +492,7 @@ impl Shared {
                     // Sealed before the next segment exists: only the newest segment
                     // may end in zeros.
                     segment.seal()?;
-                    *segment = Segment::create(&self.dir, next_lsn)?;
+                    *segment = create_segment(&self.dir, next_lsn)?;
                     rotated = Some(next_lsn);
                     self.bytes_since_rotate.store(0, Ordering::Relaxed);
                 }

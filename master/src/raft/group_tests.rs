@@ -33,6 +33,19 @@ async fn logged(log: &LogStore) -> Vec<(u64, Vec<u8>)> {
     out
 }
 
+/// Whether the commit point reaches `lsn` within 10 s, without waiting for it
+/// ([`Proposer::wait_committed`] would submit).
+async fn committed_soon(raft: &Raft<TypeConfig>, proposer: &Proposer, lsn: u64) -> bool {
+    let mut rx = raft.metrics();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while proposer.committed_lsn() < lsn {
+            let _ = rx.changed().await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 fn record(lsn: u64) -> Vec<u8> {
     format!("record {lsn}").into_bytes()
 }
@@ -89,14 +102,10 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
             *n += 1;
             proposer.append(*n, &record(*n)).expect("queue");
         }
-        let mut rx = raft.metrics();
-        let swept = tokio::time::timeout(Duration::from_secs(10), async {
-            while proposer.committed_lsn() < total + 1 {
-                let _ = rx.changed().await;
-            }
-        })
-        .await;
-        assert!(swept.is_ok(), "the sweeper submitted the lone record");
+        assert!(
+            committed_soon(&raft, &proposer, total + 1).await,
+            "the sweeper submitted the lone record"
+        );
         proposer.stop();
         raft.shutdown().await.expect("shutdown");
     });
@@ -107,14 +116,10 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
         assert_eq!(got.len() as u64, total + 1);
         assert_eq!(got.last(), Some(&(total + 1, record(total + 1))));
         // The restarted state machine learned the commit point from the log.
-        let mut rx = raft.metrics();
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while proposer.committed_lsn() < total + 1 {
-                let _ = rx.changed().await;
-            }
-        })
-        .await
-        .expect("replayed up to the last record");
+        assert!(
+            committed_soon(&raft, &proposer, total + 1).await,
+            "replayed up to the last record"
+        );
         let lsn = total + 2;
         proposer.append(lsn, &record(lsn)).expect("queue");
         proposer.wait_committed(lsn).await.expect("committed");

@@ -41,7 +41,8 @@
 use super::disk::{self, decode_entry, encode_entry};
 use super::{Entry, NodeId, TypeConfig};
 use crate::error::{Error, Result};
-use crate::oplog::{encode_record, lock, sync_dir, MAX_RECORD_LEN, PREALLOC};
+use crate::oplog::zeros::ZeroAhead;
+use crate::oplog::{encode_record, lock, sync_dir, MAX_RECORD_LEN};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use std::fmt::Debug;
@@ -61,8 +62,6 @@ const SEGMENT_PREFIX: &str = "log.";
 const HEADER_LEN: usize = 8 + 1 + 24 + 4;
 /// Bytes before a record's payload: len, crc, index.
 const RECORD_HEADER: usize = 16;
-/// Zeros are written ahead again when fewer than this remain past the records.
-const PREALLOC_MARGIN: u64 = 256 << 10;
 const VOTE_FILE: &str = "vote";
 const VOTE_TMP: &str = "vote.tmp";
 const COMMITTED_FILE: &str = "committed";
@@ -97,18 +96,14 @@ struct Rec {
 /// One segment file, open for reading and writing.
 #[derive(Debug)]
 struct Seg {
-    path: PathBuf,
-    file: File,
+    /// The file, its records ending at `z.pos`, zeros after them.
+    z: ZeroAhead,
     /// The index of its first entry (in its name).
     first: u64,
     /// The log id of the entry before its first; `None` for the oldest segment of a log
     /// that starts at 0 or after a point not known (openraft may start a log anywhere).
     prev: Option<LogId<NodeId>>,
     recs: Vec<Rec>,
-    /// Where its records end.
-    pos: u64,
-    /// Its size: zeros run from `pos` to here.
-    allocated: u64,
 }
 
 impl Seg {
@@ -116,58 +111,26 @@ impl Seg {
         self.recs.last().map(|r| r.log_id).or(self.prev)
     }
 
-    fn io(&self, what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
-        let what = format!("{what} {}", self.path.display());
-        move |e| Error::io(what.clone(), e)
-    }
-
-    /// Writes [`PREALLOC`] zeros past the allocated end (not synced).
-    fn pad(&mut self) -> Result<()> {
-        let zeros = vec![0u8; PREALLOC as usize];
-        self.file
-            .write_all_at(&zeros, self.allocated)
-            .map_err(self.io("preallocate"))?;
-        self.allocated += PREALLOC;
-        Ok(())
-    }
-
-    /// Writes `buf` after the last record and makes it durable (zeros written ahead
-    /// first when they run short, synced with it).
-    fn write_durably(&mut self, buf: &[u8]) -> Result<()> {
-        let end = self.pos + buf.len() as u64;
-        while end + PREALLOC_MARGIN > self.allocated {
-            self.pad()?;
-        }
-        self.file
-            .write_all_at(buf, self.pos)
-            .and_then(|()| self.file.sync_data())
-            .map_err(self.io("append to"))?;
-        self.pos = end;
-        Ok(())
-    }
-
     /// Cuts the file to `at` (dropping every record from there), writes zeros ahead
     /// again and syncs, size included.
     fn cut(&mut self, at: u64) -> Result<()> {
-        self.file.set_len(at).map_err(self.io("truncate"))?;
+        self.z.cut(at)?;
         self.recs.retain(|r| r.offset < at);
-        self.pos = at;
-        self.allocated = at;
-        self.pad()?;
-        self.file.sync_all().map_err(self.io("sync"))
+        Ok(())
     }
 
     /// Reads and decodes entry `i` of this segment, its CRC checked.
     fn read(&self, i: usize) -> Result<Entry> {
         let r = self.recs[i];
         let mut buf = vec![0u8; r.len as usize];
-        self.file
+        self.z
+            .file
             .read_exact_at(&mut buf, r.offset)
-            .map_err(self.io("read"))?;
+            .map_err(self.z.io("read"))?;
         let crc = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
         if crc32fast::hash(&buf[8..]) != crc {
             return Err(Error::CorruptLog {
-                path: self.path.clone(),
+                path: self.z.path.clone(),
                 offset: r.offset,
                 reason: "CRC mismatch in an entry read back".into(),
             });
@@ -382,35 +345,20 @@ impl Inner {
     /// directory entry too.
     fn create_segment(&mut self, first: u64, prev: Option<LogId<NodeId>>) -> Result<()> {
         let path = self.dir.join(segment_name(first));
-        let what = format!("create {}", path.display());
-        let io = |e| Error::io(what.clone(), e);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io)?;
-        file.write_all(&segment_header(prev)).map_err(io)?;
-        let mut seg = Seg {
-            path,
-            file,
+        let z = ZeroAhead::create(&self.dir, path, &segment_header(prev))?;
+        let seg = Seg {
+            z,
             first,
             prev,
             recs: Vec::new(),
-            pos: HEADER_LEN as u64,
-            allocated: HEADER_LEN as u64,
         };
-        seg.pad()?;
-        seg.file.sync_all().map_err(io)?;
-        sync_dir(&self.dir)?;
         self.segs.push(seg);
         Ok(())
     }
 
     /// Deletes a segment file durably (the directory synced before the next step).
     fn remove_segment(&self, s: &Seg) -> Result<()> {
-        std::fs::remove_file(&s.path).map_err(s.io("remove"))?;
+        std::fs::remove_file(&s.z.path).map_err(s.z.io("remove"))?;
         sync_dir(&self.dir)
     }
 
@@ -468,14 +416,11 @@ impl Inner {
         let segment_bytes = self.segment_bytes;
         let full = {
             let a = self.active()?;
-            !a.recs.is_empty() && a.pos >= segment_bytes
+            !a.recs.is_empty() && a.z.pos >= segment_bytes
         };
         if full {
             let prev = self.last_log_id();
-            let a = self.active()?;
-            a.file.set_len(a.pos).map_err(a.io("seal"))?;
-            a.file.sync_all().map_err(a.io("seal"))?;
-            a.allocated = a.pos;
+            self.active()?.z.seal()?;
             let first = prev.map_or(0, |p| p.index + 1);
             self.create_segment(first, prev)?;
         }
@@ -490,13 +435,13 @@ impl Inner {
             }
             let framed = encode_record(e.log_id.index, &encode_entry(e)?)?;
             recs.push(Rec {
-                offset: a.pos + buf.len() as u64,
+                offset: a.z.pos + buf.len() as u64,
                 len: framed.len() as u32,
                 log_id: e.log_id,
             });
             buf.extend_from_slice(&framed);
         }
-        a.write_durably(&buf)?;
+        a.z.write_durably(&buf)?;
         a.recs.extend(recs);
         Ok(())
     }
@@ -680,7 +625,7 @@ impl LogStore {
                         reason: format!(
                             "follows {:?}, but the segment before ({}) ends at {expected:?}",
                             s.prev,
-                            before.path.display()
+                            before.z.path.display()
                         ),
                     });
                 }
@@ -695,13 +640,15 @@ impl LogStore {
                 .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
                 .len();
             let mut seg = Seg {
-                path,
-                file,
+                z: ZeroAhead {
+                    path,
+                    file,
+                    pos: s.good,
+                    allocated: size,
+                },
                 first,
                 prev: s.prev,
                 recs: std::mem::take(&mut s.recs),
-                pos: s.good,
-                allocated: size,
             };
             if s.torn.is_some() {
                 seg.cut(s.good)?;

@@ -104,7 +104,7 @@ fn a_torn_tail_is_cut_and_appending_goes_on() {
     let (path, end) = {
         let i = lock(&s.inner);
         let seg = &i.segs[0];
-        (seg.path.clone(), seg.pos)
+        (seg.z.path.clone(), seg.z.pos)
     };
     drop(s);
     // The last entry half written, over the zeros: a crash inside an append.
@@ -437,7 +437,7 @@ fn a_newest_segment_whose_header_never_reached_the_disk_is_removed() {
         drop(s);
         // A crash inside the creation of the next segment: its size, not its bytes.
         let mut bytes = header.to_vec();
-        bytes.resize(PREALLOC as usize, 0);
+        bytes.resize(crate::oplog::PREALLOC as usize, 0);
         std::fs::write(dir.path().join(segment_name(3)), bytes).expect("write");
         let s = LogStore::open(dir.path()).expect("reopen");
         assert_eq!(segment_files(dir.path()).len(), 1);
