@@ -46,6 +46,15 @@ async fn committed_soon(raft: &Raft<TypeConfig>, proposer: &Proposer, lsn: u64) 
     .is_ok()
 }
 
+/// A runtime like the master's on this machine: two workers.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 fn record(lsn: u64) -> Vec<u8> {
     format!("record {lsn}").into_bytes()
 }
@@ -53,11 +62,7 @@ fn record(lsn: u64) -> Vec<u8> {
 #[test]
 fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = two_workers();
     let (tasks, per_task) = (16u64, 25u64);
     let total = tasks * per_task;
     rt.block_on(async {
@@ -135,11 +140,7 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
 #[test]
 fn waiters_fail_instead_of_hanging_when_the_group_stops() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = two_workers();
     rt.block_on(async {
         let (raft, proposer, _log) = start_group(dir.path()).await;
         raft.shutdown().await.expect("shutdown");
