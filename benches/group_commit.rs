@@ -12,7 +12,7 @@
 //! would use (never tmpfs).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use stampfs_master::oplog::Oplog;
+use stampfs_master::oplog::{DirLock, Oplog};
 use stampfs_master::raft::group::GroupOfOne;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,9 +96,11 @@ fn group_commit(c: &mut Criterion) {
     let oplog_dir = dir();
     let group_dir = dir();
     let oplog = Arc::new(Oplog::open(oplog_dir.path(), 1).expect("oplog"));
+    let group_lock = Arc::new(DirLock::acquire(group_dir.path()).expect("lock"));
     let group = Arc::new(Group(
-        rt.block_on(GroupOfOne::start(group_dir.path(), 1, "127.0.0.1:7070", 0))
-            .expect("group of one"),
+        rt.block_on(GroupOfOne::open(group_dir.path(), &group_lock))
+            .expect("group of one")
+            .0,
     ));
     let (oplog_next, group_next) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
     for (name, tasks) in [("lone", 1u64), ("64 tasks", TASKS)] {

@@ -48,6 +48,17 @@ pub struct MasterConfig {
     /// Write lease hard limit: after it, the master starts lease recovery on its own.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
     pub lease_hard: Duration,
+    /// The metadata log: `oplog`, the operation log (`DIR/oplog.*`, `DIR/checkpoint`), or
+    /// `group`, the master group's replicated log (`DIR/raft`, a group of one for now).
+    /// An operation-log directory started with `group` is upgraded (its files kept in
+    /// `DIR/pre-raft`); a group's directory stays one whatever this says.
+    #[arg(
+        long = "log",
+        value_enum,
+        env = "STAMPFS_MASTER_LOG",
+        default_value = "oplog"
+    )]
+    pub log: LogKind,
     /// Write a checkpoint (and trim the log) at least this often when the log has grown.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     pub checkpoint_interval: Duration,
@@ -80,6 +91,27 @@ pub struct MasterConfig {
     pub orphan_grace: Duration,
 }
 
+/// Which log the master keeps its metadata in (`--log`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogKind {
+    /// The operation log with group commit.
+    #[default]
+    Oplog,
+    /// The master group's log through openraft, as a group of one.
+    Group,
+}
+
+impl LogKind {
+    /// `STAMPFS_MASTER_LOG` (`oplog` or `group`) when set and valid, else the operation
+    /// log: what [`MasterConfig::new`] starts with, so a test suite runs either way.
+    pub fn from_env() -> Self {
+        match std::env::var("STAMPFS_MASTER_LOG").as_deref() {
+            Ok("group") => LogKind::Group,
+            _ => LogKind::Oplog,
+        }
+    }
+}
+
 impl MasterConfig {
     /// A configuration with every default, listening on an ephemeral loopback port.
     pub fn new(dir: PathBuf) -> Self {
@@ -94,6 +126,7 @@ impl MasterConfig {
             dead_after: Duration::from_secs(10),
             lease_soft: Duration::from_secs(60),
             lease_hard: Duration::from_secs(300),
+            log: LogKind::from_env(),
             checkpoint_interval: Duration::from_secs(600),
             checkpoint_log_size: 64 << 20,
             max_connections: 1024,

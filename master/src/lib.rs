@@ -33,8 +33,9 @@
 //! - [`auth`]: who a connection proved to be (a chunkserver with the cluster key, a
 //!   client with a user's key), whom its requests act as, and which user each client
 //!   id belongs to, pure; the users themselves are state (`state/users.rs`).
-//! - [`raft`]: the types of the master group's replicated log (openraft 0.9; not
-//!   serving yet).
+//! - [`raft`]: the master group's replicated log (openraft 0.9), served as a group of
+//!   one with `--log group`; [`journal`]: the one interface the request logic has to
+//!   either log ([`journal::Journal`]).
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!
@@ -84,6 +85,7 @@ pub mod error;
 pub mod fail;
 pub mod handle_set;
 pub mod health;
+pub mod journal;
 pub mod lease;
 pub mod namespace;
 pub mod oplog;

@@ -58,7 +58,7 @@ pub const MAX_RECORD_LEN: usize = 16 << 20;
 /// Bytes before a record's payload: len, crc, lsn.
 const RECORD_HEADER: usize = 16;
 const SEGMENT_PREFIX: &str = "oplog.";
-const CHECKPOINT_FILE: &str = "checkpoint";
+pub const CHECKPOINT_FILE: &str = "checkpoint";
 const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 const CHECKPOINT_HEADER: usize = 8 + 8 + 8 + 4;
 /// Zeros written ahead of the records at a time (see the module doc).
@@ -350,19 +350,32 @@ pub fn trim(dir: &Path, keep_from: u64) -> Result<usize> {
 
 /// Writes the checkpoint durably: temp file, fsync, rename, directory fsync.
 pub fn write_checkpoint(dir: &Path, lsn: u64, payload: &[u8]) -> Result<()> {
-    let tmp = dir.join(CHECKPOINT_TMP);
-    let dst = dir.join(CHECKPOINT_FILE);
-    let io = |what: &str, e| Error::io(format!("{what} {}", tmp.display()), e);
-    let mut f = File::create(&tmp).map_err(|e| io("create", e))?;
+    let head = checkpoint_header(lsn, payload);
+    write_durably(dir, CHECKPOINT_FILE, CHECKPOINT_TMP, &[&head, payload])
+}
+
+/// The header a checkpoint's payload follows (magic, LSN, length, CRC): the checkpoint
+/// file is the two, and so is the master group's snapshot after its own header.
+pub fn checkpoint_header(lsn: u64, payload: &[u8]) -> Vec<u8> {
     let mut head = Vec::with_capacity(CHECKPOINT_HEADER);
     head.extend_from_slice(CHECKPOINT_MAGIC);
     head.extend_from_slice(&lsn.to_be_bytes());
     head.extend_from_slice(&(payload.len() as u64).to_be_bytes());
     head.extend_from_slice(&crc32fast::hash(payload).to_be_bytes());
-    f.write_all(&head)
-        .and_then(|()| f.write_all(payload))
-        .and_then(|()| f.sync_all())
-        .map_err(|e| io("write", e))?;
+    head
+}
+
+/// Writes `dir/name` as the concatenation of `parts`, durably: `dir/tmp` written and
+/// fsynced, renamed over `name`, the directory fsynced.
+pub fn write_durably(dir: &Path, name: &str, tmp: &str, parts: &[&[u8]]) -> Result<()> {
+    let tmp = dir.join(tmp);
+    let dst = dir.join(name);
+    let io = |what: &str, e| Error::io(format!("{what} {}", tmp.display()), e);
+    let mut f = File::create(&tmp).map_err(|e| io("create", e))?;
+    for part in parts {
+        f.write_all(part).map_err(|e| io("write", e))?;
+    }
+    f.sync_all().map_err(|e| io("write", e))?;
     drop(f);
     std::fs::rename(&tmp, &dst).map_err(|e| io("rename", e))?;
     sync_dir(dir)
@@ -383,8 +396,27 @@ pub fn read_checkpoint(dir: &Path) -> Result<Option<(u64, Vec<u8>)>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
     };
+    if bytes == RAFT_MARKER {
+        return Err(Error::CorruptCheckpoint {
+            path,
+            reason: "this directory was moved to the master group's log (DIR/raft); \
+                     start the master with --log group"
+                .into(),
+        });
+    }
+    let (lsn, payload) = parse_checkpoint(&bytes, &path)?;
+    Ok(Some((lsn, payload.to_vec())))
+}
+
+/// What `DIR/checkpoint` holds once the directory moved to the master group's log:
+/// a binary that knows only the operation log stops on it (a damaged checkpoint)
+/// instead of starting with an empty namespace.
+pub const RAFT_MARKER: &[u8; 8] = b"STMPRAFT";
+
+/// Checks a checkpoint's header against its payload: its LSN and payload.
+pub fn parse_checkpoint<'a>(bytes: &'a [u8], path: &Path) -> Result<(u64, &'a [u8])> {
     let corrupt = |reason: &str| Error::CorruptCheckpoint {
-        path: path.clone(),
+        path: path.to_path_buf(),
         reason: reason.to_string(),
     };
     if bytes.len() < CHECKPOINT_HEADER || &bytes[..8] != CHECKPOINT_MAGIC {
@@ -405,7 +437,7 @@ pub fn read_checkpoint(dir: &Path) -> Result<Option<(u64, Vec<u8>)>> {
     if crc32fast::hash(payload) != crc {
         return Err(corrupt("checksum mismatch"));
     }
-    Ok(Some((lsn, payload.to_vec())))
+    Ok((lsn, payload))
 }
 
 mod commit;

@@ -16,11 +16,12 @@
 use crate::auth::ConnAuth;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
+use crate::journal::Journal;
 use crate::lease::Clock;
-use crate::oplog::{self, Oplog};
+use crate::oplog;
 use crate::recovery::RECOVERY_TICK;
 use crate::service::Core;
-use crate::state::{decode_record, MasterState, Settings, REQUEST_USER};
+use crate::state::{Settings, REQUEST_USER};
 use bincode::Encode;
 use bytes::Bytes;
 use stampfs_proto::codec::{Frame, FrameReader, FrameWriter};
@@ -47,6 +48,9 @@ const _: fn() = || {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<MasterHandle>();
 };
+
+mod recover;
+pub use recover::RAFT_DIR;
 
 /// A running master.
 #[derive(Debug)]
@@ -105,12 +109,17 @@ impl MasterHandle {
         {
             tracing::warn!("connection handlers did not finish within {SHUTDOWN_GRACE:?}; closing the log anyway");
         }
-        let core = self.core.clone();
-        tokio::task::spawn_blocking(move || core.log.close())
-            .await
-            .map_err(|e| Error::LogFailed {
-                reason: format!("log close task failed: {e}"),
-            })??;
+        match &self.core.log {
+            Journal::Oplog(_) => {
+                let core = self.core.clone();
+                tokio::task::spawn_blocking(move || core.log.oplog()?.close())
+                    .await
+                    .map_err(|e| Error::LogFailed {
+                        reason: format!("log close task failed: {e}"),
+                    })??;
+            }
+            Journal::Group(g) => g.shutdown().await?,
+        }
         remove_addr_file(&self.core.config.dir);
         tracing::info!(addr = %self.addr, "master stopped; operation log flushed");
         Ok(())
@@ -164,44 +173,6 @@ fn write_addr_file(dir: &Path, addr: SocketAddr) -> Result<()> {
     oplog::sync_dir(dir)
 }
 
-/// Loads the checkpoint and replays the log after it.
-fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<(MasterState, u64)> {
-    let mut st = match oplog::read_checkpoint(dir)? {
-        Some((lsn, bytes)) => {
-            let st = MasterState::decode_snapshot(settings, &bytes, now_ms)?;
-            if st.last_lsn != lsn {
-                return Err(Error::CorruptCheckpoint {
-                    path: dir.join("checkpoint"),
-                    reason: format!("header says LSN {lsn}, contents say {}", st.last_lsn),
-                });
-            }
-            st
-        }
-        None => MasterState::new(settings),
-    };
-    let checkpoint_lsn = st.last_lsn;
-    let stats = oplog::replay(dir, checkpoint_lsn, |lsn, bytes| {
-        let rec = decode_record(bytes).map_err(|e| Error::Replay {
-            lsn,
-            reason: e.to_string(),
-        })?;
-        st.apply(lsn, &rec, now_ms)
-            .map_err(|reason| Error::Replay { lsn, reason })
-    })?;
-    tracing::info!(
-        checkpoint_lsn,
-        replayed = stats.applied,
-        last_lsn = st.last_lsn,
-        segments = stats.segments,
-        truncated_bytes = stats.truncated_bytes,
-        inodes = st.ns.len(),
-        chunks = st.chunks.len(),
-        open_files = st.leases.len(),
-        "metadata recovered"
-    );
-    Ok((st, checkpoint_lsn))
-}
-
 /// Starts a master: directory lock, key, replay, bind, `DIR/addr`, server and
 /// workers. Fails with [`Error::DirLocked`] when another master (in any process) holds
 /// the directory.
@@ -231,21 +202,11 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     }
     let clock = Clock::new();
     let settings = Settings::from_config(&config);
-    let replay_dir = dir.clone();
-    let now = clock.now_ms();
-    // Replay may truncate a torn tail: it keeps the directory locked even if this
-    // start is abandoned (its future dropped) before it ends.
-    let replay_lock = dir_lock.clone();
-    let (state, checkpoint_lsn) = tokio::task::spawn_blocking(move || {
-        let _dir_lock = replay_lock;
-        recover(&replay_dir, settings, now)
-    })
-    .await
-    .map_err(|e| Error::Replay {
-        lsn: 0,
-        reason: format!("replay task failed: {e}"),
-    })??;
-    let log = Oplog::open(&dir, state.last_lsn + 1)?;
+    let recover::Recovered {
+        state,
+        checkpoint_lsn,
+        log,
+    } = recover::recover(&config, &dir_lock, settings, clock.now_ms()).await?;
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| Error::io(format!("listen on {}", config.listen), e))?;

@@ -27,8 +27,9 @@
 use crate::commands::CommandSender;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
+use crate::journal::Journal;
 use crate::lease::{wall_ms, Clock};
-use crate::oplog::{self, lock, DirLock, Oplog};
+use crate::oplog::{lock, DirLock};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::net::Dialer;
 use stampfs_proto::{
@@ -38,16 +39,17 @@ use stampfs_proto::{
     SetXattr, Stat, Symlink, UpdatePipeline, WriteGrant,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Most extra bumps of one grant whose targets did not all answer
-/// (`Core::push_bump_fenced`).
-const MAX_FENCE_ROUNDS: usize = 3;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Most extra bumps of one grant whose targets did not all answer
+/// (`Core::push_bump_fenced`).
+const MAX_FENCE_ROUNDS: usize = 3;
+
+mod checkpoint;
 mod chunkservers;
 mod health;
 mod recovery;
@@ -97,7 +99,7 @@ pub struct Core {
     /// The state machine. Locked briefly by every request, never across an await;
     /// committed records move to the log while it is held, so log order is apply order.
     state: Mutex<MasterState>,
-    pub log: Oplog,
+    pub log: Journal,
     commands: CommandSender,
     /// Serializes log + bump + grant sequences per file.
     file_locks: FileLocks,
@@ -158,7 +160,7 @@ impl Core {
         config: MasterConfig,
         key: ClusterKey,
         state: MasterState,
-        log: Oplog,
+        log: Journal,
         clock: Clock,
         checkpoint_lsn: u64,
         tasks: TaskTracker,
@@ -237,15 +239,6 @@ impl Core {
     async fn durable(&self, lsn: u64) -> Result<()> {
         tokio::select! {
             r = self.log.wait_durable(lsn) => r,
-            _ = self.halt.cancelled() => self.check_running(),
-        }
-    }
-
-    /// Waits until the log's rotation to `next_lsn` is done (or the master stopped
-    /// serving).
-    async fn rotated(&self, next_lsn: u64) -> Result<()> {
-        tokio::select! {
-            r = self.log.wait_rotated(next_lsn) => r,
             _ = self.halt.cancelled() => self.check_running(),
         }
     }
@@ -769,100 +762,6 @@ impl Core {
     }
 
     // ------------------------------------------------------------ background
-
-    /// Writes a checkpoint of the current state and trims the log it covers. Returns
-    /// false when nothing changed since the last one. The state lock is held only to
-    /// rotate the log; the checkpoint is built from the previous one and the durable
-    /// log ([`crate::checkpoint::build`]) on a blocking thread. Should that fail, the
-    /// state is encoded under the lock instead (logged).
-    pub async fn checkpoint(&self) -> Result<bool> {
-        let _one = self.checkpointing.lock().await;
-        // Held from here until the trim is done: a master started on this directory
-        // after the handle is dropped never replays under this checkpoint's trim.
-        let dir_lock = self.dir_guard()?;
-        let (lsn, settings) = {
-            let st = self.state();
-            // A halted master's state is ahead of its log: never checkpoint it.
-            self.check_running()?;
-            let lsn = st.last_lsn;
-            if lsn <= self.checkpoint_lsn.load(Ordering::Acquire) {
-                return Ok(false);
-            }
-            // Records after `lsn` go to a new segment, so older ones can be deleted
-            // once the checkpoint is durable, and the build reads only up to `lsn`.
-            self.log.rotate(lsn + 1)?;
-            (lsn, st.settings)
-        };
-        self.durable(lsn).await?;
-        self.rotated(lsn + 1).await?;
-        let dir = self.config.dir.clone();
-        let built = {
-            let dir = dir.clone();
-            tokio::task::spawn_blocking(move || crate::checkpoint::build(&dir, settings, lsn))
-                .await
-                .map_err(|e| Error::LogFailed {
-                    reason: format!("checkpoint task failed: {e}"),
-                })?
-        };
-        let (lsn, bytes) = match built {
-            Ok(bytes) => (lsn, bytes),
-            Err(e) => {
-                tracing::warn!(lsn, error = %e, "cannot build the checkpoint from the log; encoding the state under the lock instead");
-                let (lsn, bytes) = {
-                    let st = self.state();
-                    self.check_running()?;
-                    let lsn = st.last_lsn;
-                    let bytes = st.encode_snapshot()?;
-                    self.log.rotate(lsn + 1)?;
-                    (lsn, bytes)
-                };
-                self.durable(lsn).await?;
-                self.rotated(lsn + 1).await?;
-                (lsn, bytes)
-            }
-        };
-        let size = bytes.len();
-        let removed = tokio::task::spawn_blocking(move || -> Result<usize> {
-            let _dir_lock = dir_lock;
-            oplog::write_checkpoint(&dir, lsn, &bytes)?;
-            stall_point("checkpoint-before-trim");
-            oplog::trim(&dir, lsn + 1)
-        })
-        .await
-        .map_err(|e| Error::LogFailed {
-            reason: format!("checkpoint task failed: {e}"),
-        })??;
-        self.checkpoint_lsn.store(lsn, Ordering::Release);
-        self.last_checkpoint_ms
-            .store(self.clock.now_ms(), Ordering::Relaxed);
-        tracing::info!(
-            lsn,
-            bytes = size,
-            segments_removed = removed,
-            "checkpoint written"
-        );
-        Ok(true)
-    }
-
-    /// Checkpoints when the log grew past the threshold or the interval passed.
-    pub async fn maybe_checkpoint(&self) -> Result<bool> {
-        if self.check_running().is_err() {
-            return Ok(false);
-        }
-        let grown = self.log.stats().bytes_since_rotate >= self.config.checkpoint_log_size;
-        let interval =
-            u64::try_from(self.config.checkpoint_interval.as_millis()).unwrap_or(u64::MAX);
-        let due = self
-            .clock
-            .now_ms()
-            .saturating_sub(self.last_checkpoint_ms.load(Ordering::Relaxed))
-            >= interval;
-        if grown || due {
-            self.checkpoint().await
-        } else {
-            Ok(false)
-        }
-    }
 
     /// Logs chunkservers that died or came back. (Leases past their hard limit are the
     /// recovery worker's: [`Core::recovery_pass`].)

@@ -166,6 +166,9 @@ async fn a_dropped_master_keeps_its_directory_until_its_checkpoint_has_finished(
     let stalled = Stalled::enable();
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut cfg = config(tmp.path().join("master"));
+    // The operation log's checkpoint, written then trimmed by the master (the group's
+    // snapshots are built and purged through openraft).
+    cfg.log = stampfs_master::config::LogKind::Oplog;
     // The checkpoint worker writes one at its next poll after any mutation.
     cfg.checkpoint_log_size = 1;
     let dir = cfg.dir.clone();

@@ -2,6 +2,7 @@
 
 mod admin;
 
+use stampfs_master::config::LogKind;
 use stampfs_master::{start, MasterConfig, MasterHandle};
 use stampfs_proto::*;
 use std::path::Path;
@@ -16,6 +17,14 @@ async fn master(dir: &Path) -> MasterHandle {
     start(MasterConfig::new(dir.to_path_buf()))
         .await
         .expect("master starts")
+}
+
+/// A master on the operation log whatever `STAMPFS_MASTER_LOG` says: for the tests
+/// of its files (torn tails, trims); the group's log has its own (`group_log.rs`).
+async fn oplog_master(dir: &Path) -> MasterHandle {
+    let mut cfg = MasterConfig::new(dir.to_path_buf());
+    cfg.log = LogKind::Oplog;
+    start(cfg).await.expect("master starts")
 }
 
 async fn client(m: &MasterHandle) -> RpcClient {
@@ -703,7 +712,7 @@ async fn a_crash_in_a_stream_of_mutations_keeps_every_acknowledged_one() {
 #[tokio::test]
 async fn a_torn_log_tail_is_cut_and_the_master_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let m = master(dir.path()).await;
+    let m = oplog_master(dir.path()).await;
     let mut c = client(&m).await;
     for i in 0..5 {
         c.call(mkdir(&format!("/d{i}"), false))
@@ -720,7 +729,7 @@ async fn a_torn_log_tail_is_cut_and_the_master_starts() {
     bytes.extend_from_slice(&[0, 0, 0, 40, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3]);
     std::fs::write(&newest, bytes).expect("write");
 
-    let m = master(dir.path()).await;
+    let m = oplog_master(dir.path()).await;
     assert_eq!(
         std::fs::metadata(&newest).expect("meta").len() as usize,
         good
@@ -739,7 +748,7 @@ async fn a_torn_log_tail_is_cut_and_the_master_starts() {
         .await
         .expect("the log continues");
     m.shutdown().await.expect("shutdown");
-    let m = master(dir.path()).await;
+    let m = oplog_master(dir.path()).await;
     let mut c = client(&m).await;
     assert_eq!(
         names(
@@ -760,6 +769,7 @@ async fn a_torn_log_tail_is_cut_and_the_master_starts() {
 async fn the_checkpoint_worker_trims_the_log_when_it_grows() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = MasterConfig::new(dir.path().to_path_buf());
+    cfg.log = LogKind::Oplog;
     cfg.checkpoint_log_size = 1;
     let m = start(cfg.clone()).await.expect("start");
     let mut c = client(&m).await;

@@ -6,16 +6,19 @@ use super::group::GroupOfOne;
 use super::log_store::LogStore;
 use super::proposer::Proposer;
 use super::{Entry, TypeConfig};
+use crate::namespace::ROOT;
+use crate::oplog::DirLock;
+use crate::state::{encode_record, Record};
 use openraft::{EntryPayload, Raft, RaftLogReader};
+use stampfs_proto::InodeId;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 async fn start_group(dir: &Path) -> (Raft<TypeConfig>, Arc<Proposer>, LogStore) {
-    let g = GroupOfOne::start(dir, 1, "127.0.0.1:7070", 0)
-        .await
-        .expect("a group of one");
-    (g.raft, g.proposer, g.log)
+    let lock = Arc::new(DirLock::acquire(dir).expect("lock"));
+    let (g, _) = GroupOfOne::open(dir, &lock).await.expect("a group of one");
+    (g.raft.clone(), g.proposer.clone(), g.log.clone())
 }
 
 /// The records the log holds, in order: (LSN, bytes).
@@ -55,8 +58,15 @@ fn two_workers() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// A real record (a restart replays it into the master's state): a directory under
+/// the root, its inode numbered after the LSN.
 fn record(lsn: u64) -> Vec<u8> {
-    format!("record {lsn}").into_bytes()
+    encode_record(&Record::Mkdir {
+        parent: ROOT,
+        dirs: vec![(format!("d{lsn}"), InodeId(1000 + lsn))],
+        mtime_ms: 0,
+    })
+    .expect("encode")
 }
 
 #[test]

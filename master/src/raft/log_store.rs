@@ -51,6 +51,7 @@ use std::io::Write;
 use std::ops::{Bound, RangeBounds};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// First bytes of every segment.
@@ -72,6 +73,8 @@ const COMMITTED_LEN: usize = 1 + 24 + 4;
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    /// Appends written, one `fdatasync` each (kept outside the lock for readers).
+    appends: Arc<AtomicU64>,
 }
 
 impl Debug for LogStore {
@@ -151,6 +154,8 @@ struct Inner {
     segment_bytes: u64,
     /// The commit point's file, kept open once written.
     committed_file: Option<File>,
+    /// Set by [`LogStore::halt`]: every later write is refused.
+    halted: bool,
 }
 
 fn segment_name(first: u64) -> String {
@@ -330,6 +335,14 @@ fn scan(path: &Path, first: u64) -> Result<Scanned> {
 }
 
 impl Inner {
+    /// Refuses writes once the log is halted.
+    fn writable(&self) -> Result<()> {
+        if self.halted {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
+
     fn last_log_id(&self) -> Option<LogId<NodeId>> {
         self.segs.last().and_then(Seg::last_log_id)
     }
@@ -373,6 +386,7 @@ impl Inner {
     }
 
     fn append(&mut self, entries: Vec<Entry>) -> Result<()> {
+        self.writable()?;
         let Some(first) = entries.first() else {
             return Ok(());
         };
@@ -447,6 +461,7 @@ impl Inner {
     }
 
     fn truncate(&mut self, since: u64) -> Result<()> {
+        self.writable()?;
         if self.last_log_id().is_none_or(|l| l.index < since) {
             return Ok(());
         }
@@ -474,6 +489,7 @@ impl Inner {
     }
 
     fn purge(&mut self, upto: LogId<NodeId>) -> Result<()> {
+        self.writable()?;
         if self.purged.is_none_or(|p| p.index < upto.index) {
             self.purged = Some(upto);
         }
@@ -509,6 +525,7 @@ impl Inner {
     }
 
     fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
+        self.writable()?;
         let tmp = self.dir.join(VOTE_TMP);
         let path = self.dir.join(VOTE_FILE);
         let io = |e| Error::io(format!("save the vote in {}", path.display()), e);
@@ -522,6 +539,7 @@ impl Inner {
     }
 
     fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
+        self.writable()?;
         let mut b = [0u8; COMMITTED_LEN];
         b[..25].copy_from_slice(&encode_log_id(committed));
         let crc = crc32fast::hash(&b[..25]);
@@ -592,6 +610,7 @@ impl LogStore {
             purged: None,
             segment_bytes,
             committed_file: None,
+            halted: false,
         };
         let found = list_segments(dir)?;
         let n = found.len();
@@ -661,7 +680,33 @@ impl LogStore {
         inner.purged = inner.segs.first().and_then(|s| s.prev);
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
+            appends: Arc::new(AtomicU64::new(0)),
         })
+    }
+}
+
+impl LogStore {
+    /// Entries from `start` below `end` (`None`: to the last), those not purged, read
+    /// from the files (for replay at start and for building snapshots).
+    pub fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<Entry>> {
+        lock(&self.inner).entries(start, end)
+    }
+
+    /// Saves `vote` durably (forming a group writes its first vote this way).
+    pub fn write_vote(&self, vote: &Vote<NodeId>) -> Result<()> {
+        lock(&self.inner).save_vote(vote)
+    }
+
+    /// Refuses every write from now on, once the write in progress (if any) is done:
+    /// a master that stops (or crashes in a test) leaves its directory untouched after
+    /// this returns.
+    pub fn halt(&self) {
+        lock(&self.inner).halted = true;
+    }
+
+    /// Appends written so far by this process, each with one `fdatasync`.
+    pub fn appends(&self) -> u64 {
+        self.appends.load(Ordering::Relaxed)
     }
 }
 
@@ -756,6 +801,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let res = lock(&self.inner).append(entries.into_iter().collect());
         match res {
             Ok(()) => {
+                self.appends.fetch_add(1, Ordering::Relaxed);
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }

@@ -1,8 +1,9 @@
 //! The master group's replicated log, built on openraft 0.9 (issue 19;
 //! `docs/openraft-plan.md` is the plan, DESIGN.md "Master group" what exists).
 //!
-//! Nothing serves through this module yet: it holds the group's pieces as the plan's
-//! increments build them (a group of one runs in its tests):
+//! A master started with `--log group` keeps its records here, as a group of one
+//! (DESIGN.md, "The master group's log"); other members come with the plan's later
+//! increments. The pieces:
 //! - [`TypeConfig`]: openraft's type configuration. A Raft entry's data is a
 //!   [`Batch`]: one group-commit batch of encoded [`Record`](crate::state::Record)s,
 //!   the LSN of the first one with it (the LSN stays the record number; the Raft index
@@ -19,10 +20,12 @@
 //!   point.
 //! - [`proposer`]: group commit through openraft: records queued under the state
 //!   lock, submitted one batch (one entry) at a time, waited for until committed.
-//! - [`state_machine`]: follows the commit point and publishes the committed LSN (a
-//!   group of one; what followers apply comes later).
-//! - [`group`]: openraft's settings, and a group of one started on a directory
-//!   ([`group::GroupOfOne`]).
+//! - [`state_machine`]: follows the commit point, publishes the committed LSN and
+//!   builds snapshots (a group of one; what followers apply comes later).
+//! - [`snapshot`]: the snapshot file, a checkpoint with openraft's metadata;
+//!   [`replay`]: the state rebuilt from the snapshot and the log (start-up, snapshots).
+//! - [`group`]: openraft's settings, forming a group of one on a directory, recovering
+//!   and starting it ([`group::GroupOfOne`]).
 //! - [`network`]: the connections to other members (none in a group of one).
 //! - [`wire`]: the Raft RPCs between members, bincode over serde, bounded on decode.
 
@@ -31,6 +34,8 @@ pub mod group;
 pub mod log_store;
 pub mod network;
 pub mod proposer;
+pub mod replay;
+pub mod snapshot;
 pub mod state_machine;
 pub mod wire;
 

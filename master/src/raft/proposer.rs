@@ -149,6 +149,11 @@ impl Proposer {
         self.progress.borrow().committed_lsn
     }
 
+    /// The last LSN queued (or committed before the start).
+    pub fn last_queued(&self) -> u64 {
+        lock(&self.queue).last_queued
+    }
+
     /// Refuses records from now on (shutdown).
     pub fn stop(&self) {
         lock(&self.queue).stopped = true;

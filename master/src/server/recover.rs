@@ -1,0 +1,232 @@
+//! Start-up recovery: the master's state and its log, from either kind of directory.
+//!
+//! - An **operation-log directory** (`DIR/checkpoint`, `DIR/oplog.*`): the checkpoint,
+//!   then every record after it ([`oplog::replay`], which cuts a torn tail).
+//! - A **master group's directory** (`DIR/raft`): its snapshot, then every entry of
+//!   its log after it ([`group::recover`]), and the group started as a group of one.
+//!
+//! **Moving to the group** (`--log group` on a directory without `DIR/raft`, new or
+//! not): the operation log is recovered as above, the state is written as the first
+//! snapshot of a group formed in `DIR/raft.tmp` ([`group::form`]), which is renamed to
+//! `DIR/raft` (the step that decides: a crash before it redoes the move, after it the
+//! directory is a group's). Then the operation log's files move to `DIR/pre-raft`
+//! and `DIR/checkpoint` becomes the marker [`oplog::RAFT_MARKER`], which a binary that
+//! knows only the operation log refuses instead of starting empty. A crash in
+//! between leaves files that the next start moves. Going back is a manual move of
+//! `pre-raft` that loses everything written since.
+
+use crate::config::{LogKind, MasterConfig};
+use crate::error::{Error, Result};
+use crate::journal::Journal;
+use crate::oplog::{self, DirLock, Oplog};
+use crate::raft::group::{self, GroupOfOne};
+use crate::state::{decode_record, MasterState, Settings};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The group's directory inside the master's.
+pub const RAFT_DIR: &str = "raft";
+const RAFT_TMP: &str = "raft.tmp";
+/// Where the operation log's files go once the directory moved to the group.
+const PRE_RAFT: &str = "pre-raft";
+/// The member id of a group of one.
+const SOLE_MEMBER: u64 = 1;
+
+/// What start-up recovered: the state, the LSN its checkpoint (or snapshot) covers,
+/// and the log to append to.
+pub struct Recovered {
+    pub state: MasterState,
+    pub checkpoint_lsn: u64,
+    pub log: Journal,
+}
+
+/// Recovers the state and opens the log `config` asks for (a group's directory stays
+/// a group's). Replay may truncate a torn tail: the blocking work holds `dir_lock`.
+pub async fn recover(
+    config: &MasterConfig,
+    dir_lock: &Arc<DirLock>,
+    settings: Settings,
+    now_ms: u64,
+) -> Result<Recovered> {
+    let dir = config.dir.clone();
+    let raft_dir = dir.join(RAFT_DIR);
+    let is_group = raft_dir.exists();
+    if !is_group && config.log == LogKind::Oplog {
+        let (state, checkpoint_lsn) = blocking(dir_lock, {
+            let dir = dir.clone();
+            move || recover_oplog(&dir, settings, now_ms)
+        })
+        .await?;
+        let log = Oplog::open(&dir, state.last_lsn + 1)?;
+        return Ok(Recovered {
+            state,
+            checkpoint_lsn,
+            log: Journal::Oplog(log),
+        });
+    }
+    if is_group && config.log == LogKind::Oplog {
+        tracing::warn!(dir = %dir.display(), "this directory keeps its records in the master group's log (DIR/raft): --log oplog does not apply");
+    }
+    let addr = config.listen.clone();
+    let recovered = blocking(dir_lock, {
+        let dir = dir.clone();
+        move || {
+            if !is_group {
+                move_to_group(&dir, settings, now_ms, &addr)?;
+            }
+            set_aside_oplog(&dir)?;
+            group::recover(&dir.join(RAFT_DIR), settings, now_ms)
+        }
+    })
+    .await?;
+    let r = &recovered.rebuilt;
+    tracing::info!(
+        snapshot_lsn = r.snapshot_lsn,
+        replayed_entries = r.entries,
+        last_entry = ?r.last_log_id,
+        last_lsn = r.state.last_lsn,
+        inodes = r.state.ns.len(),
+        chunks = r.state.chunks.len(),
+        open_files = r.state.leases.len(),
+        "metadata recovered from the master group's log"
+    );
+    let g = GroupOfOne::start(
+        &raft_dir,
+        SOLE_MEMBER,
+        &recovered,
+        settings,
+        Arc::downgrade(dir_lock),
+    )
+    .await?;
+    let checkpoint_lsn = recovered.rebuilt.snapshot_lsn;
+    Ok(Recovered {
+        state: recovered.rebuilt.state,
+        checkpoint_lsn,
+        log: Journal::Group(Box::new(g)),
+    })
+}
+
+/// Runs `f` on a blocking thread holding the directory lock, so that even a start
+/// abandoned midway (its future dropped) keeps the directory locked until it ends.
+async fn blocking<T: Send + 'static>(
+    dir_lock: &Arc<DirLock>,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let lock = dir_lock.clone();
+    tokio::task::spawn_blocking(move || {
+        let _dir_lock = lock;
+        f()
+    })
+    .await
+    .map_err(|e| Error::Replay {
+        lsn: 0,
+        reason: format!("recovery task failed: {e}"),
+    })?
+}
+
+/// Loads the checkpoint and replays the operation log after it.
+pub fn recover_oplog(dir: &Path, settings: Settings, now_ms: u64) -> Result<(MasterState, u64)> {
+    let mut st = match oplog::read_checkpoint(dir)? {
+        Some((lsn, bytes)) => {
+            let st = MasterState::decode_snapshot(settings, &bytes, now_ms)?;
+            if st.last_lsn != lsn {
+                return Err(Error::CorruptCheckpoint {
+                    path: dir.join("checkpoint"),
+                    reason: format!("header says LSN {lsn}, contents say {}", st.last_lsn),
+                });
+            }
+            st
+        }
+        None => MasterState::new(settings),
+    };
+    let checkpoint_lsn = st.last_lsn;
+    let stats = oplog::replay(dir, checkpoint_lsn, |lsn, bytes| {
+        let rec = decode_record(bytes).map_err(|e| Error::Replay {
+            lsn,
+            reason: e.to_string(),
+        })?;
+        st.apply(lsn, &rec, now_ms)
+            .map_err(|reason| Error::Replay { lsn, reason })
+    })?;
+    tracing::info!(
+        checkpoint_lsn,
+        replayed = stats.applied,
+        last_lsn = st.last_lsn,
+        segments = stats.segments,
+        truncated_bytes = stats.truncated_bytes,
+        inodes = st.ns.len(),
+        chunks = st.chunks.len(),
+        open_files = st.leases.len(),
+        "metadata recovered"
+    );
+    Ok((st, checkpoint_lsn))
+}
+
+/// Forms the group in `DIR/raft` from the operation log's state (see the module doc).
+fn move_to_group(dir: &Path, settings: Settings, now_ms: u64, addr: &str) -> Result<()> {
+    let tmp = dir.join(RAFT_TMP);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
+    }
+    let (st, _) = recover_oplog(dir, settings, now_ms)?;
+    let payload = st.encode_snapshot()?;
+    group::form(&tmp, SOLE_MEMBER, addr, st.last_lsn, &payload)?;
+    oplog::sync_dir(&tmp)?;
+    let raft = dir.join(RAFT_DIR);
+    std::fs::rename(&tmp, &raft)
+        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), raft.display()), e))?;
+    oplog::sync_dir(dir)?;
+    tracing::info!(
+        lsn = st.last_lsn,
+        inodes = st.ns.len(),
+        chunks = st.chunks.len(),
+        "the metadata moved to the master group's log (DIR/raft)"
+    );
+    Ok(())
+}
+
+/// Moves the operation log's files out of a group's directory (into `DIR/pre-raft`)
+/// and leaves the marker in `DIR/checkpoint`. Nothing to do when that was done.
+fn set_aside_oplog(dir: &Path) -> Result<()> {
+    let mut files: Vec<PathBuf> = oplog::segments(dir)?.into_iter().map(|(_, p)| p).collect();
+    let checkpoint = dir.join(oplog::CHECKPOINT_FILE);
+    let marked = std::fs::read(&checkpoint).is_ok_and(|b| b == oplog::RAFT_MARKER);
+    if checkpoint.exists() && !marked {
+        files.push(checkpoint);
+    }
+    if !files.is_empty() {
+        let aside = free_name(dir);
+        std::fs::create_dir(&aside)
+            .map_err(|e| Error::io(format!("create {}", aside.display()), e))?;
+        for f in &files {
+            let name = f.file_name().unwrap_or_default();
+            std::fs::rename(f, aside.join(name))
+                .map_err(|e| Error::io(format!("move {} aside", f.display()), e))?;
+        }
+        oplog::sync_dir(&aside)?;
+        oplog::sync_dir(dir)?;
+        tracing::info!(to = %aside.display(), files = files.len(), "the operation log's files were set aside");
+    }
+    if !marked {
+        oplog::write_durably(
+            dir,
+            oplog::CHECKPOINT_FILE,
+            "checkpoint.tmp",
+            &[oplog::RAFT_MARKER],
+        )?;
+    }
+    Ok(())
+}
+
+/// `DIR/pre-raft`, or `DIR/pre-raft.N` when that exists already.
+fn free_name(dir: &Path) -> PathBuf {
+    let first = dir.join(PRE_RAFT);
+    if !first.exists() {
+        return first;
+    }
+    (1u32..)
+        .map(|n| dir.join(format!("{PRE_RAFT}.{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
+}
