@@ -47,6 +47,39 @@ fn failed(reason: String) -> Error {
     Error::LogFailed { reason }
 }
 
+/// The runtime openraft's tasks run on: one thread of its own, so that the log's
+/// inline `fdatasync` (openraft appends on its core task) never holds one of the
+/// master's request threads, as the operation log flushes on a thread of its own.
+/// Dropping it stops those tasks where they wait (a crash, to the group).
+struct GroupRuntime(Option<tokio::runtime::Runtime>);
+
+impl GroupRuntime {
+    fn new() -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("stampfs-group")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the master group's thread", e))?;
+        Ok(GroupRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> Result<&tokio::runtime::Handle> {
+        self.0
+            .as_ref()
+            .map(tokio::runtime::Runtime::handle)
+            .ok_or_else(|| failed("the master group's thread is gone".into()))
+    }
+}
+
+impl Drop for GroupRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// A master group of one member: openraft over the log in a directory, and the
 /// proposer the master queues its records with.
 pub struct GroupOfOne {
@@ -57,6 +90,8 @@ pub struct GroupOfOne {
     /// Record bytes queued since the last snapshot (the checkpoint trigger).
     bytes_since_snapshot: AtomicU64,
     records: AtomicU64,
+    /// Last, so that it is dropped after the handles into it.
+    _runtime: GroupRuntime,
 }
 
 impl std::fmt::Debug for GroupOfOne {
@@ -90,6 +125,7 @@ pub struct Recovered {
 /// Opens the group's log in `dir` and rebuilds the master's state from the snapshot
 /// and every entry after it: on the sole voter's disk, every entry is committed.
 pub fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<Recovered> {
+    snapshot::remove_unfinished(dir)?;
     let log = LogStore::open(dir)?;
     let rebuilt = replay::rebuild(dir, &log, settings, None, now_ms)?;
     if rebuilt.snapshot.is_none() {
@@ -123,9 +159,17 @@ impl GroupOfOne {
             snapshot_lsn: r.snapshot_lsn,
             committed_lsn: r.state.last_lsn,
         });
-        let raft = Raft::new(id, config()?, Network, log.clone(), sm.clone())
-            .await
-            .map_err(|e| failed(format!("cannot start the master group: {e}")))?;
+        let runtime = GroupRuntime::new()?;
+        // openraft spawns its core and state-machine tasks where it is created.
+        let raft = {
+            let (log, sm, config) = (log.clone(), sm.clone(), config()?);
+            runtime
+                .handle()?
+                .spawn(async move { Raft::new(id, config, Network, log, sm).await })
+                .await
+                .map_err(|e| failed(format!("cannot start the master group: {e}")))?
+                .map_err(|e| failed(format!("cannot start the master group: {e}")))?
+        };
         let initialized = raft
             .is_initialized()
             .await
@@ -148,6 +192,7 @@ impl GroupOfOne {
             sm,
             bytes_since_snapshot: AtomicU64::new(0),
             records: AtomicU64::new(0),
+            _runtime: runtime,
         })
     }
 

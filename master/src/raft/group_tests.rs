@@ -15,10 +15,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-async fn start_group(dir: &Path) -> (Raft<TypeConfig>, Arc<Proposer>, LogStore) {
+/// A started group and clones of its parts. The group itself must outlive them: its
+/// openraft tasks run on its own runtime, which goes with it.
+async fn start_group(dir: &Path) -> (GroupOfOne, Raft<TypeConfig>, Arc<Proposer>, LogStore) {
     let lock = Arc::new(DirLock::acquire(dir).expect("lock"));
     let (g, _) = GroupOfOne::open(dir, &lock).await.expect("a group of one");
-    (g.raft.clone(), g.proposer.clone(), g.log.clone())
+    let (raft, proposer, log) = (g.raft.clone(), g.proposer.clone(), g.log.clone());
+    (g, raft, proposer, log)
 }
 
 /// The records the log holds, in order: (LSN, bytes).
@@ -76,7 +79,7 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
     let (tasks, per_task) = (16u64, 25u64);
     let total = tasks * per_task;
     rt.block_on(async {
-        let (raft, proposer, log) = start_group(dir.path()).await;
+        let (_group, raft, proposer, log) = start_group(dir.path()).await;
         // The master's state lock: LSNs are taken and queued under it, in order.
         let next = Arc::new(Mutex::new(0u64));
         let mut handles = Vec::new();
@@ -126,7 +129,7 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
     });
     // The group restarts from its directory: same records, and it goes on after them.
     rt.block_on(async {
-        let (raft, proposer, log) = start_group(dir.path()).await;
+        let (_group, raft, proposer, log) = start_group(dir.path()).await;
         let got = logged(&log).await;
         assert_eq!(got.len() as u64, total + 1);
         assert_eq!(got.last(), Some(&(total + 1, record(total + 1))));
@@ -152,7 +155,7 @@ fn waiters_fail_instead_of_hanging_when_the_group_stops() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = two_workers();
     rt.block_on(async {
-        let (raft, proposer, _log) = start_group(dir.path()).await;
+        let (_group, raft, proposer, _log) = start_group(dir.path()).await;
         raft.shutdown().await.expect("shutdown");
         proposer
             .append(1, &record(1))
@@ -174,7 +177,7 @@ fn a_queue_over_the_batch_bound_goes_in_several_entries() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let (raft, proposer, log) = start_group(dir.path()).await;
+        let (_group, raft, proposer, log) = start_group(dir.path()).await;
         // Five records of 400 KiB queued before anyone waits: 2 MB, over the 1 MiB
         // bound, so they cannot all go in one entry; one of 2 MiB goes alone.
         let big = |lsn: u64| vec![lsn as u8; 400 << 10];

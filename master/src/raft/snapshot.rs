@@ -77,15 +77,23 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join(SNAPSHOT_FILE)
 }
 
-/// Reads `dir/snapshot`: `None` when there is none; damage is an error (the log it
-/// covers may be purged). A temp file left by a crash is removed.
-pub fn read(dir: &Path) -> Result<Option<Loaded>> {
+/// Removes the temp file of a snapshot a crash left unfinished. Only at start, before
+/// the group runs: while it runs, the file may be a snapshot being written.
+pub fn remove_unfinished(dir: &Path) -> Result<()> {
     let tmp = dir.join(SNAPSHOT_TMP);
     match std::fs::remove_file(&tmp) {
-        Ok(()) => tracing::warn!(path = %tmp.display(), "removed a snapshot never finished"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(format!("remove {}", tmp.display()), e)),
+        Ok(()) => {
+            tracing::warn!(path = %tmp.display(), "removed a snapshot never finished");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("remove {}", tmp.display()), e)),
     }
+}
+
+/// Reads `dir/snapshot`: `None` when there is none; damage is an error (the log it
+/// covers may be purged). Touches nothing: a snapshot may be being written meanwhile.
+pub fn read(dir: &Path) -> Result<Option<Loaded>> {
     let path = path(dir);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
