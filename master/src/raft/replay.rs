@@ -11,7 +11,7 @@ use super::log_store::LogStore;
 use super::snapshot::{self, Loaded};
 use super::{Entry, MasterNode, NodeId};
 use crate::error::{Error, Result};
-use crate::state::{decode_record, MasterState, Settings};
+use crate::state::{replay_records, MasterState, Settings};
 use openraft::{EntryPayload, LogId, SnapshotMeta, StoredMembership};
 use std::path::Path;
 
@@ -124,19 +124,12 @@ fn apply_entry(st: &mut MasterState, e: Entry, now_ms: u64) -> Result<()> {
             ),
         });
     }
-    for (k, bytes) in batch.records.iter().enumerate() {
-        let lsn = batch.first_lsn + k as u64;
-        if lsn <= st.last_lsn {
-            continue;
-        }
-        let rec = decode_record(bytes).map_err(|e| Error::Replay {
-            lsn,
-            reason: e.to_string(),
-        })?;
-        st.apply(lsn, &rec, now_ms)
-            .map_err(|reason| Error::Replay { lsn, reason })?;
-    }
-    Ok(())
+    let held = st.last_lsn;
+    let records = (batch.first_lsn..)
+        .zip(batch.records.iter())
+        .filter(|(lsn, _)| *lsn > held)
+        .map(|(lsn, bytes)| (lsn, bytes.as_slice()));
+    replay_records(st, records, now_ms)
 }
 
 /// Builds the snapshot at entry `at` (with `membership` as of it) from the snapshot in
