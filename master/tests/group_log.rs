@@ -3,7 +3,9 @@
 //! refuses the moved directory, and the group's checkpoints (openraft snapshots)
 //! carry the state across crashes.
 
-mod admin;
+mod common;
+
+use common::admin;
 
 use stampfs_master::config::LogKind;
 use stampfs_master::raft::snapshot;
@@ -114,13 +116,7 @@ async fn an_operation_log_directory_moves_to_the_group_and_stays_there() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_groups_checkpoints_are_snapshots_that_carry_the_state_across_crashes() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_test_writer()
-        .try_init();
+    common::init_tracing();
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("master");
     let raft = dir.join("raft");
