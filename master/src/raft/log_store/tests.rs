@@ -1,6 +1,7 @@
 //! The group log: openraft's storage suite, restarts, torn tails, damage, rotation,
 //! truncation across segments and purging.
 
+use super::segment::HEADER_LEN;
 use super::*;
 use crate::raft::{Applied, Batch, MasterNode, SnapshotFile};
 use openraft::storage::{RaftStateMachine, Snapshot};
