@@ -102,12 +102,24 @@ pub enum LogKind {
 }
 
 impl LogKind {
-    /// `STAMPFS_MASTER_LOG` (`oplog` or `group`) when set and valid, else the operation
-    /// log: what [`MasterConfig::new`] starts with, so a test suite runs either way.
+    /// `STAMPFS_MASTER_LOG` (`oplog` or `group`) when set, else the operation log:
+    /// what [`MasterConfig::new`] starts with, so a test suite runs either way. Any
+    /// other value is named in a warning and the operation log used.
     pub fn from_env() -> Self {
         match std::env::var("STAMPFS_MASTER_LOG").as_deref() {
             Ok("group") => LogKind::Group,
-            _ => LogKind::Oplog,
+            Ok("oplog") | Err(std::env::VarError::NotPresent) => LogKind::Oplog,
+            Ok(other) => {
+                tracing::warn!(
+                    value = other,
+                    "STAMPFS_MASTER_LOG is neither `oplog` nor `group`: using the operation log"
+                );
+                LogKind::Oplog
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                tracing::warn!("STAMPFS_MASTER_LOG is not UTF-8: using the operation log");
+                LogKind::Oplog
+            }
         }
     }
 }
