@@ -13,7 +13,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use stampfs_master::oplog::{DirLock, Oplog};
-use stampfs_master::raft::group::GroupOfOne;
+use stampfs_master::raft::group::Group as MasterGroup;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,16 +44,16 @@ impl Log for Oplog {
     }
 }
 
-struct Group(GroupOfOne);
+struct Group(MasterGroup);
 
 impl Log for Group {
     fn queue(&self, lsn: u64) {
-        self.0.proposer.append(lsn, &RECORD).expect("append");
+        self.0.append(lsn, &RECORD).expect("append");
     }
     async fn wait(&self, lsn: u64) {
+        let generation = self.0.generation().expect("the group of one leads");
         self.0
-            .proposer
-            .wait_committed(lsn)
+            .wait_committed(lsn, generation)
             .await
             .expect("committed");
     }
@@ -98,7 +98,7 @@ fn group_commit(c: &mut Criterion) {
     let oplog = Arc::new(Oplog::open(oplog_dir.path(), 1).expect("oplog"));
     let group_lock = Arc::new(DirLock::acquire(group_dir.path()).expect("lock"));
     let group = Arc::new(Group(
-        rt.block_on(GroupOfOne::open(group_dir.path(), &group_lock))
+        rt.block_on(MasterGroup::open(group_dir.path(), &group_lock))
             .expect("group of one")
             .0,
     ));

@@ -56,12 +56,15 @@ impl ConnAuth {
     pub fn admits(&self, req: &MasterRequest) -> Result<()> {
         match req.class() {
             RequestClass::Handshake => Ok(()),
-            RequestClass::Chunkserver if self.chunkserver => Ok(()),
+            RequestClass::Chunkserver | RequestClass::Peer if self.chunkserver => Ok(()),
             RequestClass::ClientOrChunkserver if self.chunkserver || self.user.is_some() => {
                 Ok(())
             }
             RequestClass::ClientOrChunkserver => Err(Error::Unauthenticated {
                 reason: "a corruption report needs a proven chunkserver or user on this connection".into(),
+            }),
+            RequestClass::Peer => Err(Error::Unauthenticated {
+                reason: "a member of the master group must prove the cluster key on this connection before its Raft messages".into(),
             }),
             RequestClass::Chunkserver => Err(Error::Unauthenticated {
                 reason: "a chunkserver must prove the cluster key on this connection before it registers, heartbeats or reports".into(),

@@ -89,6 +89,40 @@ pub struct MasterConfig {
     /// deleted) may stay on a chunkserver before it is deleted.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     pub orphan_grace: Duration,
+    /// This master's member id in its group (`--peers` names each member by id).
+    #[arg(long, default_value_t = 1)]
+    pub id: u64,
+    /// The master group's members, `ID=HOST:PORT,...` (1, 3 or 5 of them; this master's
+    /// `--id` among them at its `--listen` address; all with the same
+    /// `--cluster-key-file`). Implies `--log group`. Read when the directory is new:
+    /// after that the membership is in the group's log.
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    pub peers: Vec<PeerArg>,
+}
+
+/// One `--peers` entry: a member's id and address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerArg {
+    pub id: u64,
+    pub addr: String,
+}
+
+fn parse_peer(s: &str) -> std::result::Result<PeerArg, String> {
+    let (id, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not ID=HOST:PORT"))?;
+    let id: u64 = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{id}` in `{s}` is not a member id (a number above 0)"))?;
+    let addr = addr.trim();
+    if id == 0 || addr.is_empty() {
+        return Err(format!("`{s}` is not ID=HOST:PORT with an id above 0"));
+    }
+    Ok(PeerArg {
+        id,
+        addr: addr.to_string(),
+    })
 }
 
 /// Which log the master keeps its metadata in (`--log`).
@@ -148,7 +182,15 @@ impl MasterConfig {
             replication_timeout: Duration::from_secs(60),
             trash_for: Duration::from_secs(3600),
             orphan_grace: Duration::from_secs(600),
+            id: 1,
+            peers: Vec::new(),
         }
+    }
+
+    /// Whether the master keeps its records in the group's log (`--log group`, or
+    /// `--peers`).
+    pub fn uses_group(&self) -> bool {
+        self.log == LogKind::Group || !self.peers.is_empty()
     }
 
     /// The cluster key file: `--cluster-key-file` or `DIR/cluster.key`.
@@ -156,6 +198,45 @@ impl MasterConfig {
         self.cluster_key_file
             .clone()
             .unwrap_or_else(|| self.dir.join("cluster.key"))
+    }
+
+    fn validate_peers(&self) -> Result<()> {
+        let bad = |reason: String| {
+            Err(Error::Config {
+                field: "peers",
+                reason,
+            })
+        };
+        if self.peers.is_empty() {
+            return Ok(());
+        }
+        if ![1, 3, 5].contains(&self.peers.len()) {
+            return bad(format!(
+                "{} members: a group has 1, 3 or 5 (a majority of them must be up)",
+                self.peers.len()
+            ));
+        }
+        let ids: std::collections::BTreeSet<u64> = self.peers.iter().map(|p| p.id).collect();
+        if ids.len() != self.peers.len() {
+            return bad("two members share an id".into());
+        }
+        let Some(me) = self.peers.iter().find(|p| p.id == self.id) else {
+            return bad(format!("this master's --id {} is not among them", self.id));
+        };
+        if me.addr != self.listen {
+            return bad(format!(
+                "member {} is at {}, but this master listens on {} (--listen)",
+                me.id, me.addr, self.listen
+            ));
+        }
+        if self.peers.len() > 1 && self.cluster_key_file.is_none() {
+            return bad(
+                "the members of a group prove the same cluster key to each other: give each \
+                 the same --cluster-key-file"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Checks the values make sense together.
@@ -206,6 +287,7 @@ impl MasterConfig {
         if self.max_connections == 0 {
             return bad("max-connections", "must be above zero".into());
         }
+        self.validate_peers()?;
         if self.command_timeout.is_zero() {
             return bad("command-timeout", "must be above zero".into());
         }

@@ -77,6 +77,10 @@ pub enum Error {
     LogFailed { reason: String },
     #[error("the master is shutting down")]
     ShuttingDown,
+    #[error("{}", not_leader(.leader))]
+    NotLeader { leader: Option<String> },
+    #[error("this master lost the lead of its group before log record {lsn} committed: the change may or may not have been made (look before trying again)")]
+    LeadershipLost { lsn: u64 },
     #[error("the master stopped serving: its state holds changes its operation log does not ({reason}); restart it to replay the log")]
     Halted { reason: String },
     #[error("cannot encode or decode metadata: {reason}")]
@@ -137,6 +141,8 @@ impl Error {
             Error::Replay { .. } => ErrorCode::Internal,
             Error::LogFailed { .. } => ErrorCode::Unavailable,
             Error::ShuttingDown => ErrorCode::Unavailable,
+            Error::NotLeader { .. } => ErrorCode::NotLeader,
+            Error::LeadershipLost { .. } => ErrorCode::Unavailable,
             Error::Halted { .. } => ErrorCode::Internal,
             Error::Codec { .. } => ErrorCode::Internal,
             Error::DirLocked { .. } => ErrorCode::Unavailable,
@@ -200,11 +206,15 @@ impl Error {
             Error::Io { .. } => RemoteError::Io {
                 reason: self.to_string(),
             },
-            Error::LogFailed { .. } | Error::ShuttingDown | Error::DirLocked { .. } => {
-                RemoteError::Unavailable {
-                    reason: self.to_string(),
-                }
-            }
+            Error::NotLeader { leader } => RemoteError::NotLeader {
+                leader: leader.clone(),
+            },
+            Error::LogFailed { .. }
+            | Error::ShuttingDown
+            | Error::DirLocked { .. }
+            | Error::LeadershipLost { .. } => RemoteError::Unavailable {
+                reason: self.to_string(),
+            },
             Error::Config { .. }
             | Error::CorruptLog { .. }
             | Error::CorruptCheckpoint { .. }
@@ -215,6 +225,13 @@ impl Error {
             },
             Error::Proto(e) => e.to_remote(),
         }
+    }
+}
+
+fn not_leader(leader: &Option<String>) -> String {
+    match leader {
+        Some(addr) => format!("this master does not lead its group: the leader is at {addr}"),
+        None => "this master does not lead its group, and no leader is known yet".into(),
     }
 }
 

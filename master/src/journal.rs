@@ -1,25 +1,35 @@
 //! Where the master's committed records go: the operation log ([`Oplog`]) or the
-//! master group's log ([`GroupOfOne`]), chosen at start (`--log`, [`LogKind`]).
+//! master group's log ([`Group`]), chosen at start (`--log`, [`LogKind`]).
 //!
-//! [`Core`](crate::service::Core) talks to either through the same calls: queue a
-//! record under the state lock ([`Journal::append`]), wait until it is durable (the
-//! operation log) or committed (the group) before anything depending on it leaves
-//! ([`Journal::wait_durable`]), counters, and stopping. Checkpoints differ: the
+//! [`Core`](crate::service::Core) talks to either through the same calls: check that
+//! this master serves ([`Journal::serving`]: a member of a group serves only while it
+//! leads) and queue a record under the state lock ([`Journal::append`]), noting the
+//! [`Mark`] to wait for; wait until it is durable (the operation log) or committed
+//! (the group) before anything depending on it leaves ([`Journal::wait_durable`]),
+//! counters, and stopping. Checkpoints differ: the
 //! operation log is rotated and trimmed by the master (`Core::checkpoint`); the
 //! group's checkpoints are openraft snapshots, built by its state machine and
-//! followed by openraft's purge of the log ([`GroupOfOne::snapshot`]).
+//! followed by openraft's purge of the log ([`Group::snapshot`]).
 //!
 //! [`LogKind`]: crate::config::LogKind
 
 use crate::error::{Error, Result};
 use crate::oplog::{LogStats, Oplog};
-use crate::raft::group::GroupOfOne;
+use crate::raft::group::Group;
+
+/// What a request waits for: the LSN of its last record (or of the last record its
+/// read saw), and the group's generation it was queued in (0 for the operation log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub lsn: u64,
+    pub generation: u64,
+}
 
 /// The master's log.
 #[derive(Debug)]
 pub enum Journal {
     Oplog(Oplog),
-    Group(Box<GroupOfOne>),
+    Group(Box<Group>),
 }
 
 impl Journal {
@@ -31,12 +41,41 @@ impl Journal {
         }
     }
 
-    /// Waits until record `lsn` and every one before it are durable (committed, for
-    /// the group).
-    pub async fn wait_durable(&self, lsn: u64) -> Result<()> {
+    /// `Ok` when this master serves requests (always, with the operation log; while it
+    /// leads, in a group). Check it under the state lock before changing the state.
+    pub fn serving(&self) -> Result<()> {
         match self {
-            Journal::Oplog(log) => log.wait_durable(lsn).await,
-            Journal::Group(g) => g.proposer.wait_committed(lsn).await,
+            Journal::Oplog(_) => Ok(()),
+            Journal::Group(g) => g.leadership.check(),
+        }
+    }
+
+    /// The mark of record `lsn`, the last one queued (call it under the state lock).
+    pub fn mark(&self, lsn: u64) -> Mark {
+        let generation = match self {
+            Journal::Oplog(_) => 0,
+            Journal::Group(g) => g.generation().unwrap_or(0),
+        };
+        Mark { lsn, generation }
+    }
+
+    /// Waits until the marked record and every one before it are durable (committed,
+    /// for the group, in the generation it was queued in).
+    pub async fn wait_durable(&self, mark: Mark) -> Result<()> {
+        match self {
+            Journal::Oplog(log) => log.wait_durable(mark.lsn).await,
+            Journal::Group(g) => g.wait_committed(mark.lsn, mark.generation).await,
+        }
+    }
+
+    /// After a read of the state: waits until what it saw is committed and, in a group
+    /// of several, confirms this member still led after the read (a quorum answered
+    /// its heartbeats), so the read saw everything committed before it.
+    pub async fn wait_readable(&self, mark: Mark) -> Result<()> {
+        self.wait_durable(mark).await?;
+        match self {
+            Journal::Group(g) if g.has_peers() => g.confirm_leading().await,
+            _ => Ok(()),
         }
     }
 
@@ -58,7 +97,7 @@ impl Journal {
     }
 
     /// The group, if the master keeps its records in one.
-    pub fn group(&self) -> Option<&GroupOfOne> {
+    pub fn group(&self) -> Option<&Group> {
         match self {
             Journal::Oplog(_) => None,
             Journal::Group(g) => Some(g),

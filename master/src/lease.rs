@@ -237,6 +237,14 @@ impl LeaseTable {
         out
     }
 
+    /// Restarts every lease's timer at `now_ms` (a master that starts to lead: the
+    /// writers renewed with the leader before it, which kept no record of that).
+    pub fn renew_all(&mut self, now_ms: u64) {
+        for lease in self.by_file.values_mut() {
+            lease.renewed_ms = lease.renewed_ms.max(now_ms);
+        }
+    }
+
     /// Number of leases.
     pub fn len(&self) -> usize {
         self.by_file.len()

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::lease::Clock;
 use crate::oplog;
+use crate::raft::network::Network;
 use crate::recovery::RECOVERY_TICK;
 use crate::service::Core;
 use crate::state::{Settings, REQUEST_USER};
@@ -50,7 +51,11 @@ const _: fn() = || {
 };
 
 mod recover;
+mod report_parts;
+
 pub use recover::RAFT_DIR;
+use report_parts::ReportParts;
+pub use report_parts::MAX_REPORT_REPLICAS;
 
 /// A running master.
 #[derive(Debug)]
@@ -206,7 +211,14 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         state,
         checkpoint_lsn,
         log,
-    } = recover::recover(&config, &dir_lock, settings, clock.now_ms()).await?;
+    } = {
+        let network = if config.peers.len() > 1 {
+            Network::new(config.id, dialer.clone(), key.clone())
+        } else {
+            Network::none()
+        };
+        recover::recover(&config, &dir_lock, settings, clock, network).await?
+    };
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| Error::io(format!("listen on {}", config.listen), e))?;
@@ -228,7 +240,12 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         &dir_lock,
         dialer,
     ));
-    core.bootstrap_admin().await?;
+    if core.log.serving().is_ok() {
+        core.bootstrap_admin().await?;
+    } else {
+        // A member of a group: the first to lead creates the superuser.
+        tasks.spawn(bootstrap_when_leading(core.clone(), shutdown.clone()));
+    }
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
         listener,
@@ -247,7 +264,9 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         monitor_period,
         shutdown.clone(),
         move || {
-            c.monitor();
+            if c.log.serving().is_ok() {
+                c.monitor();
+            }
             async {}
         },
     ));
@@ -257,7 +276,9 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         RECOVERY_TICK,
         shutdown.clone(),
         move || {
-            c.recovery_pass();
+            if c.log.serving().is_ok() {
+                c.recovery_pass();
+            }
             async {}
         },
     ));
@@ -269,7 +290,11 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
             shutdown.clone(),
             move || {
                 let c = c.clone();
-                async move { c.health_pass().await }
+                async move {
+                    if c.log.serving().is_ok() {
+                        c.health_pass().await
+                    }
+                }
             },
         ));
     } else {
@@ -302,6 +327,31 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     write_addr_file(&handle.core.config.dir, addr)?;
     tracing::info!(%addr, dir = %handle.core.config.dir.display(), "master ready");
     Ok(handle)
+}
+
+/// Creates the superuser once this member of a group leads (the first leader of a new
+/// group does; later ones find it).
+async fn bootstrap_when_leading(core: Arc<Core>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if core.log.serving().is_err() {
+            continue;
+        }
+        match core.bootstrap_admin().await {
+            Ok(()) => return,
+            Err(e @ (Error::NotLeader { .. } | Error::LeadershipLost { .. })) => {
+                tracing::debug!(error = %e, "the superuser waits for a leader");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create the superuser");
+                return;
+            }
+        }
+    }
 }
 
 /// The shape of every background worker: run `tick` every `period` until shutdown.
@@ -466,6 +516,9 @@ async fn handle_connection(
                     reply::<()>(id, Err(e))
                 }
                 Err(e) => reply::<()>(id, Err(e)),
+                Ok(()) if matches!(req, MasterRequest::Raft(_)) => {
+                    serve_raft(&core, id, req, &frame.data).await
+                }
                 Ok(()) => match parts.take(req) {
                     Ok(Some(req)) => {
                         // Lease holders' client ids are named to superusers only: an id
@@ -490,6 +543,33 @@ async fn handle_connection(
         if refused {
             break;
         }
+    }
+}
+
+/// Serves a Raft call from another member of the group (its message is the frame's
+/// data, and so is the answer).
+async fn serve_raft(core: &Core, id: u64, req: MasterRequest, data: &[u8]) -> Frame {
+    let MasterRequest::Raft(call) = req else {
+        return reply::<()>(id, Err(Error::bad_request("not a Raft call")));
+    };
+    let Some(g) = core.log.group() else {
+        return reply::<()>(
+            id,
+            Err(Error::bad_request(
+                "this master keeps an operation log and is no member of a group",
+            )),
+        );
+    };
+    match crate::raft::network::serve(&g.raft, call, data).await {
+        Ok((r, body)) => reply_frame(id, &Ok::<_, RemoteError>(r), body).unwrap_or_else(|e| {
+            reply::<()>(
+                id,
+                Err(Error::Codec {
+                    reason: e.to_string(),
+                }),
+            )
+        }),
+        Err(e) => reply::<()>(id, Err(e)),
     }
 }
 
@@ -558,6 +638,10 @@ async fn dispatch(
     if let Err(e) = core.check_running() {
         return reply::<()>(id, Err(e));
     }
+    // A member of a group that does not lead serves nothing but the group's own calls.
+    if let Err(e) = core.log.serving() {
+        return reply::<()>(id, Err(e));
+    }
     match req {
         MasterRequest::Mkdir(r) => reply(id, core.mkdir(r).await),
         MasterRequest::Create(r) => reply(id, core.create(r).await),
@@ -603,6 +687,7 @@ async fn dispatch(
         MasterRequest::RemoveUser(r) => reply(id, core.remove_user(r).await),
         // The connection's handshake (`ConnAuth`), never dispatched.
         MasterRequest::ServerHello(_)
+        | MasterRequest::Raft(_)
         | MasterRequest::ServerProve(_)
         | MasterRequest::ClientHello(_)
         | MasterRequest::ClientProve(_) => reply::<()>(
@@ -621,179 +706,5 @@ async fn dispatch(
         MasterRequest::GetXattr(r) => reply(id, core.get_xattr(r).await),
         MasterRequest::ListXattr(r) => reply(id, core.list_xattr(r).await),
         MasterRequest::SetXattr(r) => reply(id, core.set_xattr(r).await),
-    }
-}
-
-/// Most replicas one connection's report may hold (its parts and the message that
-/// completes them): 16 Mi reports, 512 MiB while they are applied.
-pub const MAX_REPORT_REPLICAS: usize = 16 << 20;
-
-/// The parts of a long chunk report a connection sent so far
-/// ([`stampfs_proto::ReportPart`]): kept until the `Register` or `ChunkReport` that
-/// completes them, which then carries the whole report; dropped with the connection.
-#[derive(Debug)]
-struct ReportParts {
-    replicas: Vec<stampfs_proto::ReplicaReport>,
-    /// [`MAX_REPORT_REPLICAS`] (lower in tests).
-    limit: usize,
-}
-
-impl Default for ReportParts {
-    fn default() -> Self {
-        Self {
-            replicas: Vec::new(),
-            limit: MAX_REPORT_REPLICAS,
-        }
-    }
-}
-
-impl ReportParts {
-    /// Keeps a part (`Ok(None)`: nothing to dispatch), completes a report with the
-    /// parts kept, or passes any other request through.
-    fn take(&mut self, req: MasterRequest) -> Result<Option<MasterRequest>> {
-        let tail = match &req {
-            MasterRequest::ReportPart(p) => &p.replicas,
-            MasterRequest::Register(r) => &r.replicas,
-            MasterRequest::ChunkReport(r) => &r.replicas,
-            _ => return Ok(Some(req)),
-        };
-        if self.replicas.len() + tail.len() > self.limit {
-            let held = self.replicas.len() + tail.len();
-            self.replicas = Vec::new();
-            return Err(Error::bad_request(format!(
-                "a chunk report of {held} replicas or more exceeds the limit of {}",
-                self.limit
-            )));
-        }
-        Ok(match req {
-            MasterRequest::ReportPart(mut p) => {
-                self.replicas.append(&mut p.replicas);
-                None
-            }
-            MasterRequest::Register(mut r) => {
-                r.replicas = self.complete(r.replicas);
-                Some(MasterRequest::Register(r))
-            }
-            MasterRequest::ChunkReport(mut r) => {
-                r.replicas = self.complete(r.replicas);
-                Some(MasterRequest::ChunkReport(r))
-            }
-            other => Some(other),
-        })
-    }
-
-    /// The parts kept, then `last`; nothing is kept afterwards.
-    fn complete(
-        &mut self,
-        mut last: Vec<stampfs_proto::ReplicaReport>,
-    ) -> Vec<stampfs_proto::ReplicaReport> {
-        if self.replicas.is_empty() {
-            return last;
-        }
-        let mut all = std::mem::take(&mut self.replicas);
-        all.append(&mut last);
-        all
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use stampfs_proto::{
-        ChunkHandle, ChunkReport, ChunkVersion, ChunkserverId, Register, ReplicaReport,
-        ReplicaState, ReportPart, Stat,
-    };
-
-    fn reps(from: u64, n: u64) -> Vec<ReplicaReport> {
-        (from..from + n)
-            .map(|h| ReplicaReport {
-                handle: ChunkHandle(h),
-                version: ChunkVersion(1),
-                length: 0,
-                state: ReplicaState::Finalized,
-            })
-            .collect()
-    }
-
-    fn part(from: u64, n: u64) -> MasterRequest {
-        MasterRequest::ReportPart(ReportPart {
-            replicas: reps(from, n),
-        })
-    }
-
-    #[test]
-    fn parts_are_kept_until_the_report_they_complete() {
-        let mut parts = ReportParts::default();
-        assert_eq!(parts.take(part(0, 3)).expect("part"), None);
-        assert_eq!(parts.take(part(3, 2)).expect("part"), None);
-        let done = parts
-            .take(MasterRequest::ChunkReport(ChunkReport {
-                id: ChunkserverId(4),
-                replicas: reps(5, 1),
-            }))
-            .expect("report");
-        assert_eq!(
-            done,
-            Some(MasterRequest::ChunkReport(ChunkReport {
-                id: ChunkserverId(4),
-                replicas: reps(0, 6),
-            }))
-        );
-        // Nothing is left for the next report.
-        let register = MasterRequest::Register(Register {
-            id: None,
-            addr: "a".into(),
-            capacity: 0,
-            used: 0,
-            replicas: reps(9, 1),
-            session: 0,
-        });
-        assert_eq!(
-            parts.take(register.clone()).expect("register"),
-            Some(register)
-        );
-    }
-
-    #[test]
-    fn a_report_without_parts_and_other_requests_pass_unchanged() {
-        let mut parts = ReportParts::default();
-        let stat = MasterRequest::Stat(Stat {
-            path: "/".into(),
-            caller: None,
-        });
-        assert_eq!(parts.take(stat.clone()).expect("stat"), Some(stat));
-        parts.take(part(0, 2)).expect("part");
-        // A request between the parts and their report changes nothing.
-        let stat = MasterRequest::Stat(Stat {
-            path: "/x".into(),
-            caller: None,
-        });
-        assert_eq!(parts.take(stat.clone()).expect("stat"), Some(stat));
-        let Some(MasterRequest::Register(r)) = parts
-            .take(MasterRequest::Register(Register {
-                id: None,
-                addr: "a".into(),
-                capacity: 0,
-                used: 0,
-                replicas: Vec::new(),
-                session: 0,
-            }))
-            .expect("register")
-        else {
-            panic!("a register")
-        };
-        assert_eq!(r.replicas, reps(0, 2));
-    }
-
-    #[test]
-    fn a_report_over_the_limit_is_refused_and_forgotten() {
-        let mut parts = ReportParts {
-            limit: 5,
-            ..ReportParts::default()
-        };
-        parts.take(part(0, 5)).expect("at the limit");
-        let err = parts.take(part(0, 1)).expect_err("over the limit");
-        assert!(matches!(err, Error::BadRequest { .. }), "{err}");
-        assert!(parts.replicas.is_empty(), "forgotten");
     }
 }

@@ -27,7 +27,7 @@
 use crate::commands::CommandSender;
 use crate::config::MasterConfig;
 use crate::error::{Error, Result};
-use crate::journal::Journal;
+use crate::journal::{Journal, Mark};
 use crate::lease::{wall_ms, Clock};
 use crate::oplog::{lock, DirLock};
 use crate::state::{AppendGate, BumpPlan, FinalizePlan, MasterState};
@@ -98,7 +98,7 @@ pub struct Core {
     key: ClusterKey,
     /// The state machine. Locked briefly by every request, never across an await;
     /// committed records move to the log while it is held, so log order is apply order.
-    state: Mutex<MasterState>,
+    state: Arc<Mutex<MasterState>>,
     pub log: Journal,
     commands: CommandSender,
     /// Serializes log + bump + grant sequences per file.
@@ -159,7 +159,7 @@ impl Core {
     pub fn new(
         config: MasterConfig,
         key: ClusterKey,
-        state: MasterState,
+        state: Arc<Mutex<MasterState>>,
         log: Journal,
         clock: Clock,
         checkpoint_lsn: u64,
@@ -171,11 +171,11 @@ impl Core {
         let commands = CommandSender::new(key.clone(), config.command_timeout, dialer);
         // The ids of clients holding leases stay their users' across the restart.
         let clients = crate::auth::ClientBindings::default();
-        clients.seed(state.owners(), clock.now_ms());
+        clients.seed(lock(&state).owners(), clock.now_ms());
         Self {
             config,
             key,
-            state: Mutex::new(state),
+            state,
             log,
             commands,
             file_locks: FileLocks::default(),
@@ -235,10 +235,10 @@ impl Core {
         self.log.append(lsn, bytes)
     }
 
-    /// Waits until record `lsn` is durable (or the master stopped serving).
-    async fn durable(&self, lsn: u64) -> Result<()> {
+    /// Waits until the marked record is durable (or the master stopped serving).
+    async fn durable(&self, mark: Mark) -> Result<()> {
         tokio::select! {
-            r = self.log.wait_durable(lsn) => r,
+            r = self.log.wait_durable(mark) => r,
             _ = self.halt.cancelled() => self.check_running(),
         }
     }
@@ -256,9 +256,11 @@ impl Core {
     fn mutate<T>(
         &self,
         f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
-    ) -> Result<(T, u64)> {
+    ) -> Result<(T, Mark)> {
         let mut st = self.state();
         self.check_running()?;
+        // Under the state lock: a member that stops leading does so under it too.
+        self.log.serving()?;
         let result = f(&mut st, self.clock.now_ms(), wall_ms());
         // Records committed before a failure must reach the log all the same.
         for (lsn, bytes) in st.take_outbox() {
@@ -266,9 +268,9 @@ impl Core {
                 return Err(self.halt_serving(lsn, &e));
             }
         }
-        let lsn = st.last_lsn;
+        let mark = self.log.mark(st.last_lsn);
         drop(st);
-        result.map(|v| (v, lsn))
+        result.map(|v| (v, mark))
     }
 
     /// Runs a mutation and waits until it is durable.
@@ -276,19 +278,24 @@ impl Core {
         &self,
         f: impl FnOnce(&mut MasterState, u64, u64) -> Result<T>,
     ) -> Result<T> {
-        let (v, lsn) = self.mutate(f)?;
-        self.durable(lsn).await?;
+        let (v, mark) = self.mutate(f)?;
+        self.durable(mark).await?;
         Ok(v)
     }
 
-    /// Runs a read and waits until everything it saw is durable.
+    /// Runs a read and waits until everything it saw is durable (and, in a master
+    /// group of several, until a quorum confirmed this member still leads).
     async fn read<T>(&self, f: impl FnOnce(&MasterState, u64) -> Result<T>) -> Result<T> {
-        let (v, lsn) = {
+        let (v, mark) = {
             let st = self.state();
             self.check_running()?;
-            (f(&st, self.clock.now_ms())?, st.last_lsn)
+            self.log.serving()?;
+            (f(&st, self.clock.now_ms())?, self.log.mark(st.last_lsn))
         };
-        self.durable(lsn).await?;
+        tokio::select! {
+            r = self.log.wait_readable(mark) => r?,
+            _ = self.halt.cancelled() => self.check_running()?,
+        }
         Ok(v)
     }
 

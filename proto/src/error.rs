@@ -40,6 +40,7 @@ pub enum ErrorCode {
     NotPermitted = 26,
     XattrTooBig = 27,
     Unauthenticated = 28,
+    NotLeader = 29,
 }
 
 /// A typed error carried in a reply frame.
@@ -135,6 +136,10 @@ pub enum RemoteError {
     /// its proof was wrong).
     #[error("unauthenticated: {reason}")]
     Unauthenticated { reason: String },
+    /// This master is a member of a group that another member leads (its address, when
+    /// known): the request was not served; send it to the leader.
+    #[error("not the leader of the master group{}", .leader.as_ref().map(|a| format!(": the leader is at {a}")).unwrap_or_default())]
+    NotLeader { leader: Option<String> },
 }
 
 impl RemoteError {
@@ -169,6 +174,7 @@ impl RemoteError {
             RemoteError::NotPermitted { .. } => ErrorCode::NotPermitted,
             RemoteError::XattrTooBig { .. } => ErrorCode::XattrTooBig,
             RemoteError::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            RemoteError::NotLeader { .. } => ErrorCode::NotLeader,
         }
     }
 }

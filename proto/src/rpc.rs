@@ -82,6 +82,7 @@ rpc! {
     MasterRequest::AddUser(AddUser) -> AddUserReply;
     MasterRequest::ListUsers(ListUsers) -> Vec<UserInfo> [resend];
     MasterRequest::RemoveUser(RemoveUser) -> ();
+    MasterRequest::Raft(RaftCall) -> RaftReply;
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

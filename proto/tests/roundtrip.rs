@@ -239,7 +239,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 37, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 38, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
@@ -251,7 +251,7 @@ fn strategies_cover_every_enum_variant() {
         "Verification variants drawn: {verification:?}"
     );
     let err = variants_drawn(arb_remote_error(), remote_error_variant, 800);
-    assert_eq!(err.len(), 28, "RemoteError variants drawn: {err:?}");
+    assert_eq!(err.len(), 29, "RemoteError variants drawn: {err:?}");
 }
 
 // ---------------------------------------------------------------- RpcClient

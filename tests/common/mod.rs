@@ -88,7 +88,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, dir: &Path, args: Vec<String>, logs: &Path) -> Proc {
+    pub fn spawn(name: &str, dir: &Path, args: Vec<String>, logs: &Path) -> Proc {
         Self::spawn_under(&[], name, dir, args, logs)
     }
 

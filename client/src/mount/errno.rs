@@ -24,6 +24,8 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::NotPermitted => Errno::EPERM,
         ErrorCode::XattrTooBig => Errno::E2BIG,
         ErrorCode::Unavailable => Errno::EIO,
+        // A master that does not lead its group (the mount follows no leader yet).
+        ErrorCode::NotLeader => Errno::EIO,
         ErrorCode::NotEnoughReplicas => Errno::EIO,
         // A fenced or expired writer: the storage refused this mount's token.
         ErrorCode::StaleToken => Errno::EIO,

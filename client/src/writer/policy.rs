@@ -105,6 +105,7 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::LeaseExpired { .. }
         | RemoteError::RecoveryInProgress { .. }
         | RemoteError::NotEnoughReplicas { .. }
+        | RemoteError::NotLeader { .. }
         | RemoteError::NotSupported { .. } => false,
     }
 }

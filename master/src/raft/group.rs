@@ -1,24 +1,29 @@
 //! Starting the group: openraft's settings (docs/openraft-plan.md 2.8), forming a group
-//! of one on a directory, recovering it, and the calls the master makes of it (queue a
-//! record, snapshot, stop).
+//! on a directory (of one member, or of the `--peers`), recovering it, the watcher that
+//! has this member take or give up the lead (`leadership.rs`), and the calls the master
+//! makes of it (queue a record, wait for its commit, snapshot, stop).
 
+use super::leadership::{decide, Leadership, Seen, Step};
 use super::log_store::LogStore;
 use super::network::Network;
 use super::proposer::Proposer;
 use super::replay::{self, Rebuilt};
 use super::snapshot;
 use super::state_machine::{Start, StateMachine};
-use super::{NodeId, TypeConfig};
+use super::{Batch, NodeId, TypeConfig};
 use crate::error::{Error, Result};
+use crate::lease::Clock;
 use crate::oplog::DirLock;
-use crate::state::Settings;
+use crate::state::{MasterState, Settings};
 use openraft::{Raft, SnapshotPolicy, Vote};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-/// How long a group of one may take to lead after it starts.
+/// How long a group of one may take to lead after it starts (a member of a larger
+/// group serves once elected, whenever that is).
 const LEAD_WAIT: Duration = Duration::from_secs(10);
 /// How often a snapshot wait asks again (a build running for an older entry ignores
 /// the ask).
@@ -80,12 +85,14 @@ impl Drop for GroupRuntime {
     }
 }
 
-/// A master group of one member: openraft over the log in a directory, and the
-/// proposer the master queues its records with.
-pub struct GroupOfOne {
+/// A member of the master group: openraft over the log in a directory, the proposer
+/// the master queues its records with, and whether this member serves.
+pub struct Group {
+    pub id: NodeId,
     pub raft: Raft<TypeConfig>,
     pub proposer: Arc<Proposer>,
     pub log: LogStore,
+    pub leadership: Arc<Leadership>,
     sm: StateMachine,
     /// Record bytes queued since the last snapshot (the checkpoint trigger).
     bytes_since_snapshot: AtomicU64,
@@ -94,28 +101,41 @@ pub struct GroupOfOne {
     _runtime: GroupRuntime,
 }
 
-impl std::fmt::Debug for GroupOfOne {
+impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupOfOne")
+        f.debug_struct("Group")
+            .field("id", &self.id)
             .field("log", &self.log)
             .field("proposer", &self.proposer)
             .finish_non_exhaustive()
     }
 }
 
-/// Forms a group of one in `dir` (a new directory): the first snapshot, of `payload`
-/// (a `MasterState::encode_snapshot`) at `lsn`, with member `id` serving at `addr` as
-/// the only voter, and its vote, committed. The member then leads at once when it
-/// starts, in term 1, without an election.
-pub fn form(dir: &Path, id: NodeId, addr: &str, lsn: u64, payload: &[u8]) -> Result<()> {
+/// Forms a group in `dir` (a new directory): the first snapshot, of `payload` (a
+/// `MasterState::encode_snapshot`) at `lsn`, with `members` (id → address) as its
+/// voters. A group of one also gets its member's vote, committed: it then leads at
+/// once when it starts, in term 1, without an election. The members of a larger group
+/// elect a leader when they start.
+pub fn form(
+    dir: &Path,
+    members: &BTreeMap<NodeId, String>,
+    lsn: u64,
+    payload: &[u8],
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    snapshot::write(dir, &snapshot::formed_meta(id, addr, lsn), lsn, payload)?;
+    snapshot::write(dir, &snapshot::formed_meta(members, lsn), lsn, payload)?;
     let log = LogStore::open(dir)?;
-    log.write_vote(&Vote::new_committed(snapshot::FORMED_AT.leader_id.term, id))
+    match members.keys().next() {
+        Some(&only) if members.len() == 1 => log.write_vote(&Vote::new_committed(
+            snapshot::FORMED_AT.leader_id.term,
+            only,
+        )),
+        _ => Ok(()),
+    }
 }
 
-/// The group's directory read back at start: the state (snapshot and every entry
-/// after it) and the log, open.
+/// The group's directory read back at start: the state (snapshot and the entries after
+/// it known to be committed) and the log, open.
 #[derive(Debug)]
 pub struct Recovered {
     pub rebuilt: Rebuilt,
@@ -123,11 +143,14 @@ pub struct Recovered {
 }
 
 /// Opens the group's log in `dir` and rebuilds the master's state from the snapshot
-/// and every entry after it: on the sole voter's disk, every entry is committed.
+/// and the entries after it up to the commit point the log saved (openraft applies
+/// the rest once it learns they are committed).
 pub fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<Recovered> {
     snapshot::remove_unfinished(dir)?;
     let log = LogStore::open(dir)?;
-    let rebuilt = replay::rebuild(dir, &log, settings, None, now_ms)?;
+    // Below the snapshot (or none saved): the snapshot alone.
+    let upto = log.committed().map_or(0, |c| c.index);
+    let rebuilt = replay::rebuild(dir, &log, settings, Some(upto), now_ms)?;
     if rebuilt.snapshot.is_none() {
         return Err(Error::CorruptCheckpoint {
             path: snapshot::path(dir),
@@ -137,35 +160,52 @@ pub fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<Recovered>
     Ok(Recovered { rebuilt, log })
 }
 
-impl GroupOfOne {
-    /// Starts member `id` of the group recovered from `dir` as its sole voter, and
-    /// waits until it leads. `dir_lock` is the master directory's lock (held while a
-    /// snapshot is written).
-    pub async fn start(
-        dir: &Path,
-        id: NodeId,
-        recovered: &Recovered,
-        settings: Settings,
-        dir_lock: Weak<DirLock>,
-    ) -> Result<Self> {
+/// What a member starts with besides its directory.
+pub struct StartWith {
+    pub id: NodeId,
+    pub settings: Settings,
+    /// The master directory's lock (held while a snapshot is written).
+    pub dir_lock: Weak<DirLock>,
+    /// The master's state, rebuilt by [`recover`]; the group applies to it.
+    pub master: Arc<Mutex<MasterState>>,
+    pub clock: Clock,
+    pub network: Network,
+}
+
+impl Group {
+    /// Starts member `with.id` of the group recovered from `dir`. A group of one waits
+    /// until its member leads; a member of a larger group returns at once and serves
+    /// once elected.
+    pub async fn start(dir: &Path, recovered: &Recovered, with: StartWith) -> Result<Self> {
         let r = &recovered.rebuilt;
         let log = recovered.log.clone();
+        let leadership = Arc::new(Leadership::default());
         let (sm, progress) = StateMachine::new(Start {
             dir: dir.to_path_buf(),
             log: log.clone(),
-            settings,
-            dir_lock,
+            settings: with.settings,
+            dir_lock: with.dir_lock,
             snapshot: r.snapshot.clone(),
             snapshot_lsn: r.snapshot_lsn,
-            committed_lsn: r.state.last_lsn,
+            applied: r.last_log_id,
+            master: with.master,
+            leadership: leadership.clone(),
+            clock: with.clock,
         });
         let runtime = GroupRuntime::new()?;
-        // openraft spawns its core and state-machine tasks where it is created.
-        let raft = {
-            let (log, sm, config) = (log.clone(), sm.clone(), config()?);
+        let id = with.id;
+        // openraft spawns its core and state-machine tasks where it is created, and the
+        // proposer its sweeper.
+        let (raft, proposer) = {
+            let (log, sm, config, network) = (log.clone(), sm.clone(), config()?, with.network);
             runtime
                 .handle()?
-                .spawn(async move { Raft::new(id, config, Network, log, sm).await })
+                .spawn(async move {
+                    let raft = Raft::new(id, config, network, log, sm.clone()).await?;
+                    let proposer = Proposer::start(raft.clone(), progress);
+                    sm.attach(proposer.clone());
+                    Ok::<_, openraft::error::Fatal<NodeId>>((raft, proposer))
+                })
                 .await
                 .map_err(|e| failed(format!("cannot start the master group: {e}")))?
                 .map_err(|e| failed(format!("cannot start the master group: {e}")))?
@@ -180,15 +220,43 @@ impl GroupOfOne {
                 dir.display()
             )));
         }
-        raft.wait(Some(LEAD_WAIT))
-            .state(openraft::ServerState::Leader, "a group of one leads")
-            .await
-            .map_err(|e| failed(format!("the master group did not lead: {e}")))?;
-        let proposer = Proposer::start(raft.clone(), progress);
-        Ok(GroupOfOne {
+        let voters = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .count();
+        runtime.handle()?.spawn(watch_leadership(
+            id,
+            raft.clone(),
+            sm.clone(),
+            proposer.clone(),
+            leadership.clone(),
+        ));
+        if voters == 1 {
+            let mut rx = raft.metrics();
+            let serving = tokio::time::timeout(LEAD_WAIT, async {
+                while !leadership.serving() {
+                    if rx.changed().await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await;
+            if serving != Ok(true) {
+                return Err(failed(format!(
+                    "the master group did not lead within {LEAD_WAIT:?}"
+                )));
+            }
+        }
+        Ok(Group {
+            id,
             raft,
             proposer,
             log,
+            leadership,
             sm,
             bytes_since_snapshot: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -198,16 +266,34 @@ impl GroupOfOne {
 
     /// Forms a group of one with an empty state in `dir` unless it holds one, recovers
     /// it and starts its member 1 (tests and benchmarks: the master itself recovers
-    /// its state with [`recover`] and starts the group with [`GroupOfOne::start`]).
-    pub async fn open(dir: &Path, dir_lock: &Arc<DirLock>) -> Result<(Self, Recovered)> {
+    /// its state with [`recover`] and starts the group with [`Group::start`]).
+    pub async fn open(
+        dir: &Path,
+        dir_lock: &Arc<DirLock>,
+    ) -> Result<(Self, Arc<Mutex<MasterState>>)> {
         let settings = Settings::from_config(&crate::MasterConfig::new(dir.to_path_buf()));
         if snapshot::read(dir)?.is_none() {
-            let empty = crate::state::MasterState::new(settings).encode_snapshot()?;
-            form(dir, 1, "127.0.0.1:7070", 0, &empty)?;
+            let empty = MasterState::new(settings).encode_snapshot()?;
+            let members = BTreeMap::from([(1, "127.0.0.1:7070".to_string())]);
+            form(dir, &members, 0, &empty)?;
         }
-        let recovered = recover(dir, settings, 0)?;
-        let g = Self::start(dir, 1, &recovered, settings, Arc::downgrade(dir_lock)).await?;
-        Ok((g, recovered))
+        let mut recovered = recover(dir, settings, 0)?;
+        let state = std::mem::replace(&mut recovered.rebuilt.state, MasterState::new(settings));
+        let master = Arc::new(Mutex::new(state));
+        let g = Self::start(
+            dir,
+            &recovered,
+            StartWith {
+                id: 1,
+                settings,
+                dir_lock: Arc::downgrade(dir_lock),
+                master: master.clone(),
+                clock: Clock::new(),
+                network: Network::none(),
+            },
+        )
+        .await?;
+        Ok((g, master))
     }
 
     /// Queues record `lsn` ([`Proposer::append`]).
@@ -217,6 +303,46 @@ impl GroupOfOne {
             .fetch_add(record.len() as u64, Ordering::Relaxed);
         self.records.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The generation this member's records are queued in, if it leads (read it under
+    /// the master's state lock, with the record's LSN).
+    pub fn generation(&self) -> Option<u64> {
+        self.proposer.generation()
+    }
+
+    /// Waits until record `lsn`, queued in `generation`, is committed.
+    pub async fn wait_committed(&self, lsn: u64, generation: u64) -> Result<()> {
+        self.proposer.wait_committed(lsn, generation).await
+    }
+
+    /// Confirms this member still leads, by a round of heartbeats answered by a quorum
+    /// after the call (openraft's read index; a group of one answers at once): a state
+    /// read before the call held everything committed before it.
+    pub async fn confirm_leading(&self) -> Result<()> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map(|_| ())
+            .map_err(|e| match e.forward_to_leader::<super::MasterNode>() {
+                Some(f) => Error::NotLeader {
+                    leader: f.leader_node.as_ref().map(|n| n.addr.clone()),
+                },
+                None => failed(format!("cannot confirm the leadership: {e}")),
+            })
+    }
+
+    /// Whether the group has more than one voter (reads then need
+    /// [`Group::confirm_leading`]).
+    pub fn has_peers(&self) -> bool {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .nth(1)
+            .is_some()
     }
 
     /// Writes a snapshot covering at least every entry applied now (call it once the
@@ -271,18 +397,21 @@ impl GroupOfOne {
         self.proposer.stop();
         self.log.halt();
         let raft = self.raft.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        if let Ok(rt) = self._runtime.handle() {
             rt.spawn(async move {
                 let _ = raft.shutdown().await;
             });
         }
     }
 
-    /// Commits what is queued, then stops taking records and stops the member.
+    /// Commits what is queued (when leading), then stops taking records and stops the
+    /// member.
     pub async fn shutdown(&self) -> Result<()> {
-        let last = self.proposer.last_queued();
-        if let Err(e) = self.proposer.wait_committed(last).await {
-            tracing::warn!(error = %e, "records queued at shutdown were not committed");
+        if let Some(generation) = self.proposer.generation() {
+            let last = self.proposer.last_queued();
+            if let Err(e) = self.proposer.wait_committed(last, generation).await {
+                tracing::warn!(error = %e, "records queued at shutdown were not committed");
+            }
         }
         self.proposer.stop();
         self.raft
@@ -291,5 +420,59 @@ impl GroupOfOne {
             .map_err(|e| failed(format!("the master group did not stop cleanly: {e}")))?;
         self.log.halt();
         Ok(())
+    }
+}
+
+/// Has member `id` take and give up the lead as openraft's metrics move (see
+/// `leadership.rs`), and keeps the leader's address for the requests it refuses.
+async fn watch_leadership(
+    id: NodeId,
+    raft: Raft<TypeConfig>,
+    sm: StateMachine,
+    proposer: Arc<Proposer>,
+    leadership: Arc<Leadership>,
+) {
+    let mut rx = raft.metrics();
+    let mut nudged = None;
+    loop {
+        let (seen, leader) = {
+            let m = rx.borrow_and_update();
+            let leader = m
+                .current_leader
+                .and_then(|l| m.membership_config.membership().get_node(&l).cloned());
+            (Seen::from_metrics(id, &m), leader)
+        };
+        leadership.set_leader(leader.map(|n| n.addr));
+        match decide(sm.role(), seen) {
+            Step::Nothing => {}
+            Step::StepDown => {
+                if let Err(e) = sm.step_down() {
+                    tracing::error!(error = %e, "cannot rebuild the state after losing the lead: the master stops");
+                    proposer.stop();
+                    let _ = raft.shutdown().await;
+                    return;
+                }
+            }
+            Step::TakeLead(leader) => {
+                sm.take_lead(leader);
+            }
+            Step::Nudge(leader) if nudged != Some(leader) => {
+                nudged = Some(leader);
+                let committed = proposer.committed_lsn();
+                let empty = Batch {
+                    first_lsn: committed + 1,
+                    records: Vec::new(),
+                };
+                if let Err(e) = raft.client_write_ff(empty).await {
+                    tracing::warn!(error = %e, "cannot propose an entry as the new leader");
+                }
+            }
+            Step::Nudge(_) => {}
+        }
+        let stopped = rx.borrow().state == openraft::ServerState::Shutdown;
+        if stopped || rx.changed().await.is_err() {
+            sm.fail("the master group's openraft stopped".into());
+            return;
+        }
     }
 }

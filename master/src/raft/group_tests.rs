@@ -2,7 +2,7 @@
 //! requests are committed in batches, in LSN order, survive a restart of the group, and
 //! a stopped group fails its waiters instead of hanging them.
 
-use super::group::GroupOfOne;
+use super::group::Group;
 use super::log_store::LogStore;
 use super::proposer::Proposer;
 use super::{Entry, TypeConfig};
@@ -17,11 +17,16 @@ use std::time::Duration;
 
 /// A started group and clones of its parts. The group itself must outlive them: its
 /// openraft tasks run on its own runtime, which goes with it.
-async fn start_group(dir: &Path) -> (GroupOfOne, Raft<TypeConfig>, Arc<Proposer>, LogStore) {
+async fn start_group(dir: &Path) -> (Group, Raft<TypeConfig>, Arc<Proposer>, LogStore) {
     let lock = Arc::new(DirLock::acquire(dir).expect("lock"));
-    let (g, _) = GroupOfOne::open(dir, &lock).await.expect("a group of one");
+    let (g, _) = Group::open(dir, &lock).await.expect("a group of one");
     let (raft, proposer, log) = (g.raft.clone(), g.proposer.clone(), g.log.clone());
     (g, raft, proposer, log)
+}
+
+/// The generation a group of one leads in.
+fn leading(p: &Proposer) -> u64 {
+    p.generation().expect("a group of one leads")
 }
 
 /// The records the log holds, in order: (LSN, bytes).
@@ -93,7 +98,10 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
                         proposer.append(*n, &record(*n)).expect("queue");
                         *n
                     };
-                    proposer.wait_committed(lsn).await.expect("committed");
+                    proposer
+                        .wait_committed(lsn, leading(&proposer))
+                        .await
+                        .expect("committed");
                     assert!(proposer.committed_lsn() >= lsn);
                 }
             }));
@@ -140,7 +148,10 @@ fn concurrent_records_commit_in_batches_in_lsn_order_and_survive_a_restart() {
         );
         let lsn = total + 2;
         proposer.append(lsn, &record(lsn)).expect("queue");
-        proposer.wait_committed(lsn).await.expect("committed");
+        proposer
+            .wait_committed(lsn, leading(&proposer))
+            .await
+            .expect("committed");
         assert_eq!(logged(&log).await.last(), Some(&(lsn, record(lsn))));
         // Out of order is refused; after a stop nothing is taken.
         assert!(proposer.append(lsn + 2, b"gap").is_err());
@@ -156,16 +167,34 @@ fn waiters_fail_instead_of_hanging_when_the_group_stops() {
     let rt = two_workers();
     rt.block_on(async {
         let (_group, raft, proposer, _log) = start_group(dir.path()).await;
+        let generation = leading(&proposer);
+        proposer.append(1, &record(1)).expect("queued");
         raft.shutdown().await.expect("shutdown");
-        proposer
-            .append(1, &record(1))
-            .expect("queued (nothing checked yet)");
-        let waited = tokio::time::timeout(Duration::from_secs(10), proposer.wait_committed(1))
-            .await
-            .expect("answered, not hung");
-        let err = waited.expect_err("a stopped group commits nothing");
-        assert!(err.to_string().contains("stopped"), "{err}");
-        assert!(proposer.append(2, &record(2)).is_err(), "the log failed");
+        let waited = tokio::time::timeout(
+            Duration::from_secs(10),
+            proposer.wait_committed(1, generation),
+        )
+        .await
+        .expect("answered, not hung");
+        if let Err(err) = waited {
+            let said = err.to_string();
+            assert!(
+                said.contains("stopped") || said.contains("lost the lead"),
+                "{err}"
+            );
+        }
+        // Committed or not, the stopped group takes nothing more.
+        let refused = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(e) = proposer.append(2, &record(2)) {
+                    return e;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a stopped group refuses records");
+        assert!(!refused.to_string().is_empty());
     });
 }
 
@@ -186,7 +215,10 @@ fn a_queue_over_the_batch_bound_goes_in_several_entries() {
         }
         let huge = vec![6u8; 2 << 20];
         proposer.append(6, &huge).expect("queue");
-        proposer.wait_committed(6).await.expect("committed");
+        proposer
+            .wait_committed(6, leading(&proposer))
+            .await
+            .expect("committed");
         let mut reader = log.clone();
         let entries: Vec<Entry> = reader.try_get_log_entries(0..).await.expect("read");
         let batches: Vec<(u64, usize, usize)> = entries

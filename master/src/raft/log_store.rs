@@ -459,6 +459,11 @@ impl LogStore {
         lock(&self.inner).entries(start, end)
     }
 
+    /// The commit point openraft saved last (not synced: it may lag behind).
+    pub fn committed(&self) -> Option<LogId<NodeId>> {
+        lock(&self.inner).committed
+    }
+
     /// Saves `vote` durably (forming a group writes its first vote this way).
     pub fn write_vote(&self, vote: &Vote<NodeId>) -> Result<()> {
         lock(&self.inner).save_vote(vote)

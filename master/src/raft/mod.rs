@@ -25,12 +25,13 @@
 //! - [`snapshot`]: the snapshot file, a checkpoint with openraft's metadata;
 //!   [`replay`]: the state rebuilt from the snapshot and the log (start-up, snapshots).
 //! - [`group`]: openraft's settings, forming a group of one on a directory, recovering
-//!   and starting it ([`group::GroupOfOne`]).
+//!   and starting it ([`group::Group`]).
 //! - [`network`]: the connections to other members (none in a group of one).
 //! - [`wire`]: the Raft RPCs between members, bincode over serde, bounded on decode.
 
 pub mod disk;
 pub mod group;
+pub mod leadership;
 pub mod log_store;
 pub mod network;
 pub mod proposer;

@@ -15,6 +15,12 @@
 //!
 //! One batch at a time keeps the log in LSN order: a batch is submitted only after the
 //! one before it committed, so entries and LSNs rise together.
+//!
+//! The proposer takes records only while this member leads: [`Proposer::lead`] starts a
+//! generation (the [`Progress`]'s) after the committed LSN, [`Proposer::follow`] drops
+//! what is queued. A record is waited for in the generation it was queued in; once the
+//! generation moved on, its waiters fail ([`Error::LeadershipLost`]) whatever LSNs
+//! commit later, since another leader's records may carry the same ones.
 
 use super::state_machine::Progress;
 use super::{Batch, TypeConfig};
@@ -61,6 +67,8 @@ struct Queue {
     last_queued: u64,
     /// The last LSN handed to openraft.
     submitted: u64,
+    /// The generation this member leads in, if it leads.
+    leading: Option<u64>,
     stopped: bool,
 }
 
@@ -69,8 +77,8 @@ fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl Proposer {
-    /// A proposer submitting to `raft` the records after the `progress`'s committed
-    /// LSN; starts its sweeper on the current runtime.
+    /// A proposer submitting to `raft` once this member leads ([`Proposer::lead`]);
+    /// starts its sweeper on the current runtime.
     pub fn start(raft: Raft<TypeConfig>, progress: Arc<watch::Sender<Progress>>) -> Arc<Self> {
         let committed = progress.borrow().committed_lsn;
         let p = Arc::new(Proposer {
@@ -88,12 +96,38 @@ impl Proposer {
         p
     }
 
+    /// Takes records from now on, in `generation`, the first at LSN `committed + 1`.
+    pub fn lead(&self, generation: u64, committed: u64) {
+        let mut q = lock(&self.queue);
+        q.records.clear();
+        q.first_lsn = committed + 1;
+        q.last_queued = committed;
+        q.submitted = committed;
+        q.leading = Some(generation);
+    }
+
+    /// Takes no more records and drops those queued (their waiters fail: the
+    /// generation moved on).
+    pub fn follow(&self) {
+        let mut q = lock(&self.queue);
+        q.records.clear();
+        q.leading = None;
+    }
+
+    /// The generation records are queued in now (`None`: this member does not lead).
+    pub fn generation(&self) -> Option<u64> {
+        lock(&self.queue).leading
+    }
+
     /// Queues record `lsn` (which must follow the previous one). Never waits; call
     /// [`Proposer::wait_committed`] before anything depending on it leaves.
     pub fn append(&self, lsn: u64, record: &[u8]) -> Result<()> {
         let mut q = lock(&self.queue);
         if q.stopped {
             return Err(Error::ShuttingDown);
+        }
+        if q.leading.is_none() {
+            return Err(Error::NotLeader { leader: None });
         }
         if let Some(reason) = &self.progress.borrow().failed {
             return Err(Error::LogFailed {
@@ -118,13 +152,16 @@ impl Proposer {
         Ok(())
     }
 
-    /// Waits until record `lsn` and every record before it are committed, submitting
-    /// the queue first when no batch is in flight.
-    pub async fn wait_committed(&self, lsn: u64) -> Result<()> {
+    /// Waits until record `lsn`, queued in `generation`, and every record before it
+    /// are committed, submitting the queue first when no batch is in flight.
+    pub async fn wait_committed(&self, lsn: u64, generation: u64) -> Result<()> {
         let mut rx = self.progress.subscribe();
         loop {
             {
                 let p = rx.borrow_and_update();
+                if p.generation != generation {
+                    return Err(Error::LeadershipLost { lsn });
+                }
                 if p.committed_lsn >= lsn {
                     return Ok(());
                 }
@@ -164,8 +201,11 @@ impl Proposer {
     async fn submit(&self) {
         let batch = {
             let mut q = lock(&self.queue);
-            let committed = self.progress.borrow().committed_lsn;
-            if q.records.is_empty() || q.submitted > committed {
+            let (committed, generation) = {
+                let p = self.progress.borrow();
+                (p.committed_lsn, p.generation)
+            };
+            if q.records.is_empty() || q.submitted > committed || q.leading != Some(generation) {
                 return;
             }
             let mut bytes = 0usize;
@@ -193,6 +233,11 @@ impl Proposer {
                 tokio::spawn(async move {
                     let refused = match rx.await {
                         Ok(Ok(_)) => return,
+                        // Deposed: the batch's waiters fail with the generation.
+                        Ok(Err(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+                            tracing::debug!(last_lsn = ?last, leader = ?f.leader_id, "a batch was refused: this member no longer leads");
+                            return;
+                        }
                         Ok(Err(e)) => e.to_string(),
                         Err(_) => "the group dropped the batch".to_string(),
                     };
@@ -226,16 +271,23 @@ async fn sweeper(p: Weak<Proposer>, queued: Arc<Notify>) {
             if q.stopped {
                 return;
             }
-            (!q.records.is_empty()).then_some(q.last_queued)
+            match q.leading {
+                Some(generation) if !q.records.is_empty() => Some((q.last_queued, generation)),
+                _ => None,
+            }
         };
         match waiting {
-            Some(lsn) => {
+            Some((lsn, generation)) => {
                 drop(proposer);
                 tokio::time::sleep(SWEEP_AFTER).await;
                 let Some(proposer) = p.upgrade() else { return };
-                if let Err(e) = proposer.wait_committed(lsn).await {
-                    tracing::debug!(error = %e, "the sweeper's records were not committed");
-                    return;
+                match proposer.wait_committed(lsn, generation).await {
+                    Ok(()) => {}
+                    Err(Error::LeadershipLost { .. }) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the sweeper's records were not committed");
+                        return;
+                    }
                 }
             }
             None => {

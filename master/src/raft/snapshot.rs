@@ -43,15 +43,17 @@ pub struct Loaded {
     pub payload: Vec<u8>,
 }
 
-/// The metadata of the snapshot a group of one is formed with: node `id` serving at
-/// `addr` is the only voter, from [`FORMED_AT`].
-pub fn formed_meta(id: NodeId, addr: &str, lsn: u64) -> SnapshotMeta<NodeId, MasterNode> {
-    let nodes = BTreeMap::from([(
-        id,
-        MasterNode {
-            addr: addr.to_string(),
-        },
-    )]);
+/// The metadata of a group's first snapshot, at LSN `lsn`: `members` (id → address)
+/// are its voters, from [`FORMED_AT`]. Every member of a group formed with
+/// `--peers` writes the same one.
+pub fn formed_meta(
+    members: &BTreeMap<NodeId, String>,
+    lsn: u64,
+) -> SnapshotMeta<NodeId, MasterNode> {
+    let nodes: BTreeMap<NodeId, MasterNode> = members
+        .iter()
+        .map(|(id, addr)| (*id, MasterNode { addr: addr.clone() }))
+        .collect();
     let membership = Membership::new(vec![nodes.keys().copied().collect()], nodes);
     SnapshotMeta {
         last_log_id: Some(FORMED_AT),

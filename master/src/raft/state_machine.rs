@@ -1,30 +1,47 @@
-//! The group's state machine, as far as a group of one needs it: it follows what was
-//! committed and publishes the highest committed LSN ([`Progress`]), which is what
-//! the master's requests wait for before anything they did leaves
+//! The group's state machine: it applies committed entries to the master's state and
+//! publishes the highest committed LSN ([`Progress`]), which is what the master's
+//! requests wait for before anything they did leaves
 //! ([`super::proposer::Proposer::wait_committed`]), and it builds the snapshots (the
 //! checkpoints).
 //!
-//! In a group of one every batch was applied to the master's state when it was queued
-//! (speculatively, as the operation log does), so applying a committed entry only
-//! moves the commit point. A snapshot is built off the state lock from the previous
-//! snapshot and the log up to the entry applied when it was asked for
-//! ([`super::replay::build`]), on a blocking thread, while apply goes on. What a
-//! follower applies, and receiving snapshots, come with the later increments of
-//! docs/openraft-plan.md; until then those calls answer an error that says so.
+//! Its role ([`Role`], see `leadership.rs`) decides what applying an entry does:
+//! - **leading** under `L`: an entry of `L` holds records the master applied to its
+//!   state when it queued them (speculatively, as the operation log does), so applying
+//!   it only moves the commit point, without the state lock;
+//! - **following**: the entry's records are applied to the master's state, in LSN order
+//!   without gaps.
+//!
+//! A leader steps down when the watcher sees it deposed, or by itself when asked to
+//! apply an entry of another leader. Stepping down raises the [`Progress`]'s
+//! generation (a request waiting for a record it queued as leader fails instead of
+//! taking another leader's record at the same LSN for its own) and, when the state
+//! holds records that were not committed, rebuilds it from the snapshot and the
+//! entries applied. Both happen under the state machine's lock and the master's state
+//! lock, in that order, with [`Leadership::set_serving`]: no request changes the
+//! state in between.
+//!
+//! A snapshot is built off the state lock from the previous snapshot and the log up to
+//! the entry applied when it was asked for ([`super::replay::build`]), on a blocking
+//! thread, while apply goes on. Receiving snapshots from the leader comes with a later
+//! increment of docs/openraft-plan.md; until then those calls answer an error that
+//! says so.
 
+use super::leadership::{Leadership, Role};
 use super::log_store::LogStore;
+use super::proposer::Proposer;
 use super::{replay, snapshot};
-use super::{Applied, Entry, MasterNode, NodeId, SnapshotFile, TypeConfig};
+use super::{Applied, Batch, Entry, MasterNode, NodeId, SnapshotFile, TypeConfig};
+use crate::lease::Clock;
 use crate::oplog::DirLock;
-use crate::state::Settings;
+use crate::state::{replay_records, MasterState, Settings};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    AnyError, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
-    StorageIOError, StoredMembership,
+    AnyError, CommittedLeaderId, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use tokio::sync::watch;
 
 /// How far the group's log is committed, and why it stopped if it did.
@@ -32,7 +49,12 @@ use tokio::sync::watch;
 pub struct Progress {
     /// Every record up to this LSN is committed.
     pub committed_lsn: u64,
-    /// Why no more will be (openraft stopped, a batch was refused).
+    /// Raised at every change of role: records queued in one generation commit in it
+    /// or not at all.
+    pub generation: u64,
+    /// Whether this member leads in this generation (its own records commit).
+    pub leading: bool,
+    /// Why no more will be (openraft stopped, the state machine failed).
     pub failed: Option<String>,
 }
 
@@ -42,6 +64,13 @@ pub struct StateMachine {
     inner: Arc<Mutex<Inner>>,
     progress: Arc<watch::Sender<Progress>>,
     disk: Arc<Disk>,
+    /// The master's state (the same as its requests').
+    master: Arc<Mutex<MasterState>>,
+    leadership: Arc<Leadership>,
+    clock: Clock,
+    /// The proposer, told when this member takes or gives up the lead (set once it
+    /// exists: it needs openraft, which needs this).
+    proposer: Arc<OnceLock<Arc<Proposer>>>,
 }
 
 /// What building a snapshot needs.
@@ -61,9 +90,10 @@ struct Disk {
 struct Inner {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, MasterNode>,
+    role: Role,
 }
 
-fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -75,31 +105,45 @@ pub struct Start {
     pub log: LogStore,
     pub settings: Settings,
     pub dir_lock: Weak<DirLock>,
-    /// The snapshot on disk: the entries it covers count as applied.
+    /// The snapshot on disk.
     pub snapshot: Option<SnapshotMeta<NodeId, MasterNode>>,
     /// Its LSN.
     pub snapshot_lsn: u64,
-    /// Every record up to this LSN is committed already (replayed at start).
-    pub committed_lsn: u64,
+    /// The last entry the master's state holds (replayed at start): it and every
+    /// entry before it count as applied.
+    pub applied: Option<LogId<NodeId>>,
+    /// The master's state, holding every record up to the committed LSN.
+    pub master: Arc<Mutex<MasterState>>,
+    pub leadership: Arc<Leadership>,
+    pub clock: Clock,
 }
 
 impl StateMachine {
     /// A state machine that has applied what the snapshot covers, and the progress it
     /// publishes.
     pub fn new(start: Start) -> (StateMachine, Arc<watch::Sender<Progress>>) {
+        let committed_lsn = lock(&start.master).last_lsn;
         let (tx, _) = watch::channel(Progress {
-            committed_lsn: start.committed_lsn,
-            failed: None,
+            committed_lsn,
+            ..Progress::default()
         });
         let progress = Arc::new(tx);
-        let (last_applied, membership) = match &start.snapshot {
-            Some(m) => (m.last_log_id, m.last_membership.clone()),
-            None => (None, StoredMembership::default()),
+        let membership = match &start.snapshot {
+            Some(m) => m.last_membership.clone(),
+            None => StoredMembership::default(),
         };
+        let last_applied = start
+            .applied
+            .or_else(|| start.snapshot.as_ref().and_then(|m| m.last_log_id));
         let sm = StateMachine {
+            master: start.master,
+            leadership: start.leadership,
+            clock: start.clock,
+            proposer: Arc::new(OnceLock::new()),
             inner: Arc::new(Mutex::new(Inner {
                 last_applied,
                 membership,
+                role: Role::Following,
             })),
             progress: progress.clone(),
             disk: Arc::new(Disk {
@@ -121,6 +165,149 @@ impl StateMachine {
     /// The LSN of the newest snapshot on disk (shared: it moves when one is built).
     pub fn snapshot_lsn(&self) -> Arc<AtomicU64> {
         self.disk.snapshot_lsn.clone()
+    }
+
+    /// Publishes why no more records will commit (openraft stopped): waiters fail.
+    pub fn fail(&self, reason: String) {
+        self.progress.send_modify(|p| {
+            if p.failed.is_none() {
+                p.failed = Some(reason);
+            }
+        });
+    }
+
+    /// Tells `proposer` when this member takes or gives up the lead.
+    pub fn attach(&self, proposer: Arc<Proposer>) {
+        let _ = self.proposer.set(proposer);
+    }
+
+    /// The role.
+    pub fn role(&self) -> Role {
+        lock(&self.inner).role
+    }
+
+    /// The members' addresses, as of the last entry applied.
+    pub fn member_addr(&self, id: NodeId) -> Option<String> {
+        lock(&self.inner)
+            .membership
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+    }
+
+    /// Takes the lead under `leader` if this member follows and its state holds exactly
+    /// what is committed; the caller checked (with [`super::leadership::decide`]) that
+    /// every entry of its log is applied, the last one `leader`'s. The proposer takes
+    /// records from then on. Returns whether it leads now.
+    pub fn take_lead(&self, leader: CommittedLeaderId<NodeId>) -> bool {
+        let mut i = lock(&self.inner);
+        if i.role != Role::Following || i.last_applied.map(|a| a.leader_id) != Some(leader) {
+            return false;
+        }
+        let mut st = lock(&self.master);
+        let committed = self.progress.borrow().committed_lsn;
+        if st.last_lsn != committed {
+            tracing::error!(
+                state_lsn = st.last_lsn,
+                committed,
+                "the master's state is not the committed one: not leading"
+            );
+            return false;
+        }
+        let Some(proposer) = self.proposer.get() else {
+            return false;
+        };
+        // The writers renewed their leases with the leader before this one, which
+        // logged nothing of it: every lease starts a new term now.
+        st.leases.renew_all(self.clock.now_ms());
+        i.role = Role::Leading(leader);
+        let mut generation = 0;
+        self.progress.send_modify(|p| {
+            p.generation += 1;
+            p.leading = true;
+            generation = p.generation;
+        });
+        proposer.lead(generation, committed);
+        self.leadership.set_serving(true);
+        tracing::info!(
+            epoch = %super::MasterEpoch::from(leader),
+            lsn = committed,
+            "this master leads the group"
+        );
+        true
+    }
+
+    /// Steps down if this member leads (see the module doc).
+    pub fn step_down(&self) -> crate::Result<()> {
+        let mut i = lock(&self.inner);
+        self.step_down_locked(&mut i)
+    }
+
+    fn step_down_locked(&self, i: &mut Inner) -> crate::Result<()> {
+        let Role::Leading(leader) = i.role else {
+            return Ok(());
+        };
+        let mut st = lock(&self.master);
+        self.leadership.set_serving(false);
+        if let Some(p) = self.proposer.get() {
+            p.follow();
+        }
+        i.role = Role::Following;
+        self.progress.send_modify(|p| {
+            p.generation += 1;
+            p.leading = false;
+        });
+        let committed = self.progress.borrow().committed_lsn;
+        tracing::warn!(
+            epoch = %super::MasterEpoch::from(leader),
+            committed_lsn = committed,
+            uncommitted = st.last_lsn.saturating_sub(committed),
+            "this master no longer leads the group"
+        );
+        if st.last_lsn != committed {
+            let upto = i.last_applied.map(|a| a.index);
+            let r = replay::rebuild(
+                &self.disk.dir,
+                &self.disk.log,
+                self.disk.settings,
+                upto,
+                self.clock.now_ms(),
+            )?;
+            if r.state.last_lsn != committed {
+                return Err(crate::Error::Replay {
+                    lsn: r.state.last_lsn,
+                    reason: format!(
+                        "the state rebuilt up to entry {upto:?} ends at LSN {}, the commit \
+                         point is LSN {committed}",
+                        r.state.last_lsn
+                    ),
+                });
+            }
+            *st = r.state;
+        }
+        Ok(())
+    }
+
+    /// Applies the records of a committed entry of another leader to the master's state.
+    fn apply_foreign(&self, log_id: LogId<NodeId>, batch: &Batch) -> crate::Result<u64> {
+        let mut st = lock(&self.master);
+        if batch.records.is_empty() {
+            return Ok(st.last_lsn);
+        }
+        if batch.first_lsn != st.last_lsn + 1 {
+            return Err(crate::Error::Replay {
+                lsn: batch.first_lsn,
+                reason: format!(
+                    "entry {log_id} starts at LSN {} after LSN {}",
+                    batch.first_lsn, st.last_lsn
+                ),
+            });
+        }
+        let records = (batch.first_lsn..)
+            .zip(batch.records.iter())
+            .map(|(lsn, bytes)| (lsn, bytes.as_slice()));
+        replay_records(&mut st, records, self.clock.now_ms())?;
+        Ok(st.last_lsn)
     }
 }
 
@@ -197,41 +384,55 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         {
             let mut i = lock(&self.inner);
             for e in entries {
-                i.last_applied = Some(e.log_id);
-                match e.payload {
+                let fail = |reason: String| -> StorageError<NodeId> {
+                    StorageIOError::apply(e.log_id, AnyError::error(reason)).into()
+                };
+                match &e.payload {
                     EntryPayload::Blank => {}
                     EntryPayload::Normal(batch) => {
-                        if let Some(last) = batch.last_lsn() {
-                            // Batches follow one another without gaps (the proposer
-                            // submits one at a time, in LSN order); a batch at or below
-                            // the commit point is one replayed after a restart.
-                            if batch.first_lsn > committed + 1 {
-                                return Err(StorageIOError::apply(
-                                    e.log_id,
-                                    AnyError::error(format!(
-                                        "records from LSN {} committed after {committed}",
-                                        batch.first_lsn
-                                    )),
-                                )
-                                .into());
+                        if matches!(i.role, Role::Leading(l) if l != e.log_id.leader_id) {
+                            // Another leader's entry: this one was deposed.
+                            self.step_down_locked(&mut i)
+                                .map_err(|err| fail(err.to_string()))?;
+                        }
+                        match i.role {
+                            Role::Leading(_) => {
+                                if let Some(last) = batch.last_lsn() {
+                                    // Its own records, queued one batch at a time in
+                                    // LSN order and in the state already.
+                                    if batch.first_lsn != committed + 1 {
+                                        return Err(fail(format!(
+                                            "records from LSN {} committed after {committed}",
+                                            batch.first_lsn
+                                        )));
+                                    }
+                                    committed = last;
+                                }
                             }
-                            committed = committed.max(last);
+                            Role::Following => {
+                                committed = self
+                                    .apply_foreign(e.log_id, batch)
+                                    .map_err(|err| fail(err.to_string()))?;
+                            }
                         }
                     }
                     EntryPayload::Membership(m) => {
-                        i.membership = StoredMembership::new(Some(e.log_id), m);
+                        i.membership = StoredMembership::new(Some(e.log_id), m.clone());
                     }
                 }
+                i.last_applied = Some(e.log_id);
                 out.push(Applied {
                     last_lsn: committed,
                 });
+                // Published entry by entry: a step-down above must see the commit
+                // point of the entries before it.
+                self.progress.send_if_modified(|p| {
+                    let moved = committed > p.committed_lsn;
+                    p.committed_lsn = p.committed_lsn.max(committed);
+                    moved
+                });
             }
         }
-        self.progress.send_if_modified(|p| {
-            let moved = committed > p.committed_lsn;
-            p.committed_lsn = p.committed_lsn.max(committed);
-            moved
-        });
         Ok(out)
     }
 

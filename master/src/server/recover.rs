@@ -18,11 +18,14 @@
 use crate::config::{LogKind, MasterConfig};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
+use crate::lease::Clock;
 use crate::oplog::{self, DirLock, Oplog};
-use crate::raft::group::{self, GroupOfOne};
+use crate::raft::group::{self, Group, StartWith};
+use crate::raft::network::Network;
 use crate::state::{decode_record, MasterState, Settings};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The group's directory inside the master's.
 pub const RAFT_DIR: &str = "raft";
@@ -35,7 +38,7 @@ const SOLE_MEMBER: u64 = 1;
 /// What start-up recovered: the state, the LSN its checkpoint (or snapshot) covers,
 /// and the log to append to.
 pub struct Recovered {
-    pub state: MasterState,
+    pub state: Arc<Mutex<MasterState>>,
     pub checkpoint_lsn: u64,
     pub log: Journal,
 }
@@ -46,12 +49,14 @@ pub async fn recover(
     config: &MasterConfig,
     dir_lock: &Arc<DirLock>,
     settings: Settings,
-    now_ms: u64,
+    clock: Clock,
+    network: Network,
 ) -> Result<Recovered> {
+    let now_ms = clock.now_ms();
     let dir = config.dir.clone();
     let raft_dir = dir.join(RAFT_DIR);
     let is_group = raft_dir.exists();
-    if !is_group && config.log == LogKind::Oplog {
+    if !is_group && !config.uses_group() {
         let (state, checkpoint_lsn) = blocking(dir_lock, {
             let dir = dir.clone();
             move || recover_oplog(&dir, settings, now_ms)
@@ -59,7 +64,7 @@ pub async fn recover(
         .await?;
         let log = Oplog::open(&dir, state.last_lsn + 1)?;
         return Ok(Recovered {
-            state,
+            state: Arc::new(Mutex::new(state)),
             checkpoint_lsn,
             log: Journal::Oplog(log),
         });
@@ -67,12 +72,20 @@ pub async fn recover(
     if is_group && config.log == LogKind::Oplog {
         tracing::warn!(dir = %dir.display(), "this directory keeps its records in the master group's log (DIR/raft): --log oplog does not apply");
     }
-    let addr = config.listen.clone();
+    let members: BTreeMap<u64, String> = if config.peers.is_empty() {
+        BTreeMap::from([(SOLE_MEMBER, config.listen.clone())])
+    } else {
+        config
+            .peers
+            .iter()
+            .map(|p| (p.id, p.addr.clone()))
+            .collect()
+    };
     let recovered = blocking(dir_lock, {
         let dir = dir.clone();
         move || {
             if !is_group {
-                move_to_group(&dir, settings, now_ms, &addr)?;
+                move_to_group(&dir, settings, now_ms, &members)?;
             }
             set_aside_oplog(&dir)?;
             group::recover(&dir.join(RAFT_DIR), settings, now_ms)
@@ -90,17 +103,30 @@ pub async fn recover(
         open_files = r.state.leases.len(),
         "metadata recovered from the master group's log"
     );
-    let g = GroupOfOne::start(
+    let mut recovered = recovered;
+    let state = std::mem::replace(&mut recovered.rebuilt.state, MasterState::new(settings));
+    let state = Arc::new(Mutex::new(state));
+    let id = if config.peers.is_empty() {
+        SOLE_MEMBER
+    } else {
+        config.id
+    };
+    let g = Group::start(
         &raft_dir,
-        SOLE_MEMBER,
         &recovered,
-        settings,
-        Arc::downgrade(dir_lock),
+        StartWith {
+            id,
+            settings,
+            dir_lock: Arc::downgrade(dir_lock),
+            master: state.clone(),
+            clock,
+            network,
+        },
     )
     .await?;
     let checkpoint_lsn = recovered.rebuilt.snapshot_lsn;
     Ok(Recovered {
-        state: recovered.rebuilt.state,
+        state,
         checkpoint_lsn,
         log: Journal::Group(Box::new(g)),
     })
@@ -162,16 +188,34 @@ pub fn recover_oplog(dir: &Path, settings: Settings, now_ms: u64) -> Result<(Mas
     Ok((st, checkpoint_lsn))
 }
 
-/// Forms the group in `DIR/raft` from the operation log's state (see the module doc).
-fn move_to_group(dir: &Path, settings: Settings, now_ms: u64, addr: &str) -> Result<()> {
+/// Forms the group of `members` in `DIR/raft` from the operation log's state (see the
+/// module doc). Only a new directory may form a group of several: each member forms
+/// the same first snapshot, which holds nothing.
+fn move_to_group(
+    dir: &Path,
+    settings: Settings,
+    now_ms: u64,
+    members: &BTreeMap<u64, String>,
+) -> Result<()> {
     let tmp = dir.join(RAFT_TMP);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)
             .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
     }
     let (st, _) = recover_oplog(dir, settings, now_ms)?;
+    if members.len() > 1 && st.last_lsn > 0 {
+        return Err(Error::Config {
+            field: "peers",
+            reason: format!(
+                "{} holds metadata (up to log record {}): only a new directory forms a group \
+                 of several members",
+                dir.display(),
+                st.last_lsn
+            ),
+        });
+    }
     let payload = st.encode_snapshot()?;
-    group::form(&tmp, SOLE_MEMBER, addr, st.last_lsn, &payload)?;
+    group::form(&tmp, members, st.last_lsn, &payload)?;
     oplog::sync_dir(&tmp)?;
     let raft = dir.join(RAFT_DIR);
     std::fs::rename(&tmp, &raft)

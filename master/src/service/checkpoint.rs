@@ -8,7 +8,7 @@ use super::{stall_point, Core};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::oplog;
-use crate::raft::group::GroupOfOne;
+use crate::raft::group::Group;
 use std::sync::atomic::Ordering;
 
 impl Core {
@@ -48,7 +48,7 @@ impl Core {
             log.rotate(lsn + 1)?;
             (lsn, st.settings)
         };
-        self.durable(lsn).await?;
+        self.durable(self.log.mark(lsn)).await?;
         self.rotated(log, lsn + 1).await?;
         let dir = self.config.dir.clone();
         let built = {
@@ -71,7 +71,7 @@ impl Core {
                     log.rotate(lsn + 1)?;
                     (lsn, bytes)
                 };
-                self.durable(lsn).await?;
+                self.durable(self.log.mark(lsn)).await?;
                 self.rotated(log, lsn + 1).await?;
                 (lsn, bytes)
             }
@@ -100,16 +100,21 @@ impl Core {
     /// The group's checkpoint: once everything the state holds is committed, a
     /// snapshot covering it, built by the group's state machine off the state lock;
     /// openraft purges the log it covers.
-    async fn snapshot_group(&self, g: &GroupOfOne) -> Result<bool> {
-        let lsn = {
+    async fn snapshot_group(&self, g: &Group) -> Result<bool> {
+        let (lsn, mark, leads) = {
             let st = self.state();
             self.check_running()?;
-            st.last_lsn
+            let leads = self.log.serving().is_ok();
+            (st.last_lsn, self.log.mark(st.last_lsn), leads)
         };
         if lsn <= self.checkpoint_lsn.load(Ordering::Acquire) {
             return Ok(false);
         }
-        self.durable(lsn).await?;
+        // A follower's state holds only committed records; a leader's may hold some
+        // still on their way.
+        if leads {
+            self.durable(mark).await?;
+        }
         let covered = tokio::select! {
             r = g.snapshot() => r?,
             _ = self.halt.cancelled() => return self.check_running().map(|()| false),

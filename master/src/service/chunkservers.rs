@@ -80,17 +80,17 @@ impl Core {
                 mark,
             ));
         }
-        let (queued, lsn) = {
+        let (queued, logged) = {
             let mut st = self.state();
             (
                 st.health
                     .take_commands(req.id, crate::health::MAX_COMMANDS_PER_HEARTBEAT),
-                st.last_lsn,
+                self.log.mark(st.last_lsn),
             )
         };
         // Commands were decided on state that must be durable before they act on it
         // (a deleted chunk's replicas go only once the deletion is logged).
-        self.durable(lsn).await?;
+        self.durable(logged).await?;
         let mut commands = Vec::with_capacity(queued.len());
         for cmd in queued {
             match self.commands.sign(req.id, cmd) {

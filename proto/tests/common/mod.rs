@@ -318,6 +318,9 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
             .boxed(),
         s().prop_map(|reason| RemoteError::Unauthenticated { reason })
             .boxed(),
+        proptest::option::of(s())
+            .prop_map(|leader| RemoteError::NotLeader { leader })
+            .boxed(),
     ]
     .boxed()
 }
@@ -853,6 +856,16 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         arb_string()
             .prop_map(|name| MasterRequest::RemoveUser(RemoveUser { name }))
             .boxed(),
+        (
+            any::<u64>(),
+            prop_oneof![
+                Just(RaftKind::AppendEntries),
+                Just(RaftKind::Vote),
+                Just(RaftKind::InstallSnapshot)
+            ]
+        )
+            .prop_map(|(from, kind)| MasterRequest::Raft(RaftCall { from, kind }))
+            .boxed(),
     ]
     .boxed()
 }
@@ -906,6 +919,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::AddUser(_) => "AddUser",
         MasterRequest::ListUsers(_) => "ListUsers",
         MasterRequest::RemoveUser(_) => "RemoveUser",
+        MasterRequest::Raft(_) => "Raft",
     }
 }
 
@@ -1159,5 +1173,6 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::NotPermitted { .. } => "NotPermitted",
         RemoteError::XattrTooBig { .. } => "XattrTooBig",
         RemoteError::Unauthenticated { .. } => "Unauthenticated",
+        RemoteError::NotLeader { .. } => "NotLeader",
     }
 }

@@ -1,0 +1,261 @@
+//! A master group of three members in one process, talking over loopback TCP
+//! (`--peers`): one of them leads and serves; the others replicate its records, refuse
+//! clients with `NotLeader` naming the leader, and take over when it is gone with
+//! everything it acknowledged; a member started again catches up.
+
+mod admin;
+
+use stampfs_master::{start, MasterConfig, MasterHandle};
+use stampfs_proto::credentials::{Credentials, ADMIN_CREDENTIALS_FILE, ADMIN_USER};
+use stampfs_proto::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long a group may take to elect a leader in a test (its election timeout is
+/// 600-900 ms; a loaded CI machine is slower).
+const ELECTION: Duration = Duration::from_secs(20);
+
+/// Three free loopback addresses.
+fn free_addrs(n: usize) -> Vec<String> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect()
+}
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    dirs: Vec<PathBuf>,
+    addrs: Vec<String>,
+    key: PathBuf,
+    members: Vec<Option<MasterHandle>>,
+}
+
+fn config(dir: &Path, id: u64, addrs: &[String], key: &Path) -> MasterConfig {
+    let mut c = MasterConfig::new(dir.to_path_buf());
+    c.id = id;
+    c.listen = addrs[id as usize - 1].clone();
+    c.cluster_key_file = Some(key.to_path_buf());
+    c.peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| stampfs_master::config::PeerArg {
+            id: i as u64 + 1,
+            addr: a.clone(),
+        })
+        .collect();
+    c
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let addrs = free_addrs(3);
+        let key = tmp.path().join("cluster.key");
+        ClusterKey::load_or_create(&key).expect("cluster key");
+        // One superuser for the group: whichever member leads first creates it with
+        // the credentials every member's directory holds.
+        let creds = Credentials::generate(ADMIN_USER).expect("credentials");
+        let mut dirs = Vec::new();
+        for i in 1..=3 {
+            let d = tmp.path().join(format!("m{i}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            creds
+                .write(&d.join(ADMIN_CREDENTIALS_FILE), true)
+                .expect("write credentials");
+            dirs.push(d);
+        }
+        let mut c = Cluster {
+            _tmp: tmp,
+            dirs,
+            addrs,
+            key,
+            members: vec![None, None, None],
+        };
+        for id in 1..=3 {
+            c.start_member(id).await;
+        }
+        c
+    }
+
+    async fn start_member(&mut self, id: u64) {
+        let i = id as usize - 1;
+        let m = start(config(&self.dirs[i], id, &self.addrs, &self.key))
+            .await
+            .unwrap_or_else(|e| panic!("start member {id}: {e}"));
+        self.members[i] = Some(m);
+    }
+
+    /// The member that serves, once one does (and only one does).
+    async fn leader(&self) -> usize {
+        let started = Instant::now();
+        loop {
+            let serving: Vec<usize> = self
+                .members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.as_ref().is_some_and(|m| m.core().log.serving().is_ok()))
+                .map(|(i, _)| i)
+                .collect();
+            if let [only] = serving[..] {
+                // Serving, and its superuser created (the first leader does that).
+                let m = self.members[only].as_ref().expect("running");
+                if !m.core().state().user_list().is_empty() {
+                    return only;
+                }
+            }
+            assert!(
+                started.elapsed() < ELECTION,
+                "no single leader after {ELECTION:?}: {serving:?} serve"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self, i: usize) -> RpcClient {
+        admin::connect(&self.addrs[i], &self.dirs[i]).await
+    }
+}
+
+async fn mkdir(c: &mut RpcClient, path: &str) -> Result<FileStatus, Error> {
+    c.call(Mkdir {
+        path: path.into(),
+        parents: false,
+        attr: None,
+        caller: None,
+    })
+    .await
+}
+
+async fn names(c: &mut RpcClient) -> Vec<String> {
+    let mut v: Vec<String> = c
+        .call(List {
+            path: "/".into(),
+            caller: None,
+        })
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.path)
+        .filter(|p| p != "/.trash")
+        .collect();
+    v.sort();
+    v
+}
+
+/// Waits until member `i`'s state holds `path` (a follower applies what commits).
+async fn replicated(c: &Cluster, i: usize, path: &str) {
+    let started = Instant::now();
+    let m = c.members[i].as_ref().expect("running");
+    while m.core().state().stat(path).is_err() {
+        assert!(
+            started.elapsed() < ELECTION,
+            "member {} never applied {path}",
+            i + 1
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_elect_one_leader_that_replicates_and_survives_its_loss() {
+    let mut c = Cluster::start().await;
+    let first = c.leader().await;
+    let mut leader = c.client(first).await;
+    for d in ["/a", "/b", "/c"] {
+        mkdir(&mut leader, d).await.expect("mkdir on the leader");
+    }
+
+    // The followers hold what the leader acknowledged, and send clients to it.
+    for i in (0..3).filter(|&i| i != first) {
+        replicated(&c, i, "/c").await;
+        let mut f = c.client(i).await;
+        let refused = mkdir(&mut f, "/nope")
+            .await
+            .expect_err("a follower serves no write");
+        match refused {
+            Error::Remote(RemoteError::NotLeader { leader: Some(at) }) => {
+                assert_eq!(at, c.addrs[first], "the follower names the leader")
+            }
+            e => panic!("expected NotLeader naming the leader, got {e}"),
+        }
+        let read = f
+            .call(Stat {
+                path: "/a".into(),
+                caller: None,
+            })
+            .await
+            .expect_err("a follower serves no read either");
+        assert!(
+            matches!(read, Error::Remote(RemoteError::NotLeader { .. })),
+            "{read}"
+        );
+    }
+
+    // The leader goes (dropped: its log halts where it is, as in a crash).
+    drop(leader);
+    c.members[first] = None;
+    let second = c.leader().await;
+    assert_ne!(second, first);
+    let mut leader = c.client(second).await;
+    assert_eq!(names(&mut leader).await, ["/a", "/b", "/c"]);
+    mkdir(&mut leader, "/d")
+        .await
+        .expect("mkdir on the new leader");
+
+    // The old leader comes back as a follower and catches up.
+    c.start_member(first as u64 + 1).await;
+    replicated(&c, first, "/d").await;
+    assert_eq!(
+        c.leader().await,
+        second,
+        "the returning member does not depose the leader"
+    );
+    let mut back = c.client(first).await;
+    assert!(matches!(
+        mkdir(&mut back, "/e").await,
+        Err(Error::Remote(RemoteError::NotLeader { .. }))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_restarted_whole_keeps_its_state_and_leads_again() {
+    let mut c = Cluster::start().await;
+    let first = c.leader().await;
+    let mut leader = c.client(first).await;
+    for d in ["/x", "/y"] {
+        mkdir(&mut leader, d).await.expect("mkdir");
+    }
+    drop(leader);
+    for m in c.members.iter_mut() {
+        *m = None;
+    }
+    for id in 1..=3 {
+        c.start_member(id).await;
+    }
+    let next = c.leader().await;
+    let mut leader = c.client(next).await;
+    assert_eq!(names(&mut leader).await, ["/x", "/y"]);
+    mkdir(&mut leader, "/z")
+        .await
+        .expect("mkdir after the restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_that_do_not_name_this_master_are_refused_at_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let addrs = free_addrs(3);
+    let key = tmp.path().join("cluster.key");
+    let mut cfg = config(tmp.path(), 1, &addrs, &key);
+    cfg.listen = "127.0.0.1:1".into();
+    let e = start(cfg)
+        .await
+        .expect_err("listen address not among the peers");
+    assert!(e.to_string().contains("--listen"), "{e}");
+    let mut cfg = config(tmp.path(), 1, &addrs, &key);
+    cfg.cluster_key_file = None;
+    let e = start(cfg).await.expect_err("a group needs one shared key");
+    assert!(e.to_string().contains("cluster-key-file"), "{e}");
+}

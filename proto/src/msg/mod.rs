@@ -1,0 +1,220 @@
+//! Every message stampfs processes exchange.
+//!
+//! Three conversations:
+//! - **client → master** and **chunkserver → master**: [`MasterRequest`], one variant
+//!   per request struct; each struct names its reply through [`crate::rpc::Rpc`].
+//! - **client / peer / master → chunkserver**: [`ChunkRequest`]. A [`WriteSetup`] turns
+//!   its connection into a pipeline stream of [`Packet`]s answered by [`Ack`]s.
+//! - **master → master**: [`RaftCall`], the master group's Raft RPCs.
+//! - **master → chunkserver commands**: [`ChunkCommand`], always inside a
+//!   [`Signed`] envelope, sent directly when the master must wait
+//!   for the result (version bumps) or in a [`HeartbeatReply`] otherwise. A
+//!   [`VerifyReplica`] (signed the same way) asks a chunkserver to check a replica
+//!   someone reported corrupt, and answers with a [`Verification`].
+//!
+//! Bulk bytes (packet payloads, read results) never appear here: they travel as the
+//! frame's raw data section.
+
+mod chunk;
+mod chunkserver;
+mod client;
+mod health;
+mod peer;
+mod shared;
+mod users;
+
+pub use chunk::*;
+pub use chunkserver::*;
+pub use client::*;
+pub use health::*;
+pub use peer::*;
+pub use shared::*;
+pub use users::*;
+
+use crate::ids::ClientId;
+use crate::token::Signed;
+use bincode::{Decode, Encode};
+
+/// Every request the master serves.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum MasterRequest {
+    Mkdir(Mkdir),
+    Create(Create),
+    Append(Append),
+    AddChunk(AddChunk),
+    UpdatePipeline(UpdatePipeline),
+    Close(Close),
+    RenewLease(RenewLease),
+    GetLocations(GetLocations),
+    List(List),
+    Stat(Stat),
+    Rename(Rename),
+    Delete(Delete),
+    RecoverLease(RecoverLease),
+    ReportCorrupt(ReportCorrupt),
+    Register(Register),
+    Heartbeat(Heartbeat),
+    ChunkReport(ChunkReport),
+    Fsck(Fsck),
+    ClusterReport(ClusterReportRequest),
+    /// After every older variant, so that each keeps its wire index.
+    ReportPart(ReportPart),
+    /// After every older variant, so that each keeps its wire index.
+    MakeFile(MakeFile),
+    /// After every older variant, so that each keeps its wire index.
+    CutLastChunk(CutLastChunk),
+    /// After every older variant, so that each keeps its wire index.
+    OpenChunk(OpenChunk),
+    /// After every older variant, so that each keeps its wire index.
+    DropChunks(DropChunks),
+    /// After every older variant, so that each keeps its wire index.
+    Symlink(Symlink),
+    /// After every older variant, so that each keeps its wire index.
+    ReadLink(ReadLink),
+    /// After every older variant, so that each keeps its wire index.
+    SetAttr(SetAttr),
+    /// After every older variant, so that each keeps its wire index.
+    GetXattr(GetXattr),
+    /// After every older variant, so that each keeps its wire index.
+    ListXattr(ListXattr),
+    /// After every older variant, so that each keeps its wire index.
+    SetXattr(SetXattr),
+    /// After every older variant, so that each keeps its wire index.
+    ServerHello(ServerHello),
+    /// After every older variant, so that each keeps its wire index.
+    ServerProve(ServerProve),
+    /// After every older variant, so that each keeps its wire index.
+    ClientHello(ClientHello),
+    /// After every older variant, so that each keeps its wire index.
+    ClientProve(ClientProve),
+    /// After every older variant, so that each keeps its wire index.
+    AddUser(AddUser),
+    /// After every older variant, so that each keeps its wire index.
+    ListUsers(ListUsers),
+    /// After every older variant, so that each keeps its wire index.
+    RemoveUser(RemoveUser),
+    /// After every older variant, so that each keeps its wire index.
+    Raft(RaftCall),
+}
+
+/// Who may send a [`MasterRequest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestClass {
+    /// A step of a handshake: any connection.
+    Handshake,
+    /// A chunkserver's message: a connection that proved the cluster key.
+    Chunkserver,
+    /// A client's request: a connection that proved a user's key.
+    Client,
+    /// Administration: a connection that proved a superuser's key.
+    Admin,
+    /// A report a reader or a chunkserver sends: either kind of proven connection.
+    ClientOrChunkserver,
+    /// Another member of the master group: a connection that proved the cluster key.
+    Peer,
+}
+
+impl MasterRequest {
+    /// Who may send it.
+    pub fn class(&self) -> RequestClass {
+        use MasterRequest as R;
+        match self {
+            R::ServerHello(_) | R::ServerProve(_) | R::ClientHello(_) | R::ClientProve(_) => {
+                RequestClass::Handshake
+            }
+            R::Register(_) | R::Heartbeat(_) | R::ChunkReport(_) | R::ReportPart(_) => {
+                RequestClass::Chunkserver
+            }
+            R::ReportCorrupt(_) => RequestClass::ClientOrChunkserver,
+            R::Raft(_) => RequestClass::Peer,
+            R::Fsck(_)
+            | R::ClusterReport(_)
+            | R::AddUser(_)
+            | R::ListUsers(_)
+            | R::RemoveUser(_) => RequestClass::Admin,
+            R::Mkdir(_)
+            | R::Create(_)
+            | R::Append(_)
+            | R::AddChunk(_)
+            | R::UpdatePipeline(_)
+            | R::Close(_)
+            | R::RenewLease(_)
+            | R::GetLocations(_)
+            | R::List(_)
+            | R::Stat(_)
+            | R::Rename(_)
+            | R::Delete(_)
+            | R::RecoverLease(_)
+            | R::MakeFile(_)
+            | R::CutLastChunk(_)
+            | R::OpenChunk(_)
+            | R::DropChunks(_)
+            | R::Symlink(_)
+            | R::ReadLink(_)
+            | R::SetAttr(_)
+            | R::GetXattr(_)
+            | R::ListXattr(_)
+            | R::SetXattr(_) => RequestClass::Client,
+        }
+    }
+
+    /// The identity a namespace request says it acts as, for the master to check
+    /// against (and fill in from) the connection's user.
+    pub fn caller_mut(&mut self) -> Option<&mut Option<Caller>> {
+        use MasterRequest as R;
+        Some(match self {
+            R::Mkdir(r) => &mut r.caller,
+            R::Create(r) => &mut r.caller,
+            R::Append(r) => &mut r.caller,
+            R::GetLocations(r) => &mut r.caller,
+            R::List(r) => &mut r.caller,
+            R::Stat(r) => &mut r.caller,
+            R::Rename(r) => &mut r.caller,
+            R::Delete(r) => &mut r.caller,
+            R::RecoverLease(r) => &mut r.caller,
+            R::MakeFile(r) => &mut r.caller,
+            R::Symlink(r) => &mut r.caller,
+            R::ReadLink(r) => &mut r.caller,
+            R::SetAttr(r) => &mut r.caller,
+            R::GetXattr(r) => &mut r.caller,
+            R::ListXattr(r) => &mut r.caller,
+            R::SetXattr(r) => &mut r.caller,
+            _ => return None,
+        })
+    }
+
+    /// The client id a request speaks for (the holder of write leases and tokens).
+    pub fn client_id(&self) -> Option<ClientId> {
+        use MasterRequest as R;
+        Some(match self {
+            R::Create(r) => r.client,
+            R::Append(r) => r.client,
+            R::AddChunk(r) => r.client,
+            R::UpdatePipeline(r) => r.client,
+            R::Close(r) => r.client,
+            R::RenewLease(r) => r.client,
+            R::GetLocations(r) => r.client,
+            R::RecoverLease(r) => r.client,
+            R::MakeFile(r) => r.client,
+            R::CutLastChunk(r) => r.client,
+            R::OpenChunk(r) => r.client,
+            R::DropChunks(r) => r.client,
+            _ => return None,
+        })
+    }
+}
+
+/// Every request a chunkserver serves.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub enum ChunkRequest {
+    WriteSetup(WriteSetup),
+    Read(Read),
+    ReplicaInfo(ReplicaInfo),
+    ReceiveReplica(ReceiveReplica),
+    Command(Signed<ChunkCommand>),
+    Verify(Signed<VerifyReplica>),
+    /// After every older variant, so that each keeps its wire index.
+    OverwriteSetup(OverwriteSetup),
+    /// After every older variant, so that each keeps its wire index.
+    Digest(Signed<DigestReplica>),
+}

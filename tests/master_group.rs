@@ -1,0 +1,181 @@
+//! A master group of three `stampfs master` processes on loopback (`--peers`): SIGKILL
+//! the leader in the middle of a stream of mkdirs; another member takes over with
+//! every acknowledged one, and the killed member, restarted, rejoins as a follower.
+
+mod common;
+
+use common::{test_credentials, Proc};
+use stampfs_client::{ClientConfig, Error as ClientError};
+use stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE;
+use stampfs_proto::{ClusterKey, RemoteError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ELECTION: Duration = Duration::from_secs(30);
+
+fn free_addrs(n: usize) -> Vec<String> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect()
+}
+
+fn quick() -> ClientConfig {
+    ClientConfig {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(3),
+        ..ClientConfig::default()
+    }
+}
+
+/// Whether member `addr` serves: a mkdir of `probe` succeeds there (`NotLeader` and
+/// transport failures say no).
+async fn serves(addr: &str, probe: &str) -> bool {
+    let Ok(c) = common::connect_with(addr, quick()).await else {
+        return false;
+    };
+    match c.mkdir(probe, true).await {
+        Ok(_) => true,
+        Err(ClientError::Remote(RemoteError::NotLeader { .. })) => false,
+        Err(_) => false,
+    }
+}
+
+/// The index of the member that serves, asking the members in `among`.
+async fn leader(addrs: &[String], among: &[usize]) -> usize {
+    let started = Instant::now();
+    let mut round = 0;
+    loop {
+        for &i in among {
+            round += 1;
+            if serves(&addrs[i], &format!("/probe/{round}")).await {
+                return i;
+            }
+        }
+        assert!(
+            started.elapsed() < ELECTION,
+            "no member serves after {ELECTION:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkdir() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let addrs = free_addrs(3);
+    let key = tmp.path().join("cluster.key");
+    ClusterKey::load_or_create(&key).expect("cluster key");
+    let peers = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members: Vec<Proc> = (0..3)
+        .map(|i| {
+            let dir = tmp.path().join(format!("m{}", i + 1));
+            std::fs::create_dir_all(&dir).expect("dir");
+            test_credentials()
+                .write(&dir.join(ADMIN_CREDENTIALS_FILE), true)
+                .expect("credentials");
+            let args = [
+                "master",
+                "--dir",
+                dir.to_str().expect("utf-8"),
+                "--listen",
+                &addrs[i],
+                "--id",
+                &(i + 1).to_string(),
+                "--peers",
+                &peers,
+                "--cluster-key-file",
+                key.to_str().expect("utf-8"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            Proc::spawn(&format!("master{}", i + 1), &dir, args, &logs)
+        })
+        .collect();
+
+    let first = leader(&addrs, &[0, 1, 2]).await;
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let writer = {
+        let (addr, acked) = (addrs[first].clone(), acked.clone());
+        tokio::spawn(async move {
+            let Ok(c) = common::connect_with(&addr, quick()).await else {
+                return;
+            };
+            for i in 0.. {
+                let d = format!("/s/d{i}");
+                if c.mkdir(&d, true).await.is_err() {
+                    return;
+                }
+                acked.lock().expect("lock").push(d);
+            }
+        })
+    };
+    while acked.lock().expect("lock").len() < 50 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    members[first].kill();
+    let killed = Instant::now();
+    let _ = writer.await;
+    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let second = leader(&addrs, &others).await;
+    eprintln!(
+        "failover: SIGKILL of member {} to the first mkdir served by member {}: {:?}",
+        first + 1,
+        second + 1,
+        killed.elapsed()
+    );
+
+    let c = common::connect_with(&addrs[second], quick())
+        .await
+        .expect("connect to the new leader");
+    let listed: std::collections::BTreeSet<String> = c
+        .list("/s")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.path)
+        .collect();
+    let acked = acked.lock().expect("lock").clone();
+    assert!(acked.len() >= 50);
+    for d in &acked {
+        assert!(
+            listed.contains(d),
+            "{d} was acknowledged and is gone after the failover"
+        );
+    }
+
+    // The killed member comes back as a follower: it sends clients to the leader.
+    members[first].restart();
+    let started = Instant::now();
+    loop {
+        let back = common::connect_with(&addrs[first], quick()).await;
+        if let Ok(b) = back {
+            match b.mkdir("/after", true).await {
+                Err(ClientError::Remote(RemoteError::NotLeader { leader: Some(at) })) => {
+                    assert_eq!(at, addrs[second]);
+                    break;
+                }
+                Ok(_) => panic!("the restarted member deposed a healthy leader and serves"),
+                Err(_) => {}
+            }
+        }
+        assert!(
+            started.elapsed() < ELECTION,
+            "the restarted member never named the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for m in members.iter_mut() {
+        m.kill();
+    }
+}
