@@ -62,8 +62,8 @@ async fn leader(addrs: &[String], among: &[usize]) -> usize {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkdir() {
+/// Three members on new directories, started.
+fn spawn_group() -> (tempfile::TempDir, Vec<String>, Vec<Proc>) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let logs = tmp.path().join("logs");
     std::fs::create_dir_all(&logs).expect("logs");
@@ -76,7 +76,7 @@ async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkd
         .map(|(i, a)| format!("{}={a}", i + 1))
         .collect::<Vec<_>>()
         .join(",");
-    let mut members: Vec<Proc> = (0..3)
+    let members: Vec<Proc> = (0..3)
         .map(|i| {
             let dir = tmp.path().join(format!("m{}", i + 1));
             std::fs::create_dir_all(&dir).expect("dir");
@@ -103,6 +103,12 @@ async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkd
         })
         .collect();
 
+    (tmp, addrs, members)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkdir() {
+    let (_tmp, addrs, mut members) = spawn_group();
     let first = leader(&addrs, &[0, 1, 2]).await;
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let writer = {
@@ -175,6 +181,96 @@ async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkd
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    for m in members.iter_mut() {
+        m.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_sigstopped_past_an_election_commits_nothing_when_it_resumes() {
+    let (_tmp, addrs, mut members) = spawn_group();
+    let first = leader(&addrs, &[0, 1, 2]).await;
+    let patient = ClientConfig {
+        request_timeout: Duration::from_secs(120),
+        ..quick()
+    };
+    let old = common::connect_with(&addrs[first], patient)
+        .await
+        .expect("connect to the leader");
+    members[first].stop();
+    // Sent while the leader is frozen: it reads the request only when it resumes.
+    let late = tokio::spawn(async move { old.mkdir("/late", true).await });
+    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let second = leader(&addrs, &others).await;
+    members[first].cont();
+    let refused = tokio::time::timeout(Duration::from_secs(60), late)
+        .await
+        .expect("the resumed master answers")
+        .expect("task");
+    eprintln!("the resumed leader's mkdir: {refused:?}");
+    match refused {
+        Err(ClientError::Remote(RemoteError::NotLeader { .. }))
+        | Err(ClientError::Remote(RemoteError::Unavailable { .. })) => {}
+        other => panic!("the deposed leader's mkdir must fail, got {other:?}"),
+    }
+    let c = common::connect_with(&addrs[second], quick())
+        .await
+        .expect("connect to the new leader");
+    let names: Vec<String> = c
+        .list("/")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.path)
+        .collect();
+    assert!(
+        !names.contains(&"/late".to_string()),
+        "a record the deposed leader never committed exists: {names:?}"
+    );
+    // The resumed member follows: it names the leader.
+    let back = common::connect_with(&addrs[first], quick())
+        .await
+        .expect("connect to the resumed member");
+    match back.mkdir("/again", true).await {
+        Err(ClientError::Remote(RemoteError::NotLeader { leader: Some(at) })) => {
+            assert_eq!(at, addrs[second])
+        }
+        other => panic!(
+            "expected NotLeader naming member {}, got {other:?}",
+            second + 1
+        ),
+    }
+    for m in members.iter_mut() {
+        m.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_acknowledges_no_write() {
+    let (_tmp, addrs, mut members) = spawn_group();
+    let first = leader(&addrs, &[0, 1, 2]).await;
+    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    for &i in &others {
+        members[i].stop();
+    }
+    let c = common::connect_with(
+        &addrs[first],
+        ClientConfig {
+            request_timeout: Duration::from_secs(5),
+            ..quick()
+        },
+    )
+    .await
+    .expect("connect");
+    let r = c.mkdir("/alone", true).await;
+    assert!(r.is_err(), "a write acknowledged without a quorum: {r:?}");
+    let read = c.list("/").await;
+    assert!(read.is_err(), "a read served without a quorum: {read:?}");
+    for &i in &others {
+        members[i].cont();
+    }
+    // With its followers back, the group serves again (whoever leads).
+    leader(&addrs, &[0, 1, 2]).await;
     for m in members.iter_mut() {
         m.kill();
     }

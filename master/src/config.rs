@@ -98,7 +98,14 @@ pub struct MasterConfig {
     /// after that the membership is in the group's log.
     #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<PeerArg>,
+    /// Entries of the group's log kept behind each snapshot, for members that fall
+    /// behind; a member further behind is sent the leader's snapshot instead.
+    #[arg(long, default_value_t = DEFAULT_GROUP_LOG_KEEP)]
+    pub group_log_keep: u64,
 }
+
+/// `--group-log-keep`'s default.
+pub const DEFAULT_GROUP_LOG_KEEP: u64 = 4096;
 
 /// One `--peers` entry: a member's id and address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +191,7 @@ impl MasterConfig {
             orphan_grace: Duration::from_secs(600),
             id: 1,
             peers: Vec::new(),
+            group_log_keep: DEFAULT_GROUP_LOG_KEEP,
         }
     }
 

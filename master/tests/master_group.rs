@@ -31,6 +31,7 @@ struct Cluster {
     addrs: Vec<String>,
     key: PathBuf,
     members: Vec<Option<MasterHandle>>,
+    tweak: fn(&mut MasterConfig),
 }
 
 fn config(dir: &Path, id: u64, addrs: &[String], key: &Path) -> MasterConfig {
@@ -51,6 +52,10 @@ fn config(dir: &Path, id: u64, addrs: &[String], key: &Path) -> MasterConfig {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(tweak: fn(&mut MasterConfig)) -> Cluster {
         let tmp = tempfile::tempdir().expect("tempdir");
         let addrs = free_addrs(3);
         let key = tmp.path().join("cluster.key");
@@ -73,6 +78,7 @@ impl Cluster {
             addrs,
             key,
             members: vec![None, None, None],
+            tweak,
         };
         for id in 1..=3 {
             c.start_member(id).await;
@@ -82,7 +88,9 @@ impl Cluster {
 
     async fn start_member(&mut self, id: u64) {
         let i = id as usize - 1;
-        let m = start(config(&self.dirs[i], id, &self.addrs, &self.key))
+        let mut cfg = config(&self.dirs[i], id, &self.addrs, &self.key);
+        (self.tweak)(&mut cfg);
+        let m = start(cfg)
             .await
             .unwrap_or_else(|e| panic!("start member {id}: {e}"));
         self.members[i] = Some(m);
@@ -241,6 +249,40 @@ async fn a_group_restarted_whole_keeps_its_state_and_leads_again() {
     mkdir(&mut leader, "/z")
         .await
         .expect("mkdir after the restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_across_a_snapshot_catches_up_from_the_leaders_snapshot() {
+    let mut c = Cluster::start_with(|cfg| cfg.group_log_keep = 5).await;
+    let first = c.leader().await;
+    let behind = (first + 1) % 3;
+    c.members[behind] = None;
+    let mut leader = c.client(first).await;
+    mkdir(&mut leader, "/s").await.expect("mkdir");
+    for i in 0..100 {
+        mkdir(&mut leader, &format!("/s/d{i}"))
+            .await
+            .expect("mkdir with two members of three");
+    }
+    // A snapshot on the leader; its log before it is purged but for 5 entries.
+    let m = c.members[first].as_ref().expect("running");
+    assert!(
+        m.checkpoint().await.expect("snapshot"),
+        "a snapshot was due"
+    );
+    c.start_member(behind as u64 + 1).await;
+    replicated(&c, behind, "/s/d99").await;
+    let got = stampfs_master::raft::snapshot::read(&c.dirs[behind].join("raft"))
+        .expect("read the snapshot")
+        .expect("a snapshot");
+    assert!(
+        got.meta.last_log_id > Some(stampfs_master::raft::snapshot::FORMED_AT),
+        "the member caught up from the leader's snapshot: {:?}",
+        got.meta
+    );
+    // And it goes on from there.
+    mkdir(&mut leader, "/t").await.expect("mkdir");
+    replicated(&c, behind, "/t").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,8 +30,10 @@ const LEAD_WAIT: Duration = Duration::from_secs(10);
 const SNAPSHOT_POLL: Duration = Duration::from_secs(1);
 
 /// openraft's settings for the master group: heartbeats every 150 ms, elections after
-/// 600-900 ms of silence, snapshots only when the master asks.
-pub fn config() -> Result<Arc<openraft::Config>> {
+/// 600-900 ms of silence, snapshots only when the master asks, `keep` entries kept
+/// behind a snapshot for members that fall behind (further behind, they are sent the
+/// snapshot).
+pub fn config(keep: u64) -> Result<Arc<openraft::Config>> {
     let c = openraft::Config {
         cluster_name: "stampfs".into(),
         heartbeat_interval: 150,
@@ -40,7 +42,7 @@ pub fn config() -> Result<Arc<openraft::Config>> {
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::Never,
         max_payload_entries: 8,
-        max_in_snapshot_log_to_keep: 4096,
+        max_in_snapshot_log_to_keep: keep,
         ..Default::default()
     }
     .validate()
@@ -170,6 +172,8 @@ pub struct StartWith {
     pub master: Arc<Mutex<MasterState>>,
     pub clock: Clock,
     pub network: Network,
+    /// Entries kept behind a snapshot (`--group-log-keep`).
+    pub keep_entries: u64,
 }
 
 impl Group {
@@ -197,7 +201,12 @@ impl Group {
         // openraft spawns its core and state-machine tasks where it is created, and the
         // proposer its sweeper.
         let (raft, proposer) = {
-            let (log, sm, config, network) = (log.clone(), sm.clone(), config()?, with.network);
+            let (log, sm, config, network) = (
+                log.clone(),
+                sm.clone(),
+                config(with.keep_entries)?,
+                with.network,
+            );
             runtime
                 .handle()?
                 .spawn(async move {
@@ -290,6 +299,7 @@ impl Group {
                 master: master.clone(),
                 clock: Clock::new(),
                 network: Network::none(),
+                keep_entries: crate::config::DEFAULT_GROUP_LOG_KEEP,
             },
         )
         .await?;

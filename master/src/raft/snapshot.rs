@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 /// The snapshot's file name in the group's directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
 const SNAPSHOT_TMP: &str = "snapshot.tmp";
+/// Where a snapshot sent by the leader is received before it is checked and renamed
+/// into place.
+const SNAPSHOT_RECV: &str = "snapshot.recv";
 
 /// The log id a group is formed at: term 1, node 1, index 1. The first snapshot covers
 /// it (with the membership of node 1 alone) and the log starts after it, so the group
@@ -82,21 +85,68 @@ pub fn path(dir: &Path) -> PathBuf {
 /// Removes the temp file of a snapshot a crash left unfinished. Only at start, before
 /// the group runs: while it runs, the file may be a snapshot being written.
 pub fn remove_unfinished(dir: &Path) -> Result<()> {
-    let tmp = dir.join(SNAPSHOT_TMP);
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {
-            tracing::warn!(path = %tmp.display(), "removed a snapshot never finished");
-            Ok(())
+    for name in [SNAPSHOT_TMP, SNAPSHOT_RECV] {
+        let tmp = dir.join(name);
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {
+                tracing::warn!(path = %tmp.display(), "removed a snapshot never finished")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("remove {}", tmp.display()), e)),
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format!("remove {}", tmp.display()), e)),
     }
+    Ok(())
+}
+
+/// A new, empty file in `dir` to receive a snapshot from the leader into.
+pub async fn begin_receive(dir: &Path) -> Result<SnapshotFile> {
+    let path = dir.join(SNAPSHOT_RECV);
+    let file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .await
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    Ok(SnapshotFile { path, file })
+}
+
+/// Checks the snapshot received in `dir` (whole, undamaged, covering `expected`),
+/// makes it durable and renames it over `dir/snapshot`: the member's snapshot from now
+/// on. Returns it read back.
+pub fn adopt_received(dir: &Path, expected: Option<LogId<NodeId>>) -> Result<Loaded> {
+    let recv = dir.join(SNAPSHOT_RECV);
+    let loaded = read_file(&recv)?.ok_or_else(|| Error::CorruptCheckpoint {
+        path: recv.clone(),
+        reason: "the received snapshot is gone".into(),
+    })?;
+    if loaded.meta.last_log_id != expected {
+        return Err(Error::CorruptCheckpoint {
+            path: recv,
+            reason: format!(
+                "it covers {:?}, the leader said {expected:?}",
+                loaded.meta.last_log_id
+            ),
+        });
+    }
+    let io = |what: &str, e| Error::io(format!("{what} {}", recv.display()), e);
+    std::fs::File::open(&recv)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io("sync", e))?;
+    std::fs::rename(&recv, path(dir)).map_err(|e| io("rename", e))?;
+    crate::oplog::sync_dir(dir)?;
+    Ok(loaded)
 }
 
 /// Reads `dir/snapshot`: `None` when there is none; damage is an error (the log it
 /// covers may be purged). Touches nothing: a snapshot may be being written meanwhile.
 pub fn read(dir: &Path) -> Result<Option<Loaded>> {
-    let path = path(dir);
+    read_file(&path(dir))
+}
+
+fn read_file(path: &Path) -> Result<Option<Loaded>> {
+    let path = path.to_path_buf();
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

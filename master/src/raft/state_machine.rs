@@ -22,9 +22,10 @@
 //!
 //! A snapshot is built off the state lock from the previous snapshot and the log up to
 //! the entry applied when it was asked for ([`super::replay::build`]), on a blocking
-//! thread, while apply goes on. Receiving snapshots from the leader comes with a later
-//! increment of docs/openraft-plan.md; until then those calls answer an error that
-//! says so.
+//! thread, while apply goes on. A member that fell behind the leader's purged log
+//! receives the leader's snapshot file (streamed by openraft in chunks into
+//! `snapshot.recv`), which is checked, made durable and renamed over its own; its
+//! state becomes the snapshot's.
 
 use super::leadership::{Leadership, Role};
 use super::log_store::LogStore;
@@ -311,17 +312,6 @@ impl StateMachine {
     }
 }
 
-fn not_yet(what: &str) -> StorageError<NodeId> {
-    StorageIOError::write_snapshot(
-        None,
-        AnyError::error(format!(
-            "{what}: snapshots are not sent between members yet (a group of one builds \
-             its own)"
-        )),
-    )
-    .into()
-}
-
 /// Builds the snapshot at the entry applied when it was asked for.
 #[derive(Debug)]
 pub struct Builder {
@@ -448,15 +438,51 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn begin_receiving_snapshot(
         &mut self,
     ) -> Result<Box<SnapshotFile>, StorageError<NodeId>> {
-        Err(not_yet("receive a snapshot"))
+        snapshot::begin_receive(&self.disk.dir)
+            .await
+            .map(Box::new)
+            .map_err(snapshot_err)
     }
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, MasterNode>,
-        _snapshot: Box<SnapshotFile>,
+        meta: &SnapshotMeta<NodeId, MasterNode>,
+        received: Box<SnapshotFile>,
     ) -> Result<(), StorageError<NodeId>> {
-        Err(not_yet("install a snapshot"))
+        use tokio::io::AsyncWriteExt;
+        let mut file = received.file;
+        file.flush().await.map_err(snapshot_err)?;
+        drop(file);
+        let disk = self.disk.clone();
+        let expected = meta.last_log_id;
+        let now_ms = self.clock.now_ms();
+        let (lsn, state) = tokio::task::spawn_blocking(move || -> crate::Result<_> {
+            let _dir_lock = disk.dir_lock.upgrade().ok_or(crate::Error::ShuttingDown)?;
+            let loaded = snapshot::adopt_received(&disk.dir, expected)?;
+            let st = MasterState::decode_snapshot(disk.settings, &loaded.payload, now_ms)?;
+            if st.last_lsn != loaded.lsn {
+                return Err(crate::Error::CorruptCheckpoint {
+                    path: snapshot::path(&disk.dir),
+                    reason: format!(
+                        "header says LSN {}, contents say {}",
+                        loaded.lsn, st.last_lsn
+                    ),
+                });
+            }
+            Ok((loaded.lsn, st))
+        })
+        .await
+        .map_err(snapshot_err)?
+        .map_err(snapshot_err)?;
+        let mut i = lock(&self.inner);
+        self.step_down_locked(&mut i).map_err(snapshot_err)?;
+        *lock(&self.master) = state;
+        i.last_applied = meta.last_log_id;
+        i.membership = meta.last_membership.clone();
+        self.disk.snapshot_lsn.fetch_max(lsn, Ordering::AcqRel);
+        self.progress.send_modify(|p| p.committed_lsn = lsn);
+        tracing::info!(at = ?meta.last_log_id, lsn, "installed the snapshot the leader sent");
+        Ok(())
     }
 
     async fn get_current_snapshot(

@@ -121,6 +121,7 @@ pub async fn recover(
             master: state.clone(),
             clock,
             network,
+            keep_entries: config.group_log_keep,
         },
     )
     .await?;
