@@ -275,3 +275,112 @@ async fn a_leader_without_a_quorum_acknowledges_no_write() {
         m.kill();
     }
 }
+
+/// Live chunkservers the leader the client follows sees (registered since it leads).
+async fn live_chunkservers(c: &stampfs_client::Client) -> usize {
+    match c.cluster_report().await {
+        Ok(r) => r
+            .chunkservers
+            .iter()
+            .filter(|s| {
+                s.state == stampfs_proto::ChunkserverState::Live
+                    && s.last_heartbeat_ms_ago.is_some()
+            })
+            .count(),
+        Err(_) => 0,
+    }
+}
+
+async fn wait_live(c: &stampfs_client::Client, n: usize) {
+    let started = Instant::now();
+    while live_chunkservers(c).await < n {
+        assert!(
+            started.elapsed() < ELECTION,
+            "{n} chunkservers never registered with the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn put(c: &stampfs_client::Client, path: &str, data: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let mut w = c
+        .create(path, stampfs_client::CreateOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("create {path}: {e}"));
+    w.write_all(data).await.expect("write");
+    w.close().await.expect("close");
+}
+
+async fn get(c: &stampfs_client::Client, path: &str) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut r = c
+        .open(path)
+        .await
+        .unwrap_or_else(|e| panic!("open {path}: {e}"));
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.expect("read");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_and_chunkservers_given_every_member_follow_the_leader_through_a_failover() {
+    let (tmp, addrs, mut members) = spawn_group();
+    let all = addrs.join(",");
+    let key = tmp.path().join("cluster.key");
+    let logs = tmp.path().join("logs");
+    let mut chunkservers: Vec<Proc> = (0..3)
+        .map(|i| {
+            let dir = tmp.path().join(format!("cs{i}"));
+            let args = [
+                "chunkserver",
+                "--dir",
+                dir.to_str().expect("utf-8"),
+                "--listen",
+                "127.0.0.1:0",
+                "--master",
+                &all,
+                "--cluster-key-file",
+                key.to_str().expect("utf-8"),
+                "--heartbeat",
+                "200ms",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            Proc::spawn(&format!("cs{i}"), &dir, args, &logs)
+        })
+        .collect();
+    let first = leader(&addrs, &[0, 1, 2]).await;
+    // The client is given every member, in an order that does not start at the leader.
+    let mut order: Vec<String> = addrs.clone();
+    order.rotate_left((first + 1) % 3);
+    let client = common::connect_with(&order.join(","), ClientConfig::default())
+        .await
+        .expect("connect to the group");
+    wait_live(&client, 3).await;
+    let before = common::pattern(3 << 20, 7);
+    put(&client, "/before", &before).await;
+    assert_eq!(get(&client, "/before").await, before);
+
+    members[first].kill();
+    let killed = Instant::now();
+    // The same client, after the failover: it finds the new leader, which the
+    // chunkservers registered with (and reported their replicas to).
+    wait_live(&client, 3).await;
+    eprintln!(
+        "SIGKILL of the leader to every chunkserver live on the new one: {:?}",
+        killed.elapsed()
+    );
+    assert_eq!(
+        get(&client, "/before").await,
+        before,
+        "read after the failover"
+    );
+    let after = common::pattern(2 << 20, 8);
+    put(&client, "/after", &after).await;
+    assert_eq!(get(&client, "/after").await, after);
+    for p in chunkservers.iter_mut().chain(members.iter_mut()) {
+        p.kill();
+    }
+}

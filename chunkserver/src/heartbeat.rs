@@ -28,6 +28,7 @@ use crate::server::{execute, Shared};
 use crate::store::REPORT_PAGE;
 use rand::Rng;
 use stampfs_proto::auth::AuthFailure;
+use stampfs_proto::RemoteError;
 use stampfs_proto::{
     ChunkReport, Heartbeat, Register, ReplicaReport, ReportCorrupt, ReportPart, Rpc, RpcClient,
 };
@@ -95,6 +96,9 @@ pub fn space(dir: &std::path::Path, capacity: Option<u64>, replica_bytes: u64) -
 
 struct Session {
     client: Option<RpcClient>,
+    /// The master this session talks to: the leader of the master group as far as it
+    /// knows (`--master` may name the group's members, separated by commas).
+    target: String,
     registered: bool,
     last_report: Instant,
     /// A change the master has not had a full report of yet.
@@ -103,8 +107,10 @@ struct Session {
 
 /// Runs until shutdown.
 pub(crate) async fn run(shared: Arc<Shared>) {
+    let masters = master_list(&shared.config.master);
     let mut session = Session {
         client: None,
+        target: masters.first().cloned().unwrap_or_default(),
         registered: false,
         last_report: Instant::now(),
         changed: false,
@@ -131,9 +137,24 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             }
             Err(e) => {
                 session.client = None;
+                if masters.len() > 1 {
+                    // Another member may lead: register with it.
+                    session.target = next_master(&masters, &session.target, &e);
+                    session.registered = false;
+                    if matches!(
+                        &e,
+                        Error::Proto(stampfs_proto::Error::Remote(RemoteError::NotLeader {
+                            leader: Some(_)
+                        }))
+                    ) {
+                        tracing::info!(leader = %session.target, "following the master group's leader");
+                        ticker.reset_immediately();
+                        continue;
+                    }
+                }
                 let delay = backoff.fail();
                 tracing::warn!(
-                    master = %shared.config.master,
+                    master = %session.target,
                     error = %e,
                     failures = backoff.failures(),
                     retry_in_ms = delay.as_millis() as u64,
@@ -224,8 +245,30 @@ pub fn report_due(
 /// [`stampfs_proto::auth`]). A key mismatch stops the chunkserver
 /// ([`Shared::fail`]): retrying cannot mend it, and a chunkserver the master refuses
 /// must not look merely "unreachable" to whoever runs it.
-async fn connect(shared: &Shared) -> Result<RpcClient> {
-    let master = &shared.config.master;
+/// The addresses in `--master` (one, or a master group's members separated by commas).
+fn master_list(master: &str) -> Vec<String> {
+    master
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The master to try after `current` failed with `e`: the leader a `NotLeader` names,
+/// else the next member of the group.
+fn next_master(masters: &[String], current: &str, e: &Error) -> String {
+    if let Error::Proto(stampfs_proto::Error::Remote(RemoteError::NotLeader {
+        leader: Some(addr),
+    })) = e
+    {
+        return addr.clone();
+    }
+    let at = masters.iter().position(|m| m == current);
+    masters[at.map_or(0, |i| (i + 1) % masters.len())].clone()
+}
+
+async fn connect(shared: &Shared, master: &str) -> Result<RpcClient> {
     let mut client =
         RpcClient::connect(&shared.dialer, master, shared.config.connect_timeout).await?;
     let limit = (shared.config.connect_timeout * 2).max(Duration::from_secs(10));
@@ -288,7 +331,9 @@ async fn register(shared: &Shared, client: &mut RpcClient) -> Result<()> {
 async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Result<()> {
     let client = match &mut session.client {
         Some(c) => c,
-        None => session.client.insert(connect(shared).await?),
+        None => session
+            .client
+            .insert(connect(shared, &session.target).await?),
     };
     if !session.registered {
         register(shared, client).await?;
@@ -376,6 +421,24 @@ async fn beat(shared: &Arc<Shared>, session: &mut Session, changed: bool) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunkserver_follows_the_named_leader_else_the_next_member() {
+        let masters = master_list(" a:1, b:2 ,c:3,");
+        assert_eq!(masters, ["a:1", "b:2", "c:3"]);
+        let named = Error::from(RemoteError::NotLeader {
+            leader: Some("c:3".into()),
+        });
+        assert_eq!(next_master(&masters, "a:1", &named), "c:3");
+        let unknown = Error::from(RemoteError::NotLeader { leader: None });
+        assert_eq!(next_master(&masters, "a:1", &unknown), "b:2");
+        let gone = Error::Unavailable {
+            reason: "refused".into(),
+        };
+        assert_eq!(next_master(&masters, "c:3", &gone), "a:1");
+        // A leader named outside the list: after it, the list from its start.
+        assert_eq!(next_master(&masters, "z:9", &gone), "a:1");
+    }
 
     #[test]
     fn backoff_grows_to_a_cap_and_resets() {

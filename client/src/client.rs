@@ -135,7 +135,12 @@ pub fn process_attr(base: u32) -> NewAttr {
 }
 
 pub(crate) struct Inner {
+    /// The `--master` given: one address, or a group's members separated by commas.
     pub(crate) master: String,
+    /// Its addresses.
+    pub(crate) masters: Vec<String>,
+    /// The one requests go to: the leader, as far as this client knows.
+    pub(crate) leader: Mutex<String>,
     pub(crate) id: ClientId,
     pub(crate) config: ClientConfig,
     /// Who this client proves to be on each master connection, and who the master
@@ -249,11 +254,41 @@ impl Client {
                 }
             },
         };
-        let (conn, identity) =
-            dial_master(&config.dialer, addr, config.connect_timeout, &creds).await?;
+        let masters: Vec<String> = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect();
+        if masters.is_empty() {
+            return Err(Error::InvalidArgument {
+                reason: format!("`{addr}` names no master address"),
+            });
+        }
+        // The first member that answers the handshake (any member does); requests
+        // then find the leader.
+        let mut dialed = None;
+        let mut last_err = None;
+        for m in &masters {
+            match dial_master(&config.dialer, m, config.connect_timeout, &creds).await {
+                Ok(ok) => {
+                    dialed = Some((m.clone(), ok));
+                    break;
+                }
+                Err(e @ Error::Remote(RemoteError::Unauthenticated { .. })) => return Err(e),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let Some((first, (conn, identity))) = dialed else {
+            return Err(last_err.unwrap_or_else(|| Error::InvalidArgument {
+                reason: "no master to connect to".into(),
+            }));
+        };
         let client = Client {
             inner: Arc::new(Inner {
                 master: addr.to_string(),
+                masters,
+                leader: Mutex::new(first),
                 id: ClientId::random(),
                 config,
                 creds,
@@ -300,6 +335,8 @@ impl Client {
         Client {
             inner: Arc::new(Inner {
                 master: "127.0.0.1:1".into(),
+                masters: vec!["127.0.0.1:1".into()],
+                leader: Mutex::new("127.0.0.1:1".into()),
                 id: ClientId::random(),
                 config: ClientConfig::default(),
                 creds: Credentials::new("test", [0; 32]).expect("a good name"),

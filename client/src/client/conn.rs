@@ -12,13 +12,33 @@ use stampfs_proto::{
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// How long a client waits between rounds of asking the masters of a group for one
+/// that leads (an election takes about a second).
+const FAILOVER_POLL: Duration = Duration::from_millis(100);
+
+/// Why one attempt at a master request failed.
+enum Failed {
+    /// Before the request was sent: no connection could be made.
+    Unsent(Error),
+    /// After it was sent (or possibly sent).
+    Sent(Error),
+}
+
 impl Client {
-    /// Sends one request to the master. A pooled connection the master closed while
-    /// it sat idle is found closed before it is used; one closed in the moment
-    /// between that check and the request fails without a reply: a request that is
-    /// [`Rpc::RESEND_SAFE`] then goes once more on a new connection (see
-    /// [`retry_on_fresh`]; DESIGN.md "Master requests on a closed connection"), and the
-    /// other pooled connections are dropped either way.
+    /// Sends one request to the master (the leader, when `--master` names a group's
+    /// members). A pooled connection the master closed while it sat idle is found
+    /// closed before it is used; one closed in the moment between that check and the
+    /// request fails without a reply: a request that is [`Rpc::RESEND_SAFE`] then goes
+    /// once more on a new connection (see [`retry_on_fresh`]; DESIGN.md "Master
+    /// requests on a closed connection"), and the other pooled connections are dropped
+    /// either way.
+    ///
+    /// With several masters, the client follows the leader: a `NotLeader` answer (the
+    /// request was not applied) sends it again to the leader it names, or, while none is
+    /// known, around the members until one leads; a member that cannot be reached is
+    /// passed over, as is one that failed while a resend-safe request was in flight.
+    /// It gives up after the request timeout. Any other failure after a request was sent
+    /// is returned: whether it was applied is not known.
     pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
     where
         R: Rpc<Request = MasterRequest> + Clone,
@@ -29,36 +49,112 @@ impl Client {
             // learned from the runtime, not asked of the kernel).
             tokio::task::yield_now().await;
         }
+        let group = self.inner.masters.len() > 1;
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let mut passed_over = 0usize;
+        loop {
+            let failed = match self.call_leader(req.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(f) => f,
+            };
+            let e = match failed {
+                Failed::Sent(Error::Remote(RemoteError::NotLeader { leader })) if group => {
+                    let named = leader.is_some();
+                    self.follow(leader);
+                    if Instant::now() >= deadline {
+                        return Err(Error::Remote(RemoteError::NotLeader { leader: None }));
+                    }
+                    if !named {
+                        tokio::time::sleep(FAILOVER_POLL).await;
+                    }
+                    continue;
+                }
+                Failed::Unsent(e) if group => e,
+                Failed::Sent(Error::Proto(e)) if group && R::RESEND_SAFE && transport(&e) => {
+                    Error::Proto(e)
+                }
+                Failed::Sent(e) | Failed::Unsent(e) => return Err(e),
+            };
+            if Instant::now() >= deadline {
+                return Err(e);
+            }
+            tracing::debug!(error = %e, master = %self.leader_addr(), "master unreachable; trying the next member of the group");
+            self.follow(None);
+            passed_over += 1;
+            if passed_over % self.inner.masters.len() == 0 {
+                tokio::time::sleep(FAILOVER_POLL).await;
+            }
+        }
+    }
+
+    /// One attempt at `req` on the master this client takes for the leader.
+    async fn call_leader<R>(&self, req: R) -> std::result::Result<R::Response, Failed>
+    where
+        R: Rpc<Request = MasterRequest> + Clone,
+    {
         let pooled = self.take_master();
         let reused = pooled.is_some();
         let conn = match pooled {
             Some(c) => c,
-            None => self.dial_master_conn().await?,
+            None => self.dial_master_conn().await.map_err(Failed::Unsent)?,
         };
         match self.call_on(conn, req.clone()).await {
             Err(Error::Proto(e)) if retry_on_fresh(reused, &e) => {
                 // The master closed its connections (it restarted): so it did with
                 // the others in the pool.
-                if inline::inside() {
-                    inline::clear_master();
-                } else if let Ok(mut p) = self.inner.master_pool.lock() {
-                    p.clear();
-                }
+                self.drop_master_conns();
                 if !R::RESEND_SAFE {
-                    return Err(Error::Proto(e));
+                    return Err(Failed::Sent(Error::Proto(e)));
                 }
                 tracing::debug!(error = %e, "pooled master connection was closed; sending the request again on a new one");
-                let conn = self.dial_master_conn().await?;
-                self.call_on(conn, req).await
+                let conn = self.dial_master_conn().await.map_err(Failed::Unsent)?;
+                self.call_on(conn, req).await.map_err(Failed::Sent)
             }
-            other => other,
+            other => other.map_err(Failed::Sent),
+        }
+    }
+
+    /// The address of the master this client sends its requests to.
+    pub(crate) fn leader_addr(&self) -> String {
+        self.inner
+            .leader
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Sends the next requests to `leader`, or (`None`) to the member after the
+    /// current one; the idle connections to the old one go.
+    fn follow(&self, leader: Option<String>) {
+        let mut l = self.inner.leader.lock().unwrap_or_else(|e| e.into_inner());
+        let next = match leader {
+            Some(addr) => addr,
+            None => {
+                let masters = &self.inner.masters;
+                let at = masters.iter().position(|m| *m == *l);
+                masters[at.map_or(0, |i| (i + 1) % masters.len())].clone()
+            }
+        };
+        if *l != next {
+            tracing::debug!(from = %*l, to = %next, "following the master group's leader");
+            *l = next;
+            drop(l);
+            self.drop_master_conns();
+        }
+    }
+
+    fn drop_master_conns(&self) {
+        if inline::inside() {
+            inline::clear_master();
+        } else if let Ok(mut p) = self.inner.master_pool.lock() {
+            p.clear();
         }
     }
 
     async fn dial_master_conn(&self) -> Result<RpcClient> {
         Ok(dial_master(
             &self.inner.config.dialer,
-            &self.inner.master,
+            &self.leader_addr(),
             self.inner.config.connect_timeout,
             &self.inner.creds,
         )
@@ -76,7 +172,7 @@ impl Client {
                 .await
                 .map_err(|_| {
                     Error::Remote(RemoteError::Unavailable {
-                        reason: format!("master {} did not answer in time", self.inner.master),
+                        reason: format!("master {} did not answer in time", self.leader_addr()),
                     })
                 })?;
         match reply {
@@ -268,6 +364,15 @@ pub(crate) fn connection_closed(kind: std::io::ErrorKind) -> bool {
 /// which changes nothing; for a master request see [`Client::call`]), a reset or a
 /// broken pipe. A typed error, a malformed reply or a timeout is never retried, and a
 /// fresh connection is never retried (the caller tries once).
+/// Whether `e` is a failure of the connection (the master went away), not an answer.
+fn transport(e: &stampfs_proto::Error) -> bool {
+    match e {
+        stampfs_proto::Error::Truncated => true,
+        stampfs_proto::Error::Io(io) => connection_closed(io.kind()),
+        _ => false,
+    }
+}
+
 pub(crate) fn retry_on_fresh(reused: bool, e: &stampfs_proto::Error) -> bool {
     let closed = match e {
         stampfs_proto::Error::Truncated => true,
