@@ -571,6 +571,12 @@ pub struct BenchMasterArgs {
     /// worker off, whose pass scans every chunk under the state lock).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub health_interval: std::time::Duration,
+    /// Masters: 1 (one master, on the log `--log` or `STAMPFS_MASTER_LOG` names), or a
+    /// group of 3 or 5 in this process, replicating over loopback, each on its own
+    /// directory; the benchmark drives the leader. Memory figures then hold every
+    /// member's state.
+    #[arg(long, default_value_t = 1)]
+    pub masters: u8,
     /// Write the results as JSON to FILE.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -22,6 +22,10 @@ const OPERATIONS: &[&str] = &[
 ];
 
 fn run(via: &str) -> serde_json::Value {
+    run_with(via, "1")
+}
+
+fn run_with(via: &str, masters: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("bench.json");
     let out = Command::new(env!("CARGO_BIN_EXE_stampfs"))
@@ -35,7 +39,7 @@ fn run(via: &str) -> serde_json::Value {
         ])
         .args(["--chunkservers", "20", "--threads", "8", "--ops", "300"])
         .args(["--report-replicas", "200", "--files-per-dir", "50"])
-        .args(["--via", via, "--dir"])
+        .args(["--via", via, "--masters", masters, "--dir"])
         .arg(dir.path())
         .arg("--json")
         .arg(&json)
@@ -111,4 +115,12 @@ fn the_master_benchmark_measures_every_operation_through_the_service_layer() {
 #[test]
 fn the_master_benchmark_measures_every_operation_over_the_wire() {
     check(&run("rpc"));
+}
+
+#[test]
+fn the_master_benchmark_drives_the_leader_of_a_group_of_three() {
+    let report = run_with("service", "3");
+    check(&report);
+    assert_eq!(report["masters"], 3);
+    assert_eq!(report["log"], "group");
 }

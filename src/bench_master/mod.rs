@@ -89,7 +89,84 @@ fn validate(args: &BenchMasterArgs) -> Result<()> {
     if args.threads == 0 || args.files_per_dir == 0 {
         bail!("--threads and --files-per-dir must be above zero");
     }
+    if ![1, 3, 5].contains(&args.masters) {
+        bail!("--masters must be 1, 3 or 5");
+    }
     Ok(())
+}
+
+/// Starts the master, or (`--masters` above 1) a group of masters on loopback in this
+/// process, and returns the one that serves (the leader) and the others.
+async fn start_masters(
+    work: &std::path::Path,
+    args: &BenchMasterArgs,
+) -> Result<(MasterHandle, Vec<MasterHandle>)> {
+    let config = |dir: std::path::PathBuf| {
+        let mut c = MasterConfig::new(dir);
+        c.trash_for = Duration::ZERO;
+        c.replication = args.replication;
+        c.health_interval = args.health_interval;
+        c
+    };
+    if args.masters == 1 {
+        let master = stampfs_master::start(config(work.join("master")))
+            .await
+            .context("starting the master")?;
+        return Ok((master, Vec::new()));
+    }
+    let n = usize::from(args.masters);
+    let addrs: Vec<String> = {
+        let held = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("finding free loopback ports for the masters")?;
+        held.iter()
+            .map(|l| l.local_addr().map(|a| a.to_string()))
+            .collect::<std::io::Result<_>>()?
+    };
+    let key = work.join("cluster.key");
+    stampfs_proto::ClusterKey::load_or_create(&key)?;
+    let creds = stampfs_proto::Credentials::generate(stampfs_proto::credentials::ADMIN_USER)?;
+    let mut members = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let dir = work.join(format!("master{}", i + 1));
+        std::fs::create_dir_all(&dir)?;
+        creds.write(
+            &dir.join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE),
+            true,
+        )?;
+        let mut c = config(dir);
+        c.id = i as u64 + 1;
+        c.listen = addr.clone();
+        c.cluster_key_file = Some(key.clone());
+        c.peers = addrs
+            .iter()
+            .enumerate()
+            .map(|(j, a)| stampfs_master::config::PeerArg {
+                id: j as u64 + 1,
+                addr: a.clone(),
+            })
+            .collect();
+        members.push(
+            stampfs_master::start(c)
+                .await
+                .with_context(|| format!("starting master {}", i + 1))?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leads = members.iter().position(|m| {
+            m.core().log.serving().is_ok() && !m.core().state().user_list().is_empty()
+        });
+        if let Some(i) = leads {
+            let leader = members.remove(i);
+            return Ok((leader, members));
+        }
+        if Instant::now() > deadline {
+            bail!("the group of {n} masters elected no leader within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until no checkpoint is in flight and writes one (so the next memory reading
@@ -123,13 +200,7 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
     let mut stalls = Vec::new();
 
     // The master first: it raises the open-file limit the listeners need.
-    let mut config = MasterConfig::new(work.path().join("master"));
-    config.trash_for = Duration::ZERO;
-    config.replication = args.replication;
-    config.health_interval = args.health_interval;
-    let master = stampfs_master::start(config)
-        .await
-        .context("starting the master")?;
+    let (master, _followers) = start_masters(work.path(), &args).await?;
     let sim_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("stampfs-sim")
@@ -613,6 +684,11 @@ async fn run_inner(args: BenchMasterArgs) -> Result<Report> {
         ops: args.ops,
         replication: args.replication,
         files_per_dir: args.files_per_dir,
+        masters: args.masters,
+        log: match &master.core().log {
+            stampfs_master::journal::Journal::Oplog(_) => "oplog".into(),
+            stampfs_master::journal::Journal::Group(_) => "group".into(),
+        },
         health_interval_s: args.health_interval.as_secs_f64(),
         dir: base.display().to_string(),
         operations: ops,

@@ -33,6 +33,10 @@ pub struct Report {
     pub ops: u64,
     pub replication: u8,
     pub files_per_dir: u64,
+    /// Masters: 1, or the members of a group on loopback (the leader driven).
+    pub masters: u8,
+    /// The log a single master kept (`oplog` or `group`); a group's is `group`.
+    pub log: String,
     /// The master's replica-health interval (0: the worker was off).
     pub health_interval_s: f64,
     /// Where the master's log and checkpoint lived.
@@ -174,7 +178,9 @@ pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "stampfs bench master: {} files × {} chunks, replication {}, {} chunkservers, {} client tasks, via {:?}, health pass every {}, {} cores",
+        "stampfs bench master: {} master(s) on the {} log, {} files × {} chunks, replication {}, {} chunkservers, {} client tasks, via {:?}, health pass every {}, {} cores",
+        r.masters,
+        r.log,
         r.files,
         r.chunks_per_file,
         r.replication,

@@ -96,6 +96,7 @@ pub struct Group {
     pub log: LogStore,
     pub leadership: Arc<Leadership>,
     sm: StateMachine,
+    reads: ReadRounds,
     /// Record bytes queued since the last snapshot (the checkpoint trigger).
     bytes_since_snapshot: AtomicU64,
     records: AtomicU64,
@@ -267,6 +268,7 @@ impl Group {
             log,
             leadership,
             sm,
+            reads: ReadRounds::default(),
             bytes_since_snapshot: AtomicU64::new(0),
             records: AtomicU64::new(0),
             _runtime: runtime,
@@ -327,19 +329,11 @@ impl Group {
     }
 
     /// Confirms this member still leads, by a round of heartbeats answered by a quorum
-    /// after the call (openraft's read index; a group of one answers at once): a state
-    /// read before the call held everything committed before it.
+    /// that started after the call (openraft's read index; a group of one answers at
+    /// once): a state read before the call held everything committed before it.
+    /// Concurrent callers share rounds ([`ReadRounds`]).
     pub async fn confirm_leading(&self) -> Result<()> {
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map(|_| ())
-            .map_err(|e| match e.forward_to_leader::<super::MasterNode>() {
-                Some(f) => Error::NotLeader {
-                    leader: f.leader_node.as_ref().map(|n| n.addr.clone()),
-                },
-                None => failed(format!("cannot confirm the leadership: {e}")),
-            })
+        self.reads.confirm(&self.raft).await
     }
 
     /// Whether the group has more than one voter (reads then need
@@ -483,6 +477,131 @@ async fn watch_leadership(
         if stopped || rx.changed().await.is_err() {
             sm.fail("the master group's openraft stopped".into());
             return;
+        }
+    }
+}
+
+/// Rounds of openraft's read index shared by concurrent readers. A reader needs a
+/// round that *started* after its read of the state; one running already may have
+/// started before it, so the reader waits for the next. One round runs at a time,
+/// driven by a reader that asked for it; whoever asked while it ran shares the next.
+#[derive(Debug, Default)]
+struct ReadRounds {
+    rounds: Mutex<RoundState>,
+    done: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct RoundState {
+    /// Rounds started, and the highest one asked for.
+    started: u64,
+    wanted: u64,
+    running: bool,
+    /// The outcome of each finished round, newest last (a few are kept).
+    finished: std::collections::VecDeque<(u64, Outcome)>,
+}
+
+/// How a round ended.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Leads,
+    NotLeader(Option<String>),
+    Failed(String),
+}
+
+impl Outcome {
+    fn result(&self) -> Result<()> {
+        match self {
+            Outcome::Leads => Ok(()),
+            Outcome::NotLeader(leader) => Err(Error::NotLeader {
+                leader: leader.clone(),
+            }),
+            Outcome::Failed(reason) => Err(failed(reason.clone())),
+        }
+    }
+}
+
+impl ReadRounds {
+    async fn confirm(&self, raft: &Raft<TypeConfig>) -> Result<()> {
+        let (mine, drive) = {
+            let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = r.started + 1;
+            r.wanted = r.wanted.max(mine);
+            let drive = !r.running;
+            if drive {
+                r.running = true;
+            }
+            (mine, drive)
+        };
+        if drive {
+            self.drive(raft).await;
+        }
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let take_over = {
+                let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((_, outcome)) = r.finished.iter().find(|(n, _)| *n >= mine) {
+                    return outcome.result();
+                }
+                // Nobody drives the round this reader needs (its driver was dropped
+                // midway): drive it.
+                let take_over = !r.running;
+                if take_over {
+                    r.running = true;
+                }
+                take_over
+            };
+            if take_over {
+                self.drive(raft).await;
+                continue;
+            }
+            notified.await;
+        }
+    }
+
+    /// Runs rounds until none is wanted. Dropped midway (its reader's request was
+    /// dropped), it lets another reader take over.
+    async fn drive(&self, raft: &Raft<TypeConfig>) {
+        struct Release<'a>(&'a ReadRounds);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                let mut r = self.0.rounds.lock().unwrap_or_else(|e| e.into_inner());
+                if r.running {
+                    r.running = false;
+                    drop(r);
+                    self.0.done.notify_waiters();
+                }
+            }
+        }
+        let _release = Release(self);
+        loop {
+            let round = {
+                let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+                if r.started >= r.wanted {
+                    r.running = false;
+                    drop(r);
+                    self.done.notify_waiters();
+                    return;
+                }
+                r.started += 1;
+                r.started
+            };
+            let outcome = match raft.ensure_linearizable().await {
+                Ok(_) => Outcome::Leads,
+                Err(e) => match e.forward_to_leader::<super::MasterNode>() {
+                    Some(f) => Outcome::NotLeader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                    None => Outcome::Failed(format!("cannot confirm the leadership: {e}")),
+                },
+            };
+            let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            r.finished.push_back((round, outcome));
+            while r.finished.len() > 4 {
+                r.finished.pop_front();
+            }
+            drop(r);
+            self.done.notify_waiters();
         }
     }
 }

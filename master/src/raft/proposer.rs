@@ -13,8 +13,11 @@
 //! - A record nobody waits for (its request was dropped) is submitted by the sweeper
 //!   task once it has been queued for [`SWEEP_AFTER`].
 //!
-//! One batch at a time keeps the log in LSN order: a batch is submitted only after the
-//! one before it committed, so entries and LSNs rise together.
+//! Batches are handed to openraft in LSN order (drained and sent under one lock), so
+//! entries and LSNs rise together. A group of one has one batch in flight at a time:
+//! what queues during its `fdatasync` is the next batch. A leader with followers has
+//! up to [`PIPELINED_BATCHES`] in flight, so that its own flush, the followers'
+//! flushes and the round trips to them overlap instead of following one another.
 //!
 //! The proposer takes records only while this member leads: [`Proposer::lead`] starts a
 //! generation (the [`Progress`]'s) after the committed LSN, [`Proposer::follow`] drops
@@ -32,6 +35,8 @@ use tokio::sync::{watch, Notify};
 
 /// The most record bytes one batch carries (a record larger than this goes alone).
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Batches in flight at once on a leader with followers.
+pub const PIPELINED_BATCHES: usize = 2;
 /// How long a record may stay queued before the sweeper submits it.
 pub const SWEEP_AFTER: Duration = Duration::from_millis(5);
 
@@ -42,6 +47,9 @@ pub struct Proposer {
     progress: Arc<watch::Sender<Progress>>,
     /// Woken when a record is queued into an empty queue, at a stop and at the end.
     queued: Arc<Notify>,
+    /// Held from draining a batch until openraft has it: batches reach openraft in
+    /// LSN order.
+    sending: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Proposer {
@@ -67,6 +75,10 @@ struct Queue {
     last_queued: u64,
     /// The last LSN handed to openraft.
     submitted: u64,
+    /// The last LSN of each batch handed to openraft and not known committed.
+    in_flight: std::collections::VecDeque<u64>,
+    /// How many batches may be in flight.
+    max_in_flight: usize,
     /// The generation this member leads in, if it leads.
     leading: Option<u64>,
     stopped: bool,
@@ -91,15 +103,19 @@ impl Proposer {
             }),
             progress,
             queued: Arc::new(Notify::new()),
+            sending: tokio::sync::Mutex::new(()),
         });
         tokio::spawn(sweeper(Arc::downgrade(&p), p.queued.clone()));
         p
     }
 
-    /// Takes records from now on, in `generation`, the first at LSN `committed + 1`.
-    pub fn lead(&self, generation: u64, committed: u64) {
+    /// Takes records from now on, in `generation`, the first at LSN `committed + 1`,
+    /// with one batch in flight at a time (a group of one) or several (`pipelined`).
+    pub fn lead(&self, generation: u64, committed: u64, pipelined: bool) {
         let mut q = lock(&self.queue);
         q.records.clear();
+        q.in_flight.clear();
+        q.max_in_flight = if pipelined { PIPELINED_BATCHES } else { 1 };
         q.first_lsn = committed + 1;
         q.last_queued = committed;
         q.submitted = committed;
@@ -197,15 +213,23 @@ impl Proposer {
         self.queued.notify_one();
     }
 
-    /// Submits the queue as one batch unless a batch is in flight or nothing is queued.
+    /// Submits the queue as one batch unless as many batches as may be are in flight or
+    /// nothing is queued.
     async fn submit(&self) {
+        let _sending = self.sending.lock().await;
         let batch = {
             let mut q = lock(&self.queue);
             let (committed, generation) = {
                 let p = self.progress.borrow();
                 (p.committed_lsn, p.generation)
             };
-            if q.records.is_empty() || q.submitted > committed || q.leading != Some(generation) {
+            while q.in_flight.front().is_some_and(|&last| last <= committed) {
+                q.in_flight.pop_front();
+            }
+            if q.records.is_empty()
+                || q.in_flight.len() >= q.max_in_flight.max(1)
+                || q.leading != Some(generation)
+            {
                 return;
             }
             let mut bytes = 0usize;
@@ -222,6 +246,8 @@ impl Proposer {
             let first_lsn = q.first_lsn;
             q.first_lsn += n as u64;
             q.submitted = first_lsn + n as u64 - 1;
+            let submitted = q.submitted;
+            q.in_flight.push_back(submitted);
             Batch { first_lsn, records }
         };
         let last = batch.last_lsn();

@@ -228,7 +228,8 @@ impl StateMachine {
             p.leading = true;
             generation = p.generation;
         });
-        proposer.lead(generation, committed);
+        let pipelined = i.membership.membership().voter_ids().nth(1).is_some();
+        proposer.lead(generation, committed, pipelined);
         self.leadership.set_serving(true);
         tracing::info!(
             epoch = %super::MasterEpoch::from(leader),
