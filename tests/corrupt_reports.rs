@@ -164,6 +164,7 @@ fn reports_of_good_replicas_are_verified_and_change_nothing() {
         chunkserver: ChunkserverId(id_of(cs)),
         session: 0x5eed,
         seq: 0,
+        epoch: stampfs_proto::MasterEpoch::default(),
     };
     runtime().block_on(async {
         let mut conn = RpcClient::connect(

@@ -380,6 +380,25 @@ async fn clients_and_chunkservers_given_every_member_follow_the_leader_through_a
     let after = common::pattern(2 << 20, 8);
     put(&client, "/after", &after).await;
     assert_eq!(get(&client, "/after").await, after);
+    // The new leader's commands (the version bumps of the new file) raised every
+    // chunkserver's epoch fence to its own epoch: the old leader's are refused now.
+    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let second = leader(&addrs, &others).await;
+    for i in 0..3 {
+        let text = std::fs::read_to_string(tmp.path().join(format!("cs{i}/master-epoch")))
+            .unwrap_or_else(|e| panic!("cs{i} has no master-epoch: {e}"));
+        let words: Vec<u64> = text
+            .split_whitespace()
+            .map(|w| w.parse().expect("a number"))
+            .collect();
+        assert_eq!(words.len(), 2, "{text}");
+        assert_eq!(
+            words[1],
+            second as u64 + 1,
+            "cs{i}'s epoch names the new leader: {text}"
+        );
+        assert!(words[0] >= 2, "an elected term: {text}");
+    }
     for p in chunkservers.iter_mut().chain(members.iter_mut()) {
         p.kill();
     }

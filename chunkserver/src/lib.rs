@@ -42,6 +42,7 @@ pub mod checksum;
 pub mod config;
 pub mod deletion;
 pub mod digest;
+pub mod epoch;
 pub mod error;
 pub mod fdcache;
 pub mod gate;

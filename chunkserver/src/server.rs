@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     /// The master's commands admitted in this registration session
     /// ([`stampfs_proto::replay`]): each is applied at most once.
     replay: Mutex<ReplayWindow>,
+    /// The highest master epoch seen (`DIR/master-epoch`): commands signed under a
+    /// lower one come from a deposed master and are refused.
+    epoch: crate::epoch::EpochFence,
     /// Held shared by every master command from its admission to its answer, and
     /// taken exclusively by a registration once it changed sessions
     /// ([`Shared::settle_commands`]).
@@ -165,6 +168,9 @@ impl Shared {
         let (issue, body) = signed.verify(&self.key).map_err(|e| {
             tracing::warn!(error = %e, "{what} refused");
             Error::BadCommand
+        })?;
+        self.epoch.admit(issue.epoch).inspect_err(|e| {
+            tracing::warn!(seq = issue.seq, epoch = %issue.epoch, error = %e, "{what} refused");
         })?;
         lock(&self.replay).admit(&issue).map_err(|refusal| {
             tracing::warn!(seq = issue.seq, %refusal, "{what} refused");
@@ -315,6 +321,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
             .with_max_open_files(max_open_files),
     );
     let id = load_id(&config.dir)?;
+    let epoch = crate::epoch::EpochFence::load(&config.dir)?;
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| Error::io("bind", &config.listen, e))?;
@@ -330,6 +337,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         advertised,
         id: Mutex::new(id),
         replay: Mutex::new(ReplayWindow::default()),
+        epoch,
         commands: tokio::sync::RwLock::new(()),
         active_streams: AtomicU32::new(0),
         replications: Arc::new(Semaphore::new(config.max_replications)),

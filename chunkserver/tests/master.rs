@@ -84,6 +84,7 @@ async fn tiny_master(
                                 chunkserver: ChunkserverId(42),
                                 session,
                                 seq,
+                                epoch: stampfs_proto::MasterEpoch::default(),
                             };
                             Signed::new(&key, issue, cmd).expect("sign")
                         })

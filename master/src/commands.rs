@@ -16,6 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::oplog::lock;
+use crate::raft::leadership::Leadership;
 use futures::future::join_all;
 use stampfs_proto::net::Dialer;
 use stampfs_proto::{
@@ -24,6 +25,7 @@ use stampfs_proto::{
     Signed, SignedBody,
 };
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Idle connections kept per chunkserver.
@@ -49,6 +51,8 @@ pub struct CommandSender {
     /// Per chunkserver: the session of its latest registration with this master, and
     /// the number of the next request signed for it.
     sessions: std::sync::Mutex<HashMap<ChunkserverId, (u64, u64)>>,
+    /// Where the epoch comes from, in a master group.
+    leadership: Option<Arc<Leadership>>,
 }
 
 impl std::fmt::Debug for CommandSender {
@@ -63,14 +67,29 @@ impl std::fmt::Debug for CommandSender {
 pub type CommandResult = (ChunkserverId, Result<Option<ReplicaReport>>);
 
 impl CommandSender {
-    pub fn new(key: ClusterKey, timeout: Duration, dialer: Dialer) -> Self {
+    pub fn new(
+        key: ClusterKey,
+        timeout: Duration,
+        dialer: Dialer,
+        leadership: Option<Arc<Leadership>>,
+    ) -> Self {
         Self {
             key,
             timeout,
             dialer,
+            leadership,
             idle: std::sync::Mutex::new(HashMap::new()),
             sessions: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The epoch commands are signed under: the leader id of the group this master
+    /// leads, `(0, 0)` for a master that keeps an operation log.
+    pub fn epoch(&self) -> stampfs_proto::MasterEpoch {
+        self.leadership
+            .as_ref()
+            .map(|l| l.epoch())
+            .unwrap_or_default()
     }
 
     /// How chunkservers are dialed.
@@ -101,6 +120,7 @@ impl CommandSender {
                 chunkserver: to,
                 session: *session,
                 seq,
+                epoch: self.epoch(),
             }
         };
         Ok(Signed::new(&self.key, issue, body)?)

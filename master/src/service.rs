@@ -168,7 +168,8 @@ impl Core {
         dir_lock: &Arc<DirLock>,
         dialer: Dialer,
     ) -> Self {
-        let commands = CommandSender::new(key.clone(), config.command_timeout, dialer);
+        let leadership = log.group().map(|g| g.leadership.clone());
+        let commands = CommandSender::new(key.clone(), config.command_timeout, dialer, leadership);
         // The ids of clients holding leases stay their users' across the restart.
         let clients = crate::auth::ClientBindings::default();
         clients.seed(lock(&state).owners(), clock.now_ms());

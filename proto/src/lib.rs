@@ -46,7 +46,7 @@ pub use dirlock::{DirLock, DirLockError};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use ids::{ChunkHandle, ChunkVersion, ChunkserverId, ClientId, InodeId};
 pub use msg::*;
-pub use replay::{Issue, ReplayWindow};
+pub use replay::{Issue, MasterEpoch, ReplayWindow};
 pub use rpc::{Rpc, RpcClient};
 pub use token::{ChunkToken, ClusterKey, Signed, SignedBody};
 

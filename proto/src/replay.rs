@@ -39,6 +39,26 @@ pub struct Issue {
     pub session: u64,
     /// The command's number in that session, from 0.
     pub seq: u64,
+    /// The epoch of the master that signed it.
+    pub epoch: MasterEpoch,
+}
+
+/// A master's epoch: the leader id `(term, member)` under which the leader of a master
+/// group signs, ordered by term, then member (as openraft orders leader ids: two
+/// leaders may share a term, never an epoch). A master that keeps an operation log
+/// signs under `(0, 0)`. A chunkserver keeps the highest epoch it has seen, durably,
+/// and refuses a command signed under a lower one: a deposed leader is fenced like a
+/// paused writer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Encode, Decode)]
+pub struct MasterEpoch {
+    pub term: u64,
+    pub leader: u64,
+}
+
+impl std::fmt::Display for MasterEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.term, self.leader)
+    }
 }
 
 /// Why a command was not admitted.
@@ -164,6 +184,7 @@ mod tests {
 
     fn issue(session: u64, seq: u64) -> Issue {
         Issue {
+            epoch: MasterEpoch::default(),
             chunkserver: CS,
             session,
             seq,
@@ -220,6 +241,7 @@ mod tests {
             Err(Refusal::OtherSession { .. })
         ));
         let other = Issue {
+            epoch: MasterEpoch::default(),
             chunkserver: ChunkserverId(5),
             ..issue(77, 2)
         };

@@ -28,9 +28,9 @@ pub const CLUSTER_KEY_LEN: usize = 32;
 const TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/v1";
 /// Read tokens (what `GetLocations` hands to readers): good for reads only.
 const READ_TOKEN_DOMAIN: &[u8] = b"stampfs/chunk-token/read/v1";
-const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v2";
-const VERIFY_DOMAIN: &[u8] = b"stampfs/master-command/verify/v2";
-const DIGEST_DOMAIN: &[u8] = b"stampfs/master-command/digest/v2";
+const COMMAND_DOMAIN: &[u8] = b"stampfs/master-command/v3";
+const VERIFY_DOMAIN: &[u8] = b"stampfs/master-command/verify/v3";
+const DIGEST_DOMAIN: &[u8] = b"stampfs/master-command/digest/v3";
 
 /// What the master signs, each under its MAC domain of its own (commands, replica
 /// verifications and digest requests), so that no body can pass for another whose
@@ -380,6 +380,7 @@ mod tests {
             chunkserver: ChunkserverId(3),
             session: 0x5e55,
             seq,
+            epoch: crate::replay::MasterEpoch { term: 4, leader: 2 },
         }
     }
 
@@ -405,6 +406,11 @@ mod tests {
             },
             Issue {
                 chunkserver: ChunkserverId(4),
+                ..issue(1)
+            },
+            // Nor moved to another master's epoch.
+            Issue {
+                epoch: crate::replay::MasterEpoch { term: 5, leader: 2 },
                 ..issue(1)
             },
         ] {

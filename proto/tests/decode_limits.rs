@@ -446,6 +446,7 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
                     chunkserver: ChunkserverId(0),
                     session: 0,
                     seq: 0,
+                    epoch: MasterEpoch::default(),
                 },
                 body: ChunkCommand::Info {
                     handle: ChunkHandle(0),

@@ -394,18 +394,19 @@ fn signed_command_request_frame() {
         chunkserver: ChunkserverId(3),
         session: 0x0102_0304_0506_0708,
         seq: 300,
+        epoch: MasterEpoch { term: 5, leader: 2 },
     };
     let signed = Signed::new(&key(), issue, cmd.clone()).expect("sign");
 
     // The MAC, written out independently: HMAC-SHA256(key, command domain, then for
     // the issue and for the body: u64be length of its bincode encoding, that encoding).
     let issue_bytes = encode_value(&issue).expect("encode");
-    assert_eq!(hex::encode(&issue_bytes), "03fd0807060504030201fb2c01");
+    assert_eq!(hex::encode(&issue_bytes), "03fd0807060504030201fb2c010502");
     let body = encode_value(&cmd).expect("encode");
     assert_eq!(hex::encode(&body), "00fcefcdab000801");
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&(0u8..32).collect::<Vec<_>>())
         .expect("any key length");
-    mac.update(b"stampfs/master-command/v2");
+    mac.update(b"stampfs/master-command/v3");
     for part in [&issue_bytes, &body] {
         mac.update(&(part.len() as u64).to_be_bytes());
         mac.update(part);
@@ -415,19 +416,20 @@ fn signed_command_request_frame() {
 
     let frame = request_frame(4, signed.clone(), Bytes::new()).expect("frame");
     let expected = concat!(
-        "0000003b",                                                         // len 59
-        "43c0c2b4",                                                         // crc
-        "00000037",                                                         // hlen 55
+        "0000003d",                                                         // len 61
+        "43fe27bc",                                                         // crc
+        "00000039",                                                         // hlen 57
         "04",                                                               // request id 4
         "04",                 // ChunkRequest::Command (index 4)
         "03",                 // issue: chunkserver 3
         "fd0807060504030201", // session 0x0102030405060708 (u64 LE)
         "fb2c01",             // seq 300 (u16 LE)
+        "0502",               // epoch: term 5, member 2
         "00",                 // ChunkCommand::BumpVersion (index 0)
         "fcefcdab00",         // handle
         "08",                 // version 8
         "01",                 // create true
-        "4e9ef4915fc619166acf7fad79cac89b05daefd9759f571e4d44d55b86ac5384", // mac
+        "1c0ed3fe5d53cb1412dc3fa68aab07eb99d632268ff40eaee6e037b2dc90d737", // mac
     );
     check(&frame, expected);
     let (_, req): (u64, ChunkRequest) = parse_request(&frame).expect("parse");

@@ -140,6 +140,7 @@ impl Cluster {
             chunkserver: cs.id().expect("preset id"),
             session: *session,
             seq,
+            epoch: stampfs_proto::MasterEpoch::default(),
         }
     }
 }

@@ -95,6 +95,9 @@ pub fn decide(role: Role, seen: Seen) -> Step {
 pub struct Leadership {
     serving: AtomicBool,
     leader: Mutex<Option<String>>,
+    /// The leader id this member leads (or last led) under: the epoch its commands
+    /// carry.
+    epoch: Mutex<stampfs_proto::MasterEpoch>,
 }
 
 impl Leadership {
@@ -107,6 +110,18 @@ impl Leadership {
     /// Called with the master's state locked.
     pub(super) fn set_serving(&self, serving: bool) {
         self.serving.store(serving, Ordering::Release);
+    }
+
+    /// The epoch this member signs commands under.
+    pub fn epoch(&self) -> stampfs_proto::MasterEpoch {
+        *self.epoch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn set_epoch(&self, leader: CommittedLeaderId<NodeId>) {
+        *self.epoch.lock().unwrap_or_else(|e| e.into_inner()) = stampfs_proto::MasterEpoch {
+            term: leader.term,
+            leader: leader.node_id,
+        };
     }
 
     /// The leader's address, when known.

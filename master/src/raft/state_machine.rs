@@ -230,6 +230,7 @@ impl StateMachine {
         });
         let pipelined = i.membership.membership().voter_ids().nth(1).is_some();
         proposer.lead(generation, committed, pipelined);
+        self.leadership.set_epoch(leader);
         self.leadership.set_serving(true);
         tracing::info!(
             epoch = %super::MasterEpoch::from(leader),

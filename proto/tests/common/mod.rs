@@ -208,8 +208,9 @@ prop_compose! {
 }
 
 prop_compose! {
-    pub fn arb_issue()(chunkserver in arb_cs(), session in arb_u64(), seq in arb_u64()) -> Issue {
-        Issue { chunkserver, session, seq }
+    pub fn arb_issue()(chunkserver in arb_cs(), session in arb_u64(), seq in arb_u64(),
+                       term in arb_u64(), leader in arb_u64()) -> Issue {
+        Issue { chunkserver, session, seq, epoch: MasterEpoch { term, leader } }
     }
 }
 
