@@ -336,6 +336,27 @@ pub enum AdminCommand {
     /// Users clients authenticate as (superusers only).
     #[command(subcommand)]
     User(UserCommand),
+    /// The members of the master group (superusers only; `admin report` shows them).
+    #[command(subcommand)]
+    Masters(MastersCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MastersCommand {
+    /// Add member ID at ADDR: a master started with `--join --id ID --listen ADDR`
+    /// on a new directory. It is sent the group's state, then votes.
+    Add {
+        #[command(flatten)]
+        master: MasterAddr,
+        id: u64,
+        addr: String,
+    },
+    /// Remove member ID from the group (stop its process afterwards).
+    Remove {
+        #[command(flatten)]
+        master: MasterAddr,
+        id: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -259,5 +259,49 @@ pub fn report_text(r: &ClusterReport) -> String {
         "  {:<18}{:>8}   (in flight)\n",
         "re-replications", r.replications_in_flight
     );
+    if let Some(g) = &r.masters {
+        out += &group_text(g);
+    }
+    out
+}
+
+fn index(i: Option<u64>) -> String {
+    i.map_or_else(|| "-".into(), |i| i.to_string())
+}
+
+/// The master group part of a cluster report.
+fn group_text(g: &stampfs_proto::GroupStatus) -> String {
+    let w = g
+        .members
+        .iter()
+        .map(|m| m.addr.len())
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    let mut out = format!(
+        "\nmaster group: term {}, leader {}, epoch {}; applied {}, last entry {}, snapshot at {}, purged to {}; quorum heard {}\n",
+        g.term,
+        g.leader.map_or_else(|| "unknown".into(), |l| l.to_string()),
+        g.epoch,
+        index(g.applied_index),
+        index(g.last_log_index),
+        index(g.snapshot_index),
+        index(g.purged_index),
+        ago(g.quorum_ack_ms_ago),
+    );
+    out += &format!(
+        "{:<6}  {:<w$}  {:<8}  {:>9}  {:>6}\n",
+        "ID", "ADDRESS", "ROLE", "MATCHED", "LAG"
+    );
+    for m in &g.members {
+        out += &format!(
+            "{:<6}  {:<w$}  {:<8}  {:>9}  {:>6}\n",
+            m.id,
+            m.addr,
+            m.role,
+            index(m.matched_index),
+            index(m.lag)
+        );
+    }
     out
 }

@@ -153,6 +153,7 @@ async fn dispatch(command: Command) -> u8 {
             health::admin_report(&master, json).await
         }
         Command::Admin(AdminCommand::User(cmd)) => users::run(cmd).await,
+        Command::Admin(AdminCommand::Masters(cmd)) => users::masters(cmd).await,
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,

@@ -39,40 +39,135 @@ pub fn client_config(m: &MasterAddr) -> Result<stampfs_client::ClientConfig> {
     })
 }
 
-/// One request on a new, authenticated connection to the master.
-pub async fn ask<R: Rpc<Request = stampfs_proto::MasterRequest>>(
+/// One request on a new, authenticated connection to the master. With several
+/// addresses (a master group's members), it goes to the leader: a member that answers
+/// `NotLeader` (the request was not applied) sends it to the leader it names, or while
+/// none is known (an election) to the next member, as does one that cannot be reached.
+pub async fn ask<R>(m: &MasterAddr, req: R) -> Result<R::Response>
+where
+    R: Rpc<Request = stampfs_proto::MasterRequest> + Clone,
+{
+    let members: Vec<String> = m
+        .master
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect();
+    let Some(first) = members.first() else {
+        return Err(anyhow!("`{}` names no master address", m.master));
+    };
+    let next = |current: &str| {
+        let at = members.iter().position(|a| a == current);
+        members[at.map_or(0, |i| (i + 1) % members.len())].clone()
+    };
+    let mut target = first.clone();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let outcome = ask_one(m, &target, req.clone()).await;
+        let last_chance = members.len() == 1 || std::time::Instant::now() >= deadline;
+        match outcome {
+            Ok(v) => return Ok(v),
+            Err(Asked::Answered(stampfs_proto::Error::Remote(
+                stampfs_proto::RemoteError::NotLeader { leader },
+            ))) if !last_chance => match leader {
+                Some(addr) => target = addr,
+                None => {
+                    target = next(&target);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Err(Asked::Unreached(_)) if !last_chance => {
+                target = next(&target);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(Asked::Unreached(e) | Asked::Fatal(e)) => return Err(e),
+            Err(Asked::Answered(e)) => return Err(anyhow!("{e}")),
+        }
+    }
+}
+
+/// Why one attempt failed.
+enum Asked {
+    /// Before the request was sent.
+    Unreached(anyhow::Error),
+    /// The master's answer, or the failure after sending.
+    Answered(stampfs_proto::Error),
+    /// Nothing another member would change (the credentials were refused).
+    Fatal(anyhow::Error),
+}
+
+async fn ask_one<R: Rpc<Request = stampfs_proto::MasterRequest>>(
     m: &MasterAddr,
+    master: &str,
     req: R,
-) -> Result<R::Response> {
-    let creds = credentials(m)?;
-    let master = &m.master;
-    let mut client = RpcClient::connect(&dialer(m)?, master, TIMEOUT)
+) -> std::result::Result<R::Response, Asked> {
+    let creds = credentials(m).map_err(Asked::Fatal)?;
+    let mut client = RpcClient::connect(&dialer(m).map_err(Asked::Unreached)?, master, TIMEOUT)
         .await
-        .with_context(|| format!("cannot reach the master at {master}"))?;
+        .with_context(|| format!("cannot reach the master at {master}"))
+        .map_err(Asked::Unreached)?;
+    let refused = |e: anyhow::Error| Err(Asked::Unreached(e));
     match tokio::time::timeout(TIMEOUT, authenticate_client(&mut client, &creds)).await {
         Err(_) => {
-            return Err(anyhow!(
+            return refused(anyhow!(
                 "the master at {master} did not answer the handshake within {TIMEOUT:?}"
             ))
         }
         Ok(Err(AuthFailure::Refused { reason })) => {
-            return Err(anyhow!("the master refused user {}: {reason}", creds.user))
+            return Err(Asked::Fatal(anyhow!(
+                "the master refused user {}: {reason}",
+                creds.user
+            )))
         }
         Ok(Err(AuthFailure::MasterUnproven)) => {
-            return Err(anyhow!(
+            return Err(Asked::Fatal(anyhow!(
                 "the master at {master} did not prove that it knows user {}'s key",
                 creds.user
-            ))
+            )))
         }
         Ok(Err(AuthFailure::Transport(e))) => {
-            return Err(anyhow!("handshake with the master at {master}: {e}"))
+            return refused(anyhow!("handshake with the master at {master}: {e}"))
         }
         Ok(Ok(_)) => {}
     }
-    tokio::time::timeout(TIMEOUT, client.call(req))
+    match tokio::time::timeout(TIMEOUT, client.call(req)).await {
+        Err(_) => Err(Asked::Answered(stampfs_proto::Error::Remote(
+            stampfs_proto::RemoteError::Unavailable {
+                reason: format!("the master at {master} did not answer within {TIMEOUT:?}"),
+            },
+        ))),
+        Ok(r) => r.map_err(Asked::Answered),
+    }
+}
+
+/// `stampfs admin masters ...`.
+pub async fn masters(cmd: crate::cli::MastersCommand) -> u8 {
+    use crate::cli::MastersCommand;
+    let done = match cmd {
+        MastersCommand::Add { master, id, addr } => ask(
+            &master,
+            stampfs_proto::AddMaster {
+                id,
+                addr: addr.clone(),
+            },
+        )
         .await
-        .map_err(|_| anyhow!("the master at {master} did not answer within {TIMEOUT:?}"))?
-        .map_err(|e| anyhow!("{e}"))
+        .map(|()| format!("member {id} at {addr} added: it votes in the group now")),
+        MastersCommand::Remove { master, id } => ask(&master, stampfs_proto::RemoveMaster { id })
+            .await
+            .map(|()| format!("member {id} removed from the group; stop its process")),
+    };
+    match done {
+        Ok(said) => {
+            println!("{said}");
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("stampfs: error: admin masters: {e:#}");
+            EXIT_ERROR
+        }
+    }
 }
 
 /// `stampfs admin user ...`.

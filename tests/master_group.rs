@@ -109,6 +109,16 @@ fn spawn_group() -> (tempfile::TempDir, Vec<String>, Vec<Proc>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_sigkilled_mid_stream_is_replaced_with_every_acknowledged_mkdir() {
     let (_tmp, addrs, mut members) = spawn_group();
+    // Each member's DIR/addr: its own address, then the other members'.
+    for (i, m) in members.iter().enumerate() {
+        let listed: Vec<&str> = m.addr.split(',').collect();
+        assert_eq!(listed[0], addrs[i], "{}", m.addr);
+        let mut all: Vec<&str> = listed.clone();
+        all.sort();
+        let mut want: Vec<&str> = addrs.iter().map(String::as_str).collect();
+        want.sort();
+        assert_eq!(all, want, "{}", m.addr);
+    }
     let first = leader(&addrs, &[0, 1, 2]).await;
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let writer = {
@@ -399,6 +409,31 @@ async fn clients_and_chunkservers_given_every_member_follow_the_leader_through_a
         );
         assert!(words[0] >= 2, "an elected term: {text}");
     }
+    // The operator's view, given every member: the group as the new leader sees it.
+    let out = std::process::Command::new(common::BIN)
+        .args(["admin", "report", "--master", &all, "--credentials"])
+        .arg(tmp.path().join("m1").join(ADMIN_CREDENTIALS_FILE))
+        .output()
+        .expect("run admin report");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("leader {}", second + 1)) && text.contains("master group: term"),
+        "{text}"
+    );
+    // The killed member is still a member; the leader knows nothing of its log.
+    let killed_line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{} ", first + 1)) && l.contains(&addrs[first]))
+        .unwrap_or_else(|| panic!("no line for the killed member: {text}"));
+    assert!(
+        killed_line.contains("follower") && killed_line.split_whitespace().nth(3) == Some("-"),
+        "{killed_line}"
+    );
     for p in chunkservers.iter_mut().chain(members.iter_mut()) {
         p.kill();
     }

@@ -98,6 +98,12 @@ pub struct MasterConfig {
     /// after that the membership is in the group's log.
     #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<PeerArg>,
+    /// Start as a new member of an existing master group, on a new directory: it
+    /// serves nothing until the leader adds it (`stampfs admin masters add ID ADDR`)
+    /// and sends it the group's state. Implies `--log group`; needs `--id` and the
+    /// group's `--cluster-key-file`.
+    #[arg(long)]
+    pub join: bool,
     /// Entries of the group's log kept behind each snapshot, for members that fall
     /// behind; a member further behind is sent the leader's snapshot instead.
     #[arg(long, default_value_t = DEFAULT_GROUP_LOG_KEEP)]
@@ -192,13 +198,14 @@ impl MasterConfig {
             id: 1,
             peers: Vec::new(),
             group_log_keep: DEFAULT_GROUP_LOG_KEEP,
+            join: false,
         }
     }
 
     /// Whether the master keeps its records in the group's log (`--log group`, or
     /// `--peers`).
     pub fn uses_group(&self) -> bool {
-        self.log == LogKind::Group || !self.peers.is_empty()
+        self.log == LogKind::Group || !self.peers.is_empty() || self.join
     }
 
     /// The cluster key file: `--cluster-key-file` or `DIR/cluster.key`.
@@ -215,6 +222,20 @@ impl MasterConfig {
                 reason,
             })
         };
+        if self.join {
+            if !self.peers.is_empty() {
+                return bad(
+                    "--join adds this master to a group that exists: give it no --peers".into(),
+                );
+            }
+            if self.cluster_key_file.is_none() {
+                return bad(
+                    "a joining member proves the group's cluster key: give it --cluster-key-file"
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
         if self.peers.is_empty() {
             return Ok(());
         }

@@ -165,12 +165,20 @@ fn remove_addr_file(dir: &Path) {
 }
 
 /// Writes `DIR/addr` durably: temp file, fsync, rename, directory fsync.
-fn write_addr_file(dir: &Path, addr: SocketAddr) -> Result<()> {
+/// Writes `DIR/addr`: this master's address, then (a member of a group of several)
+/// the other members', comma-separated: what a client's or a chunkserver's
+/// `--master` takes.
+fn write_addr_file(dir: &Path, addr: SocketAddr, others: &[String]) -> Result<()> {
     use std::io::Write;
     let tmp = dir.join("addr.tmp");
     let io = |e| Error::io(format!("write {}", tmp.display()), e);
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    writeln!(f, "{addr}")
+    let mut line = addr.to_string();
+    for other in others {
+        line.push(',');
+        line.push_str(other);
+    }
+    writeln!(f, "{line}")
         .and_then(|()| f.sync_all())
         .map_err(io)?;
     drop(f);
@@ -212,7 +220,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         checkpoint_lsn,
         log,
     } = {
-        let network = if config.peers.len() > 1 {
+        let network = if config.peers.len() > 1 || config.join {
             Network::new(config.id, dialer.clone(), key.clone())
         } else {
             Network::none()
@@ -324,7 +332,17 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     };
     // A failure from here drops the handle: the tasks stop and the log halts before
     // the directory is unlocked.
-    write_addr_file(&handle.core.config.dir, addr)?;
+    let others: Vec<String> = handle
+        .core
+        .log
+        .group()
+        .map(|g| g.member_addrs())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(id, _)| Some(*id) != handle.core.log.group().map(|g| g.id))
+        .map(|(_, a)| a)
+        .collect();
+    write_addr_file(&handle.core.config.dir, addr, &others)?;
     tracing::info!(%addr, dir = %handle.core.config.dir.display(), "master ready");
     Ok(handle)
 }
@@ -706,5 +724,7 @@ async fn dispatch(
         MasterRequest::GetXattr(r) => reply(id, core.get_xattr(r).await),
         MasterRequest::ListXattr(r) => reply(id, core.list_xattr(r).await),
         MasterRequest::SetXattr(r) => reply(id, core.set_xattr(r).await),
+        MasterRequest::AddMaster(r) => reply(id, core.add_master(r).await),
+        MasterRequest::RemoveMaster(r) => reply(id, core.remove_master(r).await),
     }
 }

@@ -52,6 +52,7 @@ const MAX_FENCE_ROUNDS: usize = 3;
 mod checkpoint;
 mod chunkservers;
 mod health;
+mod masters;
 mod recovery;
 mod users;
 pub use health::PassSummary;

@@ -301,3 +301,87 @@ async fn peers_that_do_not_name_this_master_are_refused_at_start() {
     let e = start(cfg).await.expect_err("a group needs one shared key");
     assert!(e.to_string().contains("cluster-key-file"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_the_group_and_another_is_removed() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+    let c = Cluster::start_with(|cfg| cfg.group_log_keep = 5).await;
+    let first = c.leader().await;
+    let mut leader = c.client(first).await;
+    mkdir(&mut leader, "/a").await.expect("mkdir");
+
+    // A fourth master, on a new directory, waits to be added.
+    let dir4 = c._tmp.path().join("m4");
+    std::fs::create_dir_all(&dir4).expect("mkdir");
+    std::fs::copy(
+        c.dirs[0].join(ADMIN_CREDENTIALS_FILE),
+        dir4.join(ADMIN_CREDENTIALS_FILE),
+    )
+    .expect("credentials");
+    let addr4 = free_addrs(1).remove(0);
+    let mut cfg = MasterConfig::new(dir4.clone());
+    cfg.id = 4;
+    cfg.listen = addr4.clone();
+    cfg.cluster_key_file = Some(c.key.clone());
+    cfg.join = true;
+    let fourth = start(cfg).await.expect("start the joining member");
+    assert!(
+        fourth.core().log.serving().is_err(),
+        "a joining member serves nothing"
+    );
+
+    leader
+        .call(AddMaster {
+            id: 4,
+            addr: addr4.clone(),
+        })
+        .await
+        .expect("add member 4");
+    let started = Instant::now();
+    while fourth.core().state().stat("/a").is_err() {
+        assert!(started.elapsed() < ELECTION, "member 4 never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A follower goes.
+    let gone = (first + 1) % 3;
+    leader
+        .call(RemoveMaster {
+            id: gone as u64 + 1,
+        })
+        .await
+        .expect("remove a follower");
+    let report = leader.call(ClusterReportRequest {}).await.expect("report");
+    let group = report.masters.expect("a group's report shows it");
+    let mut ids: Vec<u64> = group.members.iter().map(|m| m.id).collect();
+    ids.sort();
+    let mut want: Vec<u64> = vec![1, 2, 3, 4]
+        .into_iter()
+        .filter(|&i| i != gone as u64 + 1)
+        .collect();
+    want.sort();
+    assert_eq!(ids, want, "{group:?}");
+    assert_eq!(group.leader, Some(first as u64 + 1));
+    assert!(group
+        .members
+        .iter()
+        .any(|m| m.id == 4 && m.role == "follower"));
+
+    // The group goes on with its new member.
+    mkdir(&mut leader, "/b")
+        .await
+        .expect("mkdir after the changes");
+    let started = Instant::now();
+    while fourth.core().state().stat("/b").is_err() {
+        assert!(started.elapsed() < ELECTION, "member 4 does not follow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = leader.call(RemoveMaster { id: 9 }).await;
+    assert!(again.is_err(), "no member 9");
+}

@@ -83,6 +83,8 @@ rpc! {
     MasterRequest::ListUsers(ListUsers) -> Vec<UserInfo> [resend];
     MasterRequest::RemoveUser(RemoveUser) -> ();
     MasterRequest::Raft(RaftCall) -> RaftReply;
+    MasterRequest::AddMaster(AddMaster) -> ();
+    MasterRequest::RemoveMaster(RemoveMaster) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

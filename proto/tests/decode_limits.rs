@@ -438,6 +438,7 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
         chunks: HealthCounts::default(),
         orphan_replicas: 0,
         replications_in_flight: 0,
+        masters: None,
     });
     decodes_at_every_edge("HeartbeatReply", |n| HeartbeatReply {
         commands: vec![

@@ -142,10 +142,11 @@ impl Proc {
             .expect("spawn stampfs");
         self.child = Some(child);
         self.addr = self.wait_addr();
-        // Restarts come back on the same address, as a real server would.
+        // Restarts come back on the same address, as a real server would (a member
+        // of a master group writes its own first, then the other members').
         if let Some(i) = self.args.iter().position(|a| a == "--listen") {
             if let Some(v) = self.args.get_mut(i + 1) {
-                *v = self.addr.clone();
+                *v = self.addr.split(',').next().unwrap_or_default().to_string();
             }
         }
     }

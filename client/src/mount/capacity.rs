@@ -171,6 +171,7 @@ mod tests {
             chunks: HealthCounts::default(),
             orphan_replicas: 0,
             replications_in_flight: 0,
+            masters: None,
         }
     }
 

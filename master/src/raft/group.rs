@@ -148,13 +148,19 @@ pub struct Recovered {
 /// Opens the group's log in `dir` and rebuilds the master's state from the snapshot
 /// and the entries after it up to the commit point the log saved (openraft applies
 /// the rest once it learns they are committed).
-pub fn recover(dir: &Path, settings: Settings, now_ms: u64) -> Result<Recovered> {
+/// A member that joined a group (`joining`) may have no snapshot yet.
+pub fn recover(dir: &Path, settings: Settings, now_ms: u64, joining: bool) -> Result<Recovered> {
     snapshot::remove_unfinished(dir)?;
     let log = LogStore::open(dir)?;
-    // Below the snapshot (or none saved): the snapshot alone.
-    let upto = log.committed().map_or(0, |c| c.index);
-    let rebuilt = replay::rebuild(dir, &log, settings, Some(upto), now_ms)?;
-    if rebuilt.snapshot.is_none() {
+    // Below the snapshot (or none saved): the snapshot alone. A member that joined
+    // and was sent nothing yet has neither: an empty state.
+    let upto = match (log.committed(), snapshot::path(dir).exists()) {
+        (Some(c), _) => Some(c.index),
+        (None, true) => Some(0),
+        (None, false) => None,
+    };
+    let rebuilt = replay::rebuild(dir, &log, settings, upto, now_ms)?;
+    if rebuilt.snapshot.is_none() && !joining {
         return Err(Error::CorruptCheckpoint {
             path: snapshot::path(dir),
             reason: "the master group's directory has no snapshot: it was never formed".into(),
@@ -175,6 +181,8 @@ pub struct StartWith {
     pub network: Network,
     /// Entries kept behind a snapshot (`--group-log-keep`).
     pub keep_entries: u64,
+    /// A member started with `--join`: it waits to be added.
+    pub joining: bool,
 }
 
 impl Group {
@@ -224,9 +232,10 @@ impl Group {
             .is_initialized()
             .await
             .map_err(|e| failed(format!("the master group stopped: {e}")))?;
-        if !initialized {
+        if !initialized && !with.joining {
             return Err(failed(format!(
-                "the master group in {} has no members",
+                "the master group in {} has no members (a member that is to join one is \
+                 started with --join)",
                 dir.display()
             )));
         }
@@ -288,7 +297,7 @@ impl Group {
             let members = BTreeMap::from([(1, "127.0.0.1:7070".to_string())]);
             form(dir, &members, 0, &empty)?;
         }
-        let mut recovered = recover(dir, settings, 0)?;
+        let mut recovered = recover(dir, settings, 0, false)?;
         let state = std::mem::replace(&mut recovered.rebuilt.state, MasterState::new(settings));
         let master = Arc::new(Mutex::new(state));
         let g = Self::start(
@@ -302,6 +311,7 @@ impl Group {
                 clock: Clock::new(),
                 network: Network::none(),
                 keep_entries: crate::config::DEFAULT_GROUP_LOG_KEEP,
+                joining: false,
             },
         )
         .await?;
@@ -334,6 +344,70 @@ impl Group {
     /// Concurrent callers share rounds ([`ReadRounds`]).
     pub async fn confirm_leading(&self) -> Result<()> {
         self.reads.confirm(&self.raft).await
+    }
+
+    /// The members (voters and learners) of the latest membership, by id, with their
+    /// addresses.
+    pub fn member_addrs(&self) -> Vec<(NodeId, String)> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
+    }
+
+    /// The group as this member sees it (`admin report`): the leader knows how far each
+    /// member's log matches its own.
+    pub fn status(&self) -> stampfs_proto::GroupStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last = m.last_log_index;
+        let members = membership
+            .nodes()
+            .map(|(id, n)| {
+                let matched = if *id == self.id {
+                    last
+                } else {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).copied().flatten())
+                        .map(|l| l.index)
+                };
+                let role = if m.current_leader == Some(*id) {
+                    "leader"
+                } else if voters.contains(id) {
+                    "follower"
+                } else {
+                    "learner"
+                };
+                stampfs_proto::MemberStatus {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    role: role.into(),
+                    matched_index: matched,
+                    lag: match (last, matched) {
+                        (Some(l), Some(x)) => Some(l.saturating_sub(x)),
+                        _ => None,
+                    },
+                }
+            })
+            .collect();
+        stampfs_proto::GroupStatus {
+            this: self.id,
+            term: m.current_term,
+            epoch: self.leadership.epoch().to_string(),
+            leader: m.current_leader,
+            applied_index: m.last_applied.map(|l| l.index),
+            last_log_index: last,
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            quorum_ack_ms_ago: m.millis_since_quorum_ack,
+            members,
+        }
     }
 
     /// Whether the group has more than one voter (reads then need

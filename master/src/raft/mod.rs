@@ -33,6 +33,7 @@ pub mod disk;
 pub mod group;
 pub mod leadership;
 pub mod log_store;
+pub mod membership;
 pub mod network;
 pub mod proposer;
 pub mod replay;

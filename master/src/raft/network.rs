@@ -116,9 +116,10 @@ impl CallError {
 
 impl Peer {
     fn err(&self, what: impl std::fmt::Display) -> Error {
-        Error::LogFailed {
+        stampfs_proto::RemoteError::Unavailable {
             reason: format!("member {} at {}: {what}", self.target, self.addr),
         }
+        .into()
     }
 
     async fn connect(&mut self) -> std::result::Result<&mut RpcClient, CallError> {
@@ -257,27 +258,27 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Serves one Raft call from member `call.from` to `raft`: decodes the message in
 /// `data`, hands it to openraft, and returns the answer (or openraft's error) encoded,
-/// for the reply's data. A call from a node that is not a member of the latest
-/// membership this member knows is refused: openraft does not check who votes.
+/// for the reply's data. The connection proved the cluster key. A vote request from a
+/// node that is not a voter of the membership this member knows is refused: openraft
+/// does not check who campaigns, and a removed member must not depose the leader.
+/// Entries and snapshots are taken from anyone holding the key (a joining member
+/// knows no membership yet; openraft refuses a stale leader by its vote).
 pub async fn serve(
     raft: &Raft<TypeConfig>,
     call: RaftCall,
     data: &[u8],
 ) -> Result<(RaftReply, Bytes)> {
-    let known = raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .get_node(&call.from)
-        .is_some();
-    if !known {
-        return Err(Error::Unauthenticated {
-            reason: format!(
-                "member {} is not in this master group's membership",
-                call.from
-            ),
-        });
+    if call.kind == RaftKind::Vote {
+        let m = raft.metrics().borrow().membership_config.clone();
+        let voters: Vec<NodeId> = m.membership().voter_ids().collect();
+        if !voters.is_empty() && !voters.contains(&call.from) {
+            return Err(Error::Unauthenticated {
+                reason: format!(
+                    "member {} is not a voter of this master group; its vote request is refused",
+                    call.from
+                ),
+            });
+        }
     }
     let body = match call.kind {
         RaftKind::AppendEntries => {

@@ -34,6 +34,8 @@ const RAFT_TMP: &str = "raft.tmp";
 const PRE_RAFT: &str = "pre-raft";
 /// The member id of a group of one.
 const SOLE_MEMBER: u64 = 1;
+/// This member's id, in the group's directory.
+const MEMBER_ID_FILE: &str = "member-id";
 
 /// What start-up recovered: the state, the LSN its checkpoint (or snapshot) covers,
 /// and the log to append to.
@@ -56,7 +58,7 @@ pub async fn recover(
     let dir = config.dir.clone();
     let raft_dir = dir.join(RAFT_DIR);
     let is_group = raft_dir.exists();
-    if !is_group && !config.uses_group() {
+    if !is_group && !config.uses_group() && !config.join {
         let (state, checkpoint_lsn) = blocking(dir_lock, {
             let dir = dir.clone();
             move || recover_oplog(&dir, settings, now_ms)
@@ -81,14 +83,26 @@ pub async fn recover(
             .map(|p| (p.id, p.addr.clone()))
             .collect()
     };
-    let recovered = blocking(dir_lock, {
+    let join = config.join;
+    let wanted_id = if config.peers.is_empty() && !join {
+        None
+    } else {
+        Some(config.id)
+    };
+    let (recovered, id) = blocking(dir_lock, {
         let dir = dir.clone();
         move || {
+            let raft = dir.join(RAFT_DIR);
             if !is_group {
-                move_to_group(&dir, settings, now_ms, &members)?;
+                if join {
+                    join_group(&dir, wanted_id.unwrap_or(SOLE_MEMBER))?;
+                } else {
+                    move_to_group(&dir, settings, now_ms, &members, wanted_id)?;
+                }
             }
             set_aside_oplog(&dir)?;
-            group::recover(&dir.join(RAFT_DIR), settings, now_ms)
+            let id = member_id(&raft, wanted_id)?;
+            Ok((group::recover(&raft, settings, now_ms, join)?, id))
         }
     })
     .await?;
@@ -106,11 +120,6 @@ pub async fn recover(
     let mut recovered = recovered;
     let state = std::mem::replace(&mut recovered.rebuilt.state, MasterState::new(settings));
     let state = Arc::new(Mutex::new(state));
-    let id = if config.peers.is_empty() {
-        SOLE_MEMBER
-    } else {
-        config.id
-    };
     let g = Group::start(
         &raft_dir,
         &recovered,
@@ -122,6 +131,7 @@ pub async fn recover(
             clock,
             network,
             keep_entries: config.group_log_keep,
+            joining: join,
         },
     )
     .await?;
@@ -189,6 +199,80 @@ pub fn recover_oplog(dir: &Path, settings: Settings, now_ms: u64) -> Result<(Mas
     Ok((st, checkpoint_lsn))
 }
 
+/// This member's id in the group whose directory is `raft` (`DIR/raft/member-id`,
+/// written when the directory was formed or joined; a group of one formed before
+/// that file existed is member 1). `wanted`: the `--id` given with `--peers` or
+/// `--join`, which must agree with it.
+fn member_id(raft: &Path, wanted: Option<u64>) -> Result<u64> {
+    let path = raft.join(MEMBER_ID_FILE);
+    let kept = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(
+            text.trim()
+                .parse::<u64>()
+                .map_err(|_| Error::CorruptCheckpoint {
+                    path: path.clone(),
+                    reason: "it does not hold a member id".into(),
+                })?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    match (kept, wanted) {
+        (Some(k), Some(w)) if k != w => Err(Error::Config {
+            field: "id",
+            reason: format!(
+                "this directory is member {k} of its group, not {w}: a member keeps its id"
+            ),
+        }),
+        (Some(k), _) => Ok(k),
+        (None, Some(w)) => Ok(w),
+        (None, None) => Ok(SOLE_MEMBER),
+    }
+}
+
+fn write_member_id(raft: &Path, id: u64) -> Result<()> {
+    oplog::write_durably(
+        raft,
+        MEMBER_ID_FILE,
+        "member-id.tmp",
+        &[format!("{id}\n").as_bytes()],
+    )
+}
+
+/// Makes `DIR/raft` for a member started with `--join` on a new directory: an empty
+/// log, no snapshot, no vote. It serves nothing until the leader adds it
+/// (`admin masters add`) and sends it the group's state.
+fn join_group(dir: &Path, id: u64) -> Result<()> {
+    let holds_metadata =
+        dir.join(oplog::CHECKPOINT_FILE).exists() || !oplog::segments(dir)?.is_empty();
+    if holds_metadata {
+        return Err(Error::Config {
+            field: "join",
+            reason: format!(
+                "{} holds metadata of its own: a member joins a group on a new directory",
+                dir.display()
+            ),
+        });
+    }
+    let tmp = dir.join(RAFT_TMP);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
+    }
+    crate::raft::log_store::LogStore::open(&tmp)?;
+    write_member_id(&tmp, id)?;
+    oplog::sync_dir(&tmp)?;
+    let raft = dir.join(RAFT_DIR);
+    std::fs::rename(&tmp, &raft)
+        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), raft.display()), e))?;
+    oplog::sync_dir(dir)?;
+    tracing::info!(
+        member = id,
+        "a new member's directory: waiting to be added to the group (stampfs admin masters add)"
+    );
+    Ok(())
+}
+
 /// Forms the group of `members` in `DIR/raft` from the operation log's state (see the
 /// module doc). Only a new directory may form a group of several: each member forms
 /// the same first snapshot, which holds nothing.
@@ -197,6 +281,7 @@ fn move_to_group(
     settings: Settings,
     now_ms: u64,
     members: &BTreeMap<u64, String>,
+    me: Option<u64>,
 ) -> Result<()> {
     let tmp = dir.join(RAFT_TMP);
     if tmp.exists() {
@@ -217,6 +302,9 @@ fn move_to_group(
     }
     let payload = st.encode_snapshot()?;
     group::form(&tmp, members, st.last_lsn, &payload)?;
+    if let Some(me) = me {
+        write_member_id(&tmp, me)?;
+    }
     oplog::sync_dir(&tmp)?;
     let raft = dir.join(RAFT_DIR);
     std::fs::rename(&tmp, &raft)

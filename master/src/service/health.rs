@@ -244,7 +244,9 @@ impl Core {
 
     #[tracing::instrument(skip_all)]
     pub async fn cluster_report(&self, _req: ClusterReportRequest) -> Result<ClusterReport> {
-        self.read(|st, now| Ok(st.cluster_report(now))).await
+        let mut report = self.read(|st, now| Ok(st.cluster_report(now))).await?;
+        report.masters = self.log.group().map(|g| g.status());
+        Ok(report)
     }
 }
 

@@ -381,6 +381,7 @@ impl MasterState {
             chunks,
             orphan_replicas: self.orphan_replicas(),
             replications_in_flight: self.health.copies().len() as u64,
+            masters: None,
         }
     }
 }

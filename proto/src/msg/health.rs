@@ -127,4 +127,41 @@ pub struct ClusterReport {
     pub chunks: HealthCounts,
     pub orphan_replicas: u64,
     pub replications_in_flight: u64,
+    /// The master group, as its leader sees it (`None`: a master that keeps an
+    /// operation log). After every older field, so that each keeps its place.
+    pub masters: Option<GroupStatus>,
+}
+
+/// A master group's state, from its leader (openraft's metrics).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct GroupStatus {
+    /// The member answering (the leader).
+    pub this: u64,
+    pub term: u64,
+    /// The epoch its commands carry: `term/member`.
+    pub epoch: String,
+    pub leader: Option<u64>,
+    /// Index of the last entry committed (applied on the leader) and of the last in
+    /// its log.
+    pub applied_index: Option<u64>,
+    pub last_log_index: Option<u64>,
+    /// The entry the newest snapshot covers, and the last purged from the log.
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
+    /// Milliseconds since a quorum last acknowledged the leader.
+    pub quorum_ack_ms_ago: Option<u64>,
+    pub members: Vec<MemberStatus>,
+}
+
+/// One member of a master group.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode, Serialize)]
+pub struct MemberStatus {
+    pub id: u64,
+    pub addr: String,
+    /// `leader`, `follower` or `learner`.
+    pub role: String,
+    /// The last entry the leader knows it holds.
+    pub matched_index: Option<u64>,
+    /// Entries it is behind the leader's log.
+    pub lag: Option<u64>,
 }

@@ -95,6 +95,10 @@ pub enum MasterRequest {
     RemoveUser(RemoveUser),
     /// After every older variant, so that each keeps its wire index.
     Raft(RaftCall),
+    /// After every older variant, so that each keeps its wire index.
+    AddMaster(AddMaster),
+    /// After every older variant, so that each keeps its wire index.
+    RemoveMaster(RemoveMaster),
 }
 
 /// Who may send a [`MasterRequest`].
@@ -131,7 +135,9 @@ impl MasterRequest {
             | R::ClusterReport(_)
             | R::AddUser(_)
             | R::ListUsers(_)
-            | R::RemoveUser(_) => RequestClass::Admin,
+            | R::RemoveUser(_)
+            | R::AddMaster(_)
+            | R::RemoveMaster(_) => RequestClass::Admin,
             R::Mkdir(_)
             | R::Create(_)
             | R::Append(_)

@@ -1,4 +1,4 @@
-//! master → master: the group's Raft RPCs.
+//! master → master: the group's Raft RPCs; and the administration of its membership.
 //!
 //! A member dials another, proves the cluster key with the handshake chunkservers use
 //! (`auth.rs`: both sides hold it), then sends [`RaftCall`]s. The openraft message
@@ -26,3 +26,19 @@ pub struct RaftCall {
 /// The answer to a [`RaftCall`]: openraft's answer (or its error) is the frame's data.
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct RaftReply {}
+
+/// Adds member `id`, serving at `addr`, to the master group (an administrator's
+/// request to the leader): it is sent the group's state as a learner, then made a
+/// voter. The new member runs with `--join` on a new directory.
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct AddMaster {
+    pub id: u64,
+    pub addr: String,
+}
+
+/// Removes member `id` from the master group (an administrator's request to the
+/// leader).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct RemoveMaster {
+    pub id: u64,
+}

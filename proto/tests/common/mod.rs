@@ -693,8 +693,31 @@ prop_compose! {
 prop_compose! {
     pub fn arb_cluster_report()(chunkservers in small_vec(arb_chunkserver_status()),
                                 chunks in arb_health_counts(), orphan_replicas in arb_u64(),
-                                replications_in_flight in arb_u64()) -> ClusterReport {
-        ClusterReport { chunkservers, chunks, orphan_replicas, replications_in_flight }
+                                replications_in_flight in arb_u64(),
+                                masters in proptest::option::of(arb_group_status())) -> ClusterReport {
+        ClusterReport { chunkservers, chunks, orphan_replicas, replications_in_flight, masters }
+    }
+}
+
+prop_compose! {
+    pub fn arb_member_status()(id in arb_u64(), addr in arb_string(), role in arb_string(),
+                               matched_index in proptest::option::of(arb_u64()),
+                               lag in proptest::option::of(arb_u64())) -> MemberStatus {
+        MemberStatus { id, addr, role, matched_index, lag }
+    }
+}
+
+prop_compose! {
+    pub fn arb_group_status()(this in arb_u64(), term in arb_u64(), epoch in arb_string(),
+                              leader in proptest::option::of(arb_u64()),
+                              applied_index in proptest::option::of(arb_u64()),
+                              last_log_index in proptest::option::of(arb_u64()),
+                              snapshot_index in proptest::option::of(arb_u64()),
+                              purged_index in proptest::option::of(arb_u64()),
+                              quorum_ack_ms_ago in proptest::option::of(arb_u64()),
+                              members in small_vec(arb_member_status())) -> GroupStatus {
+        GroupStatus { this, term, epoch, leader, applied_index, last_log_index, snapshot_index,
+                      purged_index, quorum_ack_ms_ago, members }
     }
 }
 
@@ -867,6 +890,12 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         )
             .prop_map(|(from, kind)| MasterRequest::Raft(RaftCall { from, kind }))
             .boxed(),
+        (any::<u64>(), arb_string())
+            .prop_map(|(id, addr)| MasterRequest::AddMaster(AddMaster { id, addr }))
+            .boxed(),
+        any::<u64>()
+            .prop_map(|id| MasterRequest::RemoveMaster(RemoveMaster { id }))
+            .boxed(),
     ]
     .boxed()
 }
@@ -921,6 +950,8 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::ListUsers(_) => "ListUsers",
         MasterRequest::RemoveUser(_) => "RemoveUser",
         MasterRequest::Raft(_) => "Raft",
+        MasterRequest::AddMaster(_) => "AddMaster",
+        MasterRequest::RemoveMaster(_) => "RemoveMaster",
     }
 }
 
