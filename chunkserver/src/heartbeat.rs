@@ -139,14 +139,16 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 session.client = None;
                 if masters.len() > 1 {
                     // Another member may lead: register with it.
-                    session.target = next_master(&masters, &session.target, &e);
+                    let before = std::mem::take(&mut session.target);
+                    session.target = next_master(&masters, &before, &e);
                     session.registered = false;
-                    if matches!(
+                    let named_another = matches!(
                         &e,
                         Error::Proto(stampfs_proto::Error::Remote(RemoteError::NotLeader {
-                            leader: Some(_)
-                        }))
-                    ) {
+                            leader: Some(l)
+                        })) if *l != before
+                    );
+                    if named_another {
                         tracing::info!(leader = %session.target, "following the master group's leader");
                         ticker.reset_immediately();
                         continue;
@@ -262,7 +264,10 @@ fn next_master(masters: &[String], current: &str, e: &Error) -> String {
         leader: Some(addr),
     })) = e
     {
-        return addr.clone();
+        // A member that names itself does not serve yet: try the others.
+        if addr != current {
+            return addr.clone();
+        }
     }
     let at = masters.iter().position(|m| m == current);
     masters[at.map_or(0, |i| (i + 1) % masters.len())].clone()
@@ -438,6 +443,11 @@ mod tests {
         assert_eq!(next_master(&masters, "c:3", &gone), "a:1");
         // A leader named outside the list: after it, the list from its start.
         assert_eq!(next_master(&masters, "z:9", &gone), "a:1");
+        // A member that names itself (elected, not serving yet): the next one.
+        let itself = Error::from(RemoteError::NotLeader {
+            leader: Some("b:2".into()),
+        });
+        assert_eq!(next_master(&masters, "b:2", &itself), "c:3");
     }
 
     #[test]

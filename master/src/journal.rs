@@ -74,7 +74,17 @@ impl Journal {
     pub async fn wait_readable(&self, mark: Mark) -> Result<()> {
         self.wait_durable(mark).await?;
         match self {
-            Journal::Group(g) if g.has_peers() => g.confirm_leading().await,
+            Journal::Group(g) if g.has_peers() => {
+                g.confirm_leading().await?;
+                // The round confirmed the leadership it ran under: the one the read
+                // was made under, or the read is not confirmed.
+                if g.generation() != Some(mark.generation) {
+                    return Err(Error::NotLeader {
+                        leader: g.leadership.leader(),
+                    });
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }

@@ -542,7 +542,8 @@ async fn handle_connection(
                         // Lease holders' client ids are named to superusers only: an id
                         // is what another user would need to take a client's place.
                         let hide = auth.user().is_some_and(|u| !u.superuser);
-                        let served = HIDE_HOLDERS.scope(hide, dispatch(&core, id, req, &mut mark));
+                        let served = HIDE_HOLDERS
+                            .scope(hide, Core::request(dispatch(&core, id, req, &mut mark)));
                         // The leases it gives a client are logged as that user's.
                         match auth.user() {
                             Some(u) => REQUEST_USER.scope(u.name.clone(), served).await,

@@ -93,6 +93,11 @@ impl FileLocks {
     }
 }
 
+tokio::task_local! {
+    /// Set once the request being served logged a record ([`Core::request`]).
+    static LOGGED: std::cell::Cell<bool>;
+}
+
 /// Everything a request handler needs.
 pub struct Core {
     pub config: MasterConfig,
@@ -262,7 +267,7 @@ impl Core {
         let mut st = self.state();
         self.check_running()?;
         // Under the state lock: a member that stops leading does so under it too.
-        self.log.serving()?;
+        self.serving_for_this_request(st.last_lsn)?;
         let result = f(&mut st, self.clock.now_ms(), wall_ms());
         // Records committed before a failure must reach the log all the same.
         for (lsn, bytes) in st.take_outbox() {
@@ -272,7 +277,29 @@ impl Core {
         }
         let mark = self.log.mark(st.last_lsn);
         drop(st);
+        if result.is_ok() {
+            let _ = LOGGED.try_with(|l| l.set(true));
+        }
         result.map(|v| (v, mark))
+    }
+
+    /// `Ok` when this master serves. Refused, a request that logged a record already
+    /// (a later step of a multi-step write) is told the leadership was lost, not sent
+    /// to the leader: its first step was applied, so sending it again would apply it
+    /// twice.
+    fn serving_for_this_request(&self, lsn: u64) -> Result<()> {
+        match self.log.serving() {
+            Err(Error::NotLeader { .. }) if LOGGED.try_with(|l| l.get()).unwrap_or(false) => {
+                Err(Error::LeadershipLost { lsn })
+            }
+            other => other,
+        }
+    }
+
+    /// Runs `f` as one request: [`Core::serving_for_this_request`] knows whether it
+    /// logged a record.
+    pub async fn request<F: std::future::Future>(f: F) -> F::Output {
+        LOGGED.scope(std::cell::Cell::new(false), f).await
     }
 
     /// Runs a mutation and waits until it is durable.
@@ -291,7 +318,7 @@ impl Core {
         let (v, mark) = {
             let st = self.state();
             self.check_running()?;
-            self.log.serving()?;
+            self.serving_for_this_request(st.last_lsn)?;
             (f(&st, self.clock.now_ms())?, self.log.mark(st.last_lsn))
         };
         tokio::select! {

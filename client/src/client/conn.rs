@@ -52,6 +52,7 @@ impl Client {
         let group = self.inner.masters.len() > 1;
         let deadline = Instant::now() + self.inner.config.request_timeout;
         let mut passed_over = 0usize;
+        let mut redirects = 0usize;
         loop {
             let failed = match self.call_leader(req.clone()).await {
                 Ok(v) => return Ok(v),
@@ -59,12 +60,19 @@ impl Client {
             };
             let e = match failed {
                 Failed::Sent(Error::Remote(RemoteError::NotLeader { leader })) if group => {
+                    // A member that names itself was just elected and does not serve
+                    // yet: like no name at all, wait and try the members in turn.
+                    let current = self.leader_addr();
+                    let leader = leader.filter(|l| *l != current);
                     let named = leader.is_some();
                     self.follow(leader);
                     if Instant::now() >= deadline {
                         return Err(Error::Remote(RemoteError::NotLeader { leader: None }));
                     }
-                    if !named {
+                    redirects += 1;
+                    // Members that name one another without serving (a leader not
+                    // ready yet) are not asked again at once.
+                    if !named || redirects > self.inner.masters.len() {
                         tokio::time::sleep(FAILOVER_POLL).await;
                     }
                     continue;

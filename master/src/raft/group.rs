@@ -557,8 +557,10 @@ async fn watch_leadership(
 
 /// Rounds of openraft's read index shared by concurrent readers. A reader needs a
 /// round that *started* after its read of the state; one running already may have
-/// started before it, so the reader waits for the next. One round runs at a time,
-/// driven by a reader that asked for it; whoever asked while it ran shares the next.
+/// started before it, so the reader waits for the next. One round runs at a time; a
+/// reader runs one itself when none runs and its own has not finished, so every reader
+/// waits for at most the round in flight and one more, and a reader whose request is
+/// dropped midway leaves the next round to the others.
 #[derive(Debug, Default)]
 struct ReadRounds {
     rounds: Mutex<RoundState>,
@@ -567,9 +569,8 @@ struct ReadRounds {
 
 #[derive(Debug, Default)]
 struct RoundState {
-    /// Rounds started, and the highest one asked for.
+    /// Rounds started.
     started: u64,
-    wanted: u64,
     running: bool,
     /// The outcome of each finished round, newest last (a few are kept).
     finished: std::collections::VecDeque<(u64, Outcome)>,
@@ -597,85 +598,66 @@ impl Outcome {
 
 impl ReadRounds {
     async fn confirm(&self, raft: &Raft<TypeConfig>) -> Result<()> {
-        let (mine, drive) = {
-            let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
-            let mine = r.started + 1;
-            r.wanted = r.wanted.max(mine);
-            let drive = !r.running;
-            if drive {
-                r.running = true;
-            }
-            (mine, drive)
-        };
-        if drive {
-            self.drive(raft).await;
-        }
+        let mine = self
+            .rounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .started
+            + 1;
         loop {
             let notified = self.done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let take_over = {
+            let run = {
                 let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some((_, outcome)) = r.finished.iter().find(|(n, _)| *n >= mine) {
                     return outcome.result();
                 }
-                // Nobody drives the round this reader needs (its driver was dropped
-                // midway): drive it.
-                let take_over = !r.running;
-                if take_over {
+                let run = !r.running;
+                if run {
                     r.running = true;
                 }
-                take_over
+                run
             };
-            if take_over {
-                self.drive(raft).await;
-                continue;
+            if run {
+                self.run_round(raft).await;
+            } else {
+                notified.await;
             }
-            notified.await;
         }
     }
 
-    /// Runs rounds until none is wanted. Dropped midway (its reader's request was
-    /// dropped), it lets another reader take over.
-    async fn drive(&self, raft: &Raft<TypeConfig>) {
+    /// Runs one round (the caller set `running`); dropped midway, it lets another
+    /// reader run the next.
+    async fn run_round(&self, raft: &Raft<TypeConfig>) {
         struct Release<'a>(&'a ReadRounds);
         impl Drop for Release<'_> {
             fn drop(&mut self) {
-                let mut r = self.0.rounds.lock().unwrap_or_else(|e| e.into_inner());
-                if r.running {
-                    r.running = false;
-                    drop(r);
-                    self.0.done.notify_waiters();
-                }
+                self.0
+                    .rounds
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .running = false;
+                self.0.done.notify_waiters();
             }
         }
         let _release = Release(self);
-        loop {
-            let round = {
-                let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
-                if r.started >= r.wanted {
-                    r.running = false;
-                    drop(r);
-                    self.done.notify_waiters();
-                    return;
-                }
-                r.started += 1;
-                r.started
-            };
-            let outcome = match raft.ensure_linearizable().await {
-                Ok(_) => Outcome::Leads,
-                Err(e) => match e.forward_to_leader::<super::MasterNode>() {
-                    Some(f) => Outcome::NotLeader(f.leader_node.as_ref().map(|n| n.addr.clone())),
-                    None => Outcome::Failed(format!("cannot confirm the leadership: {e}")),
-                },
-            };
+        let round = {
             let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
-            r.finished.push_back((round, outcome));
-            while r.finished.len() > 4 {
-                r.finished.pop_front();
-            }
-            drop(r);
-            self.done.notify_waiters();
+            r.started += 1;
+            r.started
+        };
+        let outcome = match raft.ensure_linearizable().await {
+            Ok(_) => Outcome::Leads,
+            Err(e) => match e.forward_to_leader::<super::MasterNode>() {
+                Some(f) => Outcome::NotLeader(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                None => Outcome::Failed(format!("cannot confirm the leadership: {e}")),
+            },
+        };
+        let mut r = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        r.finished.push_back((round, outcome));
+        while r.finished.len() > 8 {
+            r.finished.pop_front();
         }
     }
 }

@@ -31,7 +31,8 @@ use stampfs_proto::net::Dialer;
 use stampfs_proto::rpc::RpcClient;
 use stampfs_proto::token::ClusterKey;
 use stampfs_proto::{RaftCall, RaftKind, RaftReply};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long dialing a member and proving the key may take.
@@ -47,7 +48,13 @@ struct Ctx {
     me: NodeId,
     dialer: Dialer,
     key: ClusterKey,
+    /// Idle connections by member: openraft makes a new client for every read-index
+    /// round, which takes one from here instead of dialing and proving the key again.
+    idle: Mutex<HashMap<NodeId, Vec<RpcClient>>>,
 }
+
+/// Idle connections kept per member.
+const IDLE_PER_MEMBER: usize = 4;
 
 impl std::fmt::Debug for Ctx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +68,12 @@ impl Network {
     /// Member `me`'s connections to the others, dialed with `dialer`, proving `key`.
     pub fn new(me: NodeId, dialer: Dialer, key: ClusterKey) -> Self {
         Network {
-            ctx: Some(Arc::new(Ctx { me, dialer, key })),
+            ctx: Some(Arc::new(Ctx {
+                me,
+                dialer,
+                key,
+                idle: Mutex::new(HashMap::new()),
+            })),
         }
     }
 
@@ -77,6 +89,18 @@ pub struct Peer {
     addr: String,
     ctx: Option<Arc<Ctx>>,
     conn: Option<RpcClient>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let (Some(ctx), Some(conn)) = (&self.ctx, self.conn.take()) {
+            let mut idle = ctx.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let conns = idle.entry(self.target).or_default();
+            if conns.len() < IDLE_PER_MEMBER {
+                conns.push(conn);
+            }
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -128,6 +152,24 @@ impl Peer {
                 "this master serves a group of one and talks to no other member",
             )));
         };
+        if self.conn.is_none() {
+            let pooled = {
+                let mut idle = ctx.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let mut found = None;
+                if let Some(conns) = idle.get_mut(&self.target) {
+                    while let Some(mut c) = conns.pop() {
+                        if !c.unusable_while_idle() {
+                            found = Some(c);
+                            break;
+                        }
+                    }
+                }
+                found
+            };
+            if let Some(c) = pooled {
+                self.conn = Some(c);
+            }
+        }
         if self.conn.is_none() {
             let dialed = tokio::time::timeout(CONNECT_TIMEOUT, async {
                 let mut c = RpcClient::connect(&ctx.dialer, &self.addr, CONNECT_TIMEOUT)

@@ -79,6 +79,9 @@ struct Queue {
     in_flight: std::collections::VecDeque<u64>,
     /// How many batches may be in flight.
     max_in_flight: usize,
+    /// What each batch drained in this generation holds, in order, until the state
+    /// machine claims it as its own ([`Proposer::claim`]).
+    sent: std::collections::VecDeque<(u64, usize, u32)>,
     /// The generation this member leads in, if it leads.
     leading: Option<u64>,
     stopped: bool,
@@ -115,6 +118,7 @@ impl Proposer {
         let mut q = lock(&self.queue);
         q.records.clear();
         q.in_flight.clear();
+        q.sent.clear();
         q.max_in_flight = if pipelined { PIPELINED_BATCHES } else { 1 };
         q.first_lsn = committed + 1;
         q.last_queued = committed;
@@ -127,7 +131,23 @@ impl Proposer {
     pub fn follow(&self) {
         let mut q = lock(&self.queue);
         q.records.clear();
+        q.sent.clear();
         q.leading = None;
+    }
+
+    /// Whether `batch`, in an entry of the leader id this member leads under, is the
+    /// next batch this generation drained (its records in the state already). A batch
+    /// drained in an earlier generation that reached openraft only after this member
+    /// led again is not: the state machine then applies it as another leader's.
+    pub fn claim(&self, batch: &Batch) -> bool {
+        let mut q = lock(&self.queue);
+        let mine = q.sent.front().is_some_and(|&(first, n, crc)| {
+            first == batch.first_lsn && n == batch.records.len() && crc == batch_crc(batch)
+        });
+        if mine {
+            q.sent.pop_front();
+        }
+        mine
     }
 
     /// The generation records are queued in now (`None`: this member does not lead).
@@ -248,7 +268,9 @@ impl Proposer {
             q.submitted = first_lsn + n as u64 - 1;
             let submitted = q.submitted;
             q.in_flight.push_back(submitted);
-            Batch { first_lsn, records }
+            let batch = Batch { first_lsn, records };
+            q.sent.push_back((first_lsn, n, batch_crc(&batch)));
+            batch
         };
         let last = batch.last_lsn();
         match self.raft.client_write_ff(batch).await {
@@ -276,6 +298,16 @@ impl Proposer {
             Err(fatal) => fail(&self.progress, format!("the master group stopped: {fatal}")),
         }
     }
+}
+
+/// A checksum of a batch's records, to tell two batches at the same LSNs apart.
+fn batch_crc(batch: &Batch) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for r in &batch.records {
+        h.update(&(r.len() as u64).to_le_bytes());
+        h.update(r);
+    }
+    h.finalize()
 }
 
 /// Publishes why the log stopped; waiters wake and fail.

@@ -85,6 +85,9 @@ struct Disk {
     dir_lock: Weak<DirLock>,
     /// The LSN of the newest snapshot on disk.
     snapshot_lsn: Arc<AtomicU64>,
+    /// Held while a snapshot is written or a received one adopted: a local build
+    /// never renames an older snapshot over one just installed.
+    snapshot_io: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -153,6 +156,7 @@ impl StateMachine {
                 settings: start.settings,
                 dir_lock: start.dir_lock,
                 snapshot_lsn: Arc::new(AtomicU64::new(start.snapshot_lsn)),
+                snapshot_io: Mutex::new(()),
             }),
         };
         (sm, progress)
@@ -267,7 +271,10 @@ impl StateMachine {
             uncommitted = st.last_lsn.saturating_sub(committed),
             "this master no longer leads the group"
         );
-        if st.last_lsn != committed {
+        // Rebuilt whether or not it holds uncommitted records: what the master never
+        // logs (the chunkservers it heard from, replica lists, queued commands) goes
+        // stale while it follows, and a member that leads again starts from the log.
+        {
             let upto = i.last_applied.map(|a| a.index);
             let r = replay::rebuild(
                 &self.disk.dir,
@@ -335,6 +342,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         let membership = self.membership.clone();
         let built = tokio::task::spawn_blocking(move || -> crate::Result<_> {
             let _dir_lock = disk.dir_lock.upgrade().ok_or(crate::Error::ShuttingDown)?;
+            let _io = lock(&disk.snapshot_io);
             let (meta, lsn) = replay::build(&disk.dir, &disk.log, disk.settings, at, membership)?;
             disk.snapshot_lsn.fetch_max(lsn, Ordering::AcqRel);
             Ok((meta, lsn))
@@ -382,8 +390,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match &e.payload {
                     EntryPayload::Blank => {}
                     EntryPayload::Normal(batch) => {
-                        if matches!(i.role, Role::Leading(l) if l != e.log_id.leader_id) {
-                            // Another leader's entry: this one was deposed.
+                        let own = match i.role {
+                            Role::Leading(l) => {
+                                l == e.log_id.leader_id
+                                    && (batch.records.is_empty()
+                                        || self.proposer.get().is_some_and(|p| p.claim(batch)))
+                            }
+                            Role::Following => true,
+                        };
+                        if !own {
+                            // Another leader's entry (this one was deposed), or a batch
+                            // drained before this member led again: its records are not
+                            // the ones in the state.
                             self.step_down_locked(&mut i)
                                 .map_err(|err| fail(err.to_string()))?;
                         }
@@ -452,6 +470,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         received: Box<SnapshotFile>,
     ) -> Result<(), StorageError<NodeId>> {
         use tokio::io::AsyncWriteExt;
+        // First: no rebuild from the old snapshot may run once the new one is in place.
+        self.step_down().map_err(snapshot_err)?;
         let mut file = received.file;
         file.flush().await.map_err(snapshot_err)?;
         drop(file);
@@ -460,6 +480,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let now_ms = self.clock.now_ms();
         let (lsn, state) = tokio::task::spawn_blocking(move || -> crate::Result<_> {
             let _dir_lock = disk.dir_lock.upgrade().ok_or(crate::Error::ShuttingDown)?;
+            let _io = lock(&disk.snapshot_io);
             let loaded = snapshot::adopt_received(&disk.dir, expected)?;
             let st = MasterState::decode_snapshot(disk.settings, &loaded.payload, now_ms)?;
             if st.last_lsn != loaded.lsn {
