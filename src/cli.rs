@@ -357,6 +357,12 @@ pub enum MastersCommand {
         master: MasterAddr,
         id: u64,
     },
+    /// Hand the lead to member ID (writes wait about a second meanwhile).
+    TransferLeader {
+        #[command(flatten)]
+        master: MasterAddr,
+        id: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -157,6 +157,11 @@ pub async fn masters(cmd: crate::cli::MastersCommand) -> u8 {
         MastersCommand::Remove { master, id } => ask(&master, stampfs_proto::RemoveMaster { id })
             .await
             .map(|()| format!("member {id} removed from the group; stop its process")),
+        MastersCommand::TransferLeader { master, id } => {
+            ask(&master, stampfs_proto::TransferLeader { to: id })
+                .await
+                .map(|()| format!("member {id} leads the group"))
+        }
     };
     match done {
         Ok(said) => {

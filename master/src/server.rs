@@ -727,5 +727,6 @@ async fn dispatch(
         MasterRequest::SetXattr(r) => reply(id, core.set_xattr(r).await),
         MasterRequest::AddMaster(r) => reply(id, core.add_master(r).await),
         MasterRequest::RemoveMaster(r) => reply(id, core.remove_master(r).await),
+        MasterRequest::TransferLeader(r) => reply(id, core.transfer_leader(r).await),
     }
 }

@@ -304,13 +304,6 @@ async fn peers_that_do_not_name_this_master_are_refused_at_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_joins_the_group_and_another_is_removed() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_test_writer()
-        .try_init();
     let c = Cluster::start_with(|cfg| cfg.group_log_keep = 5).await;
     let first = c.leader().await;
     let mut leader = c.client(first).await;
@@ -384,4 +377,31 @@ async fn a_member_joins_the_group_and_another_is_removed() {
     }
     let again = leader.call(RemoveMaster { id: 9 }).await;
     assert!(again.is_err(), "no member 9");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lead_is_handed_to_another_member() {
+    let c = Cluster::start().await;
+    let first = c.leader().await;
+    let mut leader = c.client(first).await;
+    mkdir(&mut leader, "/x").await.expect("mkdir");
+    let to = (first + 2) % 3;
+    leader
+        .call(TransferLeader { to: to as u64 + 1 })
+        .await
+        .expect("transfer the lead");
+    assert_eq!(c.leader().await, to, "the target leads");
+    let mut new = c.client(to).await;
+    assert_eq!(names(&mut new).await, ["/x"]);
+    mkdir(&mut new, "/y")
+        .await
+        .expect("mkdir on the new leader");
+    replicated(&c, first, "/y").await;
+    let refused = mkdir(&mut leader, "/z")
+        .await
+        .expect_err("the old leader follows");
+    assert!(
+        matches!(refused, Error::Remote(RemoteError::NotLeader { .. })),
+        "{refused}"
+    );
 }

@@ -85,6 +85,7 @@ rpc! {
     MasterRequest::Raft(RaftCall) -> RaftReply;
     MasterRequest::AddMaster(AddMaster) -> ();
     MasterRequest::RemoveMaster(RemoveMaster) -> ();
+    MasterRequest::TransferLeader(TransferLeader) -> ();
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

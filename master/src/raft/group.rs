@@ -29,6 +29,9 @@ const LEAD_WAIT: Duration = Duration::from_secs(10);
 /// the ask).
 const SNAPSHOT_POLL: Duration = Duration::from_secs(1);
 
+/// The longest election timeout (openraft's leader lease on followers as well).
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 900;
+
 /// openraft's settings for the master group: heartbeats every 150 ms, elections after
 /// 600-900 ms of silence, snapshots only when the master asks, `keep` entries kept
 /// behind a snapshot for members that fall behind (further behind, they are sent the
@@ -38,7 +41,7 @@ pub fn config(keep: u64) -> Result<Arc<openraft::Config>> {
         cluster_name: "stampfs".into(),
         heartbeat_interval: 150,
         election_timeout_min: 600,
-        election_timeout_max: 900,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
         install_snapshot_timeout: 10_000,
         snapshot_policy: SnapshotPolicy::Never,
         max_payload_entries: 8,
@@ -97,6 +100,11 @@ pub struct Group {
     pub leadership: Arc<Leadership>,
     sm: StateMachine,
     reads: ReadRounds,
+    /// The connections to the other members (to hand the lead over).
+    pub(super) network: Network,
+    /// Set while the lead is handed over: reads are refused (a read-index round would
+    /// renew the followers' leader lease and keep the target from being elected).
+    pub(super) handing_over: std::sync::atomic::AtomicBool,
     /// Record bytes queued since the last snapshot (the checkpoint trigger).
     bytes_since_snapshot: AtomicU64,
     records: AtomicU64,
@@ -214,7 +222,7 @@ impl Group {
                 log.clone(),
                 sm.clone(),
                 config(with.keep_entries)?,
-                with.network,
+                with.network.clone(),
             );
             runtime
                 .handle()?
@@ -278,6 +286,8 @@ impl Group {
             leadership,
             sm,
             reads: ReadRounds::default(),
+            network: with.network,
+            handing_over: std::sync::atomic::AtomicBool::new(false),
             bytes_since_snapshot: AtomicU64::new(0),
             records: AtomicU64::new(0),
             _runtime: runtime,
@@ -343,6 +353,9 @@ impl Group {
     /// once): a state read before the call held everything committed before it.
     /// Concurrent callers share rounds ([`ReadRounds`]).
     pub async fn confirm_leading(&self) -> Result<()> {
+        if self.handing_over.load(Ordering::Acquire) {
+            return Err(Error::NotLeader { leader: None });
+        }
         self.reads.confirm(&self.raft).await
     }
 
@@ -413,14 +426,16 @@ impl Group {
     /// Whether the group has more than one voter (reads then need
     /// [`Group::confirm_leading`]).
     pub fn has_peers(&self) -> bool {
-        self.raft
-            .metrics()
+        // Asked at every read: counted without collecting the voters.
+        let m = self.raft.metrics();
+        let voters = m
             .borrow()
             .membership_config
             .membership()
             .voter_ids()
-            .nth(1)
-            .is_some()
+            .take(2)
+            .count();
+        voters > 1
     }
 
     /// Writes a snapshot covering at least every entry applied now (call it once the

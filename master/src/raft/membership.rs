@@ -1,18 +1,21 @@
 //! Changing the group's membership (`stampfs admin masters add|remove`), on the
 //! leader: openraft's two steps for an addition (the new member is sent the group's
-//! state as a learner, then made a voter) and one for a removal.
+//! state as a learner, then made a voter) and one for a removal; and handing the lead
+//! to another member (`transfer-leader`), which openraft 0.9 has no call for.
 
 use super::group::Group;
 use super::{MasterNode, NodeId};
 use crate::error::{Error, Result};
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 fn refused(e: impl std::fmt::Display) -> Error {
     Error::bad_request(format!("the membership change was refused: {e}"))
 }
 
 impl Group {
-    fn voters(&self) -> BTreeSet<NodeId> {
+    /// The voters of the latest membership.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
         self.raft
             .metrics()
             .borrow()
@@ -69,6 +72,71 @@ impl Group {
         self.change_voters(voters).await?;
         tracing::info!(member = id, "member removed from the master group");
         Ok(())
+    }
+
+    /// Hands the lead to voter `to`: once it holds every entry, this leader stops
+    /// submitting batches, sending heartbeats and campaigning; after an election
+    /// timeout (when the followers' leader lease has run out) it tells `to` to
+    /// campaign, and waits until `to` leads. Records queued meanwhile wait: they are
+    /// committed if this member keeps the lead, and fail as not committed otherwise.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<()> {
+        let voters = self.voters();
+        if !voters.contains(&to) {
+            return Err(Error::NotFound {
+                path: format!("master group voter {to}"),
+            });
+        }
+        if to == self.id {
+            return Ok(());
+        }
+        let addr = self
+            .member_addrs()
+            .into_iter()
+            .find(|(id, _)| *id == to)
+            .map(|(_, a)| a);
+        let Some(addr) = addr else {
+            return Err(Error::NotFound {
+                path: format!("master group member {to}"),
+            });
+        };
+        let timeout = Duration::from_millis(super::group::ELECTION_TIMEOUT_MAX_MS);
+        self.proposer.pause(true);
+        self.handing_over
+            .store(true, std::sync::atomic::Ordering::Release);
+        let outcome = async {
+            // The target holds every entry.
+            let last = self.raft.metrics().borrow().last_log_index;
+            self.raft
+                .wait(Some(timeout * 5))
+                .metrics(
+                    |m| {
+                        m.replication
+                            .as_ref()
+                            .and_then(|r| r.get(&to).copied().flatten())
+                            .map(|l| l.index)
+                            >= last
+                    },
+                    "the target holds every entry",
+                )
+                .await
+                .map_err(|e| refused(format!("member {to} did not catch up: {e}")))?;
+            self.raft.runtime_config().heartbeat(false);
+            self.raft.runtime_config().elect(false);
+            tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+            self.network.elect_now(to, &addr).await?;
+            self.raft
+                .wait(Some(timeout * 3))
+                .metrics(|m| m.current_leader == Some(to), "the target leads")
+                .await
+                .map_err(|e| refused(format!("member {to} did not take the lead: {e}")))
+        }
+        .await;
+        self.raft.runtime_config().heartbeat(true);
+        self.raft.runtime_config().elect(true);
+        self.proposer.pause(false);
+        self.handing_over
+            .store(false, std::sync::atomic::Ordering::Release);
+        outcome.map(|_| tracing::info!(to, "the lead was handed over"))
     }
 
     async fn change_voters(&self, voters: BTreeSet<NodeId>) -> Result<()> {

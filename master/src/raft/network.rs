@@ -91,6 +91,27 @@ pub struct Peer {
     conn: Option<RpcClient>,
 }
 
+impl Network {
+    /// Tells member `target` at `addr` to campaign now (the leader handing its lead
+    /// over, `admin masters transfer-leader`).
+    pub async fn elect_now(&self, target: NodeId, addr: &str) -> Result<()> {
+        let mut peer = Peer {
+            target,
+            addr: addr.to_string(),
+            ctx: self.ctx.clone(),
+            conn: None,
+        };
+        let answer: std::result::Result<(), String> = peer
+            .call(RaftKind::ElectNow, &(), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| match e {
+                CallError::Unreachable(e) | CallError::Network(e) => e,
+                CallError::TooLarge => Error::bad_request("an empty message too large"),
+            })?;
+        answer.map_err(|reason| Error::LogFailed { reason })
+    }
+}
+
 impl Drop for Peer {
     fn drop(&mut self) {
         if let (Some(ctx), Some(conn)) = (&self.ctx, self.conn.take()) {
@@ -310,7 +331,7 @@ pub async fn serve(
     call: RaftCall,
     data: &[u8],
 ) -> Result<(RaftReply, Bytes)> {
-    if call.kind == RaftKind::Vote {
+    if matches!(call.kind, RaftKind::Vote | RaftKind::ElectNow) {
         let m = raft.metrics().borrow().membership_config.clone();
         let voters: Vec<NodeId> = m.membership().voter_ids().collect();
         if !voters.is_empty() && !voters.contains(&call.from) {
@@ -334,6 +355,16 @@ pub async fn serve(
         RaftKind::InstallSnapshot => {
             let req: InstallSnapshotRequest = wire::decode(data)?;
             wire::encode(&raft.install_snapshot(req).await)?
+        }
+        RaftKind::ElectNow => {
+            tracing::info!(
+                from = call.from,
+                "the leader hands the lead over: campaigning now"
+            );
+            let started = raft.trigger().elect().await.map_err(|e| Error::LogFailed {
+                reason: format!("cannot campaign: {e}"),
+            });
+            wire::encode(&started.map_err(|e| e.to_string()))?
         }
     };
     Ok((RaftReply {}, Bytes::from(body)))

@@ -79,6 +79,8 @@ struct Queue {
     in_flight: std::collections::VecDeque<u64>,
     /// How many batches may be in flight.
     max_in_flight: usize,
+    /// Set while the lead is being handed over: nothing is submitted (records queue).
+    paused: bool,
     /// What each batch drained in this generation holds, in order, until the state
     /// machine claims it as its own ([`Proposer::claim`]).
     sent: std::collections::VecDeque<(u64, usize, u32)>,
@@ -119,6 +121,7 @@ impl Proposer {
         q.records.clear();
         q.in_flight.clear();
         q.sent.clear();
+        q.paused = false;
         q.max_in_flight = if pipelined { PIPELINED_BATCHES } else { 1 };
         q.first_lsn = committed + 1;
         q.last_queued = committed;
@@ -148,6 +151,14 @@ impl Proposer {
             q.sent.pop_front();
         }
         mine
+    }
+
+    /// Stops (`true`) or resumes submitting batches; records queue meanwhile.
+    pub fn pause(&self, paused: bool) {
+        lock(&self.queue).paused = paused;
+        if !paused {
+            self.queued.notify_one();
+        }
     }
 
     /// The generation records are queued in now (`None`: this member does not lead).
@@ -247,6 +258,7 @@ impl Proposer {
                 q.in_flight.pop_front();
             }
             if q.records.is_empty()
+                || q.paused
                 || q.in_flight.len() >= q.max_in_flight.max(1)
                 || q.leading != Some(generation)
             {

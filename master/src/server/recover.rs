@@ -239,6 +239,26 @@ fn write_member_id(raft: &Path, id: u64) -> Result<()> {
     )
 }
 
+/// `DIR/raft.tmp`, emptied of what a crashed start left there.
+fn fresh_tmp(dir: &Path) -> Result<PathBuf> {
+    let tmp = dir.join(RAFT_TMP);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
+    }
+    Ok(tmp)
+}
+
+/// Makes the group's directory prepared in `tmp` the directory's (`DIR/raft`): the
+/// rename is the step that decides.
+fn install_group_dir(dir: &Path, tmp: &Path) -> Result<()> {
+    oplog::sync_dir(tmp)?;
+    let raft = dir.join(RAFT_DIR);
+    std::fs::rename(tmp, &raft)
+        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), raft.display()), e))?;
+    oplog::sync_dir(dir)
+}
+
 /// Makes `DIR/raft` for a member started with `--join` on a new directory: an empty
 /// log, no snapshot, no vote. It serves nothing until the leader adds it
 /// (`admin masters add`) and sends it the group's state.
@@ -254,18 +274,10 @@ fn join_group(dir: &Path, id: u64) -> Result<()> {
             ),
         });
     }
-    let tmp = dir.join(RAFT_TMP);
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
-    }
+    let tmp = fresh_tmp(dir)?;
     crate::raft::log_store::LogStore::open(&tmp)?;
     write_member_id(&tmp, id)?;
-    oplog::sync_dir(&tmp)?;
-    let raft = dir.join(RAFT_DIR);
-    std::fs::rename(&tmp, &raft)
-        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), raft.display()), e))?;
-    oplog::sync_dir(dir)?;
+    install_group_dir(dir, &tmp)?;
     tracing::info!(
         member = id,
         "a new member's directory: waiting to be added to the group (stampfs admin masters add)"
@@ -283,11 +295,7 @@ fn move_to_group(
     members: &BTreeMap<u64, String>,
     me: Option<u64>,
 ) -> Result<()> {
-    let tmp = dir.join(RAFT_TMP);
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .map_err(|e| Error::io(format!("remove {}", tmp.display()), e))?;
-    }
+    let tmp = fresh_tmp(dir)?;
     let (st, _) = recover_oplog(dir, settings, now_ms)?;
     if members.len() > 1 && st.last_lsn > 0 {
         return Err(Error::Config {
@@ -305,11 +313,7 @@ fn move_to_group(
     if let Some(me) = me {
         write_member_id(&tmp, me)?;
     }
-    oplog::sync_dir(&tmp)?;
-    let raft = dir.join(RAFT_DIR);
-    std::fs::rename(&tmp, &raft)
-        .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), raft.display()), e))?;
-    oplog::sync_dir(dir)?;
+    install_group_dir(dir, &tmp)?;
     tracing::info!(
         lsn = st.last_lsn,
         inodes = st.ns.len(),

@@ -3,7 +3,7 @@
 
 use super::Core;
 use crate::error::{Error, Result};
-use stampfs_proto::{AddMaster, RemoveMaster};
+use stampfs_proto::{AddMaster, RemoveMaster, TransferLeader};
 
 impl Core {
     fn group_or_refuse(&self) -> Result<&crate::raft::group::Group> {
@@ -22,5 +22,12 @@ impl Core {
     #[tracing::instrument(skip_all, fields(member = req.id))]
     pub async fn remove_master(&self, req: RemoveMaster) -> Result<()> {
         self.group_or_refuse()?.remove_member(req.id).await
+    }
+}
+
+impl Core {
+    #[tracing::instrument(skip_all, fields(to = req.to))]
+    pub async fn transfer_leader(&self, req: TransferLeader) -> Result<()> {
+        self.group_or_refuse()?.transfer_leader(req.to).await
     }
 }

@@ -99,6 +99,8 @@ pub enum MasterRequest {
     AddMaster(AddMaster),
     /// After every older variant, so that each keeps its wire index.
     RemoveMaster(RemoveMaster),
+    /// After every older variant, so that each keeps its wire index.
+    TransferLeader(TransferLeader),
 }
 
 /// Who may send a [`MasterRequest`].
@@ -137,7 +139,8 @@ impl MasterRequest {
             | R::ListUsers(_)
             | R::RemoveUser(_)
             | R::AddMaster(_)
-            | R::RemoveMaster(_) => RequestClass::Admin,
+            | R::RemoveMaster(_)
+            | R::TransferLeader(_) => RequestClass::Admin,
             R::Mkdir(_)
             | R::Create(_)
             | R::Append(_)

@@ -14,6 +14,8 @@ pub enum RaftKind {
     AppendEntries,
     Vote,
     InstallSnapshot,
+    /// From the leader handing its lead over: campaign now (no message).
+    ElectNow,
 }
 
 /// One Raft RPC from member `from`; the message is the frame's data.
@@ -41,4 +43,11 @@ pub struct AddMaster {
 #[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
 pub struct RemoveMaster {
     pub id: u64,
+}
+
+/// Hands the lead of the master group to member `to` (an administrator's request to
+/// the leader).
+#[derive(Clone, Debug, PartialEq, Eq, Encode, Decode)]
+pub struct TransferLeader {
+    pub to: u64,
 }

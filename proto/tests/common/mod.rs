@@ -885,7 +885,8 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             prop_oneof![
                 Just(RaftKind::AppendEntries),
                 Just(RaftKind::Vote),
-                Just(RaftKind::InstallSnapshot)
+                Just(RaftKind::InstallSnapshot),
+                Just(RaftKind::ElectNow)
             ]
         )
             .prop_map(|(from, kind)| MasterRequest::Raft(RaftCall { from, kind }))
@@ -895,6 +896,9 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
             .boxed(),
         any::<u64>()
             .prop_map(|id| MasterRequest::RemoveMaster(RemoveMaster { id }))
+            .boxed(),
+        any::<u64>()
+            .prop_map(|to| MasterRequest::TransferLeader(TransferLeader { to }))
             .boxed(),
     ]
     .boxed()
@@ -952,6 +956,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::Raft(_) => "Raft",
         MasterRequest::AddMaster(_) => "AddMaster",
         MasterRequest::RemoveMaster(_) => "RemoveMaster",
+        MasterRequest::TransferLeader(_) => "TransferLeader",
     }
 }
 
