@@ -47,20 +47,11 @@ pub async fn ask<R>(m: &MasterAddr, req: R) -> Result<R::Response>
 where
     R: Rpc<Request = stampfs_proto::MasterRequest> + Clone,
 {
-    let members: Vec<String> = m
-        .master
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_string)
-        .collect();
+    let members = stampfs_proto::net::master_addrs(&m.master);
     let Some(first) = members.first() else {
         return Err(anyhow!("`{}` names no master address", m.master));
     };
-    let next = |current: &str| {
-        let at = members.iter().position(|a| a == current);
-        members[at.map_or(0, |i| (i + 1) % members.len())].clone()
-    };
+    let next = |current: &str| stampfs_proto::net::next_master(&members, current);
     let mut target = first.clone();
     let deadline = std::time::Instant::now() + TIMEOUT;
     loop {

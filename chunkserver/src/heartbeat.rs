@@ -107,7 +107,7 @@ struct Session {
 
 /// Runs until shutdown.
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let masters = master_list(&shared.config.master);
+    let masters = stampfs_proto::net::master_addrs(&shared.config.master);
     let mut session = Session {
         client: None,
         target: masters.first().cloned().unwrap_or_default(),
@@ -116,6 +116,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         changed: false,
     };
     let mut backoff = Backoff::default();
+    let mut redirected = false;
     let mut ticker = tokio::time::interval(shared.config.heartbeat);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -130,6 +131,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         };
         match outcome {
             Ok(()) => {
+                redirected = false;
                 if backoff.failures() > 0 {
                     tracing::info!(master = %shared.config.master, "master reachable again");
                 }
@@ -148,12 +150,15 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                             leader: Some(l)
                         })) if *l != before
                     );
-                    if named_another {
+                    // Straight to the leader named, once in a row: members that
+                    // name one another (an election settling) wait the backoff.
+                    if named_another && !std::mem::replace(&mut redirected, true) {
                         tracing::info!(leader = %session.target, "following the master group's leader");
                         ticker.reset_immediately();
                         continue;
                     }
                 }
+                redirected = false;
                 let delay = backoff.fail();
                 tracing::warn!(
                     master = %session.target,
@@ -247,16 +252,6 @@ pub fn report_due(
 /// [`stampfs_proto::auth`]). A key mismatch stops the chunkserver
 /// ([`Shared::fail`]): retrying cannot mend it, and a chunkserver the master refuses
 /// must not look merely "unreachable" to whoever runs it.
-/// The addresses in `--master` (one, or a master group's members separated by commas).
-fn master_list(master: &str) -> Vec<String> {
-    master
-        .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 /// The master to try after `current` failed with `e`: the leader a `NotLeader` names,
 /// else the next member of the group.
 fn next_master(masters: &[String], current: &str, e: &Error) -> String {
@@ -269,8 +264,7 @@ fn next_master(masters: &[String], current: &str, e: &Error) -> String {
             return addr.clone();
         }
     }
-    let at = masters.iter().position(|m| m == current);
-    masters[at.map_or(0, |i| (i + 1) % masters.len())].clone()
+    stampfs_proto::net::next_master(masters, current)
 }
 
 async fn connect(shared: &Shared, master: &str) -> Result<RpcClient> {
@@ -429,8 +423,7 @@ mod tests {
 
     #[test]
     fn a_chunkserver_follows_the_named_leader_else_the_next_member() {
-        let masters = master_list(" a:1, b:2 ,c:3,");
-        assert_eq!(masters, ["a:1", "b:2", "c:3"]);
+        let masters = stampfs_proto::net::master_addrs("a:1,b:2,c:3");
         let named = Error::from(RemoteError::NotLeader {
             leader: Some("c:3".into()),
         });

@@ -254,12 +254,7 @@ impl Client {
                 }
             },
         };
-        let masters: Vec<String> = addr
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(str::to_string)
-            .collect();
+        let masters = stampfs_proto::net::master_addrs(addr);
         if masters.is_empty() {
             return Err(Error::InvalidArgument {
                 reason: format!("`{addr}` names no master address"),

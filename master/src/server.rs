@@ -357,6 +357,10 @@ async fn bootstrap_when_leading(core: Arc<Core>, shutdown: CancellationToken) {
             _ = tick.tick() => {}
         }
         if core.log.serving().is_err() {
+            // Another member led first and created it: nothing left to do.
+            if !core.state().user_list().is_empty() {
+                return;
+            }
             continue;
         }
         match core.bootstrap_admin().await {

@@ -498,3 +498,40 @@ mod tests {
         assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
     }
 }
+
+/// The addresses in a `--master` value: one master, or a master group's members
+/// separated by commas (blanks around them ignored, empty ones dropped).
+pub fn master_addrs(master: &str) -> Vec<String> {
+    master
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The member of `members` after `current` (the first when `current` is not among
+/// them): where to go when `current` cannot be reached or names no leader.
+pub fn next_master(members: &[String], current: &str) -> String {
+    let at = members.iter().position(|m| m == current);
+    members
+        .get(at.map_or(0, |i| (i + 1) % members.len().max(1)))
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod master_list_tests {
+    use super::*;
+
+    #[test]
+    fn a_master_list_is_split_and_walked_round() {
+        let m = master_addrs(" a:1, b:2 ,,c:3,");
+        assert_eq!(m, ["a:1", "b:2", "c:3"]);
+        assert_eq!(next_master(&m, "a:1"), "b:2");
+        assert_eq!(next_master(&m, "c:3"), "a:1");
+        assert_eq!(next_master(&m, "z:9"), "a:1");
+        assert_eq!(next_master(&[], "z:9"), "");
+        assert_eq!(master_addrs("127.0.0.1:7070"), ["127.0.0.1:7070"]);
+    }
+}

@@ -137,11 +137,7 @@ impl Client {
         let mut l = self.inner.leader.lock().unwrap_or_else(|e| e.into_inner());
         let next = match leader {
             Some(addr) => addr,
-            None => {
-                let masters = &self.inner.masters;
-                let at = masters.iter().position(|m| *m == *l);
-                masters[at.map_or(0, |i| (i + 1) % masters.len())].clone()
-            }
+            None => stampfs_proto::net::next_master(&self.inner.masters, &l),
         };
         if *l != next {
             tracing::debug!(from = %*l, to = %next, "following the master group's leader");
