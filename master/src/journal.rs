@@ -89,6 +89,16 @@ impl Journal {
         }
     }
 
+    /// When this member took the lead of a group with other members (the master's
+    /// clock, ms): the chunkservers register with it over the next heartbeats. `None`
+    /// for the operation log and a group of one.
+    pub fn led_since_ms(&self) -> Option<u64> {
+        match self {
+            Journal::Group(g) if g.has_peers() => Some(g.leadership.led_since_ms()),
+            _ => None,
+        }
+    }
+
     /// Counters about the writes.
     pub fn stats(&self) -> LogStats {
         match self {

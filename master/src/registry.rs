@@ -200,6 +200,25 @@ impl Registry {
         self.servers.values()
     }
 
+    /// Whether a leader that took the lead at `since_ms` has heard from enough
+    /// chunkservers to place a write: `want` of them (all `known` ones, the
+    /// chunkservers the log ever registered, if there are fewer), and every one of
+    /// `named` (a pipeline's survivors).
+    pub fn heard_since(
+        &self,
+        since_ms: u64,
+        want: usize,
+        known: usize,
+        named: &[ChunkserverId],
+    ) -> bool {
+        let heard = |c: &Chunkserver| c.last_heartbeat_ms >= since_ms;
+        let count = self.servers.values().filter(|c| heard(c)).count();
+        count >= want.min(known)
+            && named
+                .iter()
+                .all(|id| self.servers.get(id).is_some_and(heard))
+    }
+
     pub fn len(&self) -> usize {
         self.servers.len()
     }
@@ -230,6 +249,37 @@ mod tests {
             !r.heartbeat(ChunkserverId(2), 1, 1, 0, 0, 12_000),
             "unknown"
         );
+    }
+
+    #[test]
+    fn a_new_leader_places_writes_once_it_heard_from_enough_chunkservers() {
+        // Four chunkservers in the log; a new leader that heard from none of them.
+        let empty = Registry::default();
+        assert!(!empty.heard_since(5_000, 3, 4, &[]));
+        assert!(empty.heard_since(5_000, 3, 0, &[]), "a cluster without any");
+        let mut r = Registry::default();
+        // Heard from before the lead was taken at 5 000.
+        for id in 1..=4 {
+            r.register(ChunkserverId(id), "a", 1000, 0, 1_000);
+        }
+        assert!(!r.heard_since(5_000, 3, 4, &[]));
+        assert!(r.heard_since(5_000, 0, 4, &[]), "nothing wanted");
+        r.heartbeat(ChunkserverId(1), 1000, 0, 0, 0, 5_000);
+        r.heartbeat(ChunkserverId(2), 1000, 0, 0, 0, 5_200);
+        assert!(!r.heard_since(5_000, 3, 4, &[]));
+        assert!(r.heard_since(5_000, 2, 4, &[ChunkserverId(1)]));
+        assert!(
+            !r.heard_since(5_000, 2, 4, &[ChunkserverId(3)]),
+            "a survivor not heard from yet"
+        );
+        assert!(!r.heard_since(5_000, 1, 4, &[ChunkserverId(9)]), "unknown");
+        r.heartbeat(ChunkserverId(3), 1000, 0, 0, 0, 5_400);
+        assert!(r.heard_since(5_000, 3, 4, &[ChunkserverId(3)]));
+        // Wanting more than the log knows: all of them.
+        let mut small = Registry::default();
+        small.register(ChunkserverId(1), "a", 1000, 0, 6_000);
+        assert!(small.heard_since(5_000, 3, 1, &[]));
+        assert!(!small.heard_since(5_000, 3, 2, &[]));
     }
 
     #[test]

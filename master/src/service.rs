@@ -55,6 +55,7 @@ mod health;
 mod masters;
 mod recovery;
 mod users;
+mod warmup;
 pub use health::PassSummary;
 pub use recovery::Recoveries;
 
@@ -604,6 +605,7 @@ impl Core {
             );
             return Err(Error::RecoveryInProgress { path });
         }
+        self.await_chunkservers(&req.path, &[]).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, mt| st.append(&req, ino, now, mt))
@@ -668,6 +670,7 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn add_chunk(&self, req: AddChunk) -> Result<WriteGrant> {
+        self.await_chunkservers(&req.path, &[]).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         // The new handle and version are durable before any bump goes out (invariant 1).
         let plan = self
@@ -699,6 +702,7 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle))]
     pub async fn update_pipeline(&self, req: UpdatePipeline) -> Result<WriteGrant> {
+        self.await_chunkservers(&req.path, &req.survivors).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, _| st.update_pipeline(&req, ino, now))
@@ -727,6 +731,7 @@ impl Core {
     /// the chunk's replicas held.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, index = req.index))]
     pub async fn open_chunk(&self, req: OpenChunk) -> Result<WriteGrant> {
+        self.await_chunkservers(&req.path, &[]).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, mt| st.open_chunk(&req, ino, now, mt))

@@ -600,6 +600,31 @@ impl MasterState {
             .collect()
     }
 
+    /// The targets of a bump for a chunk whose writer holds version `floor`: replicas
+    /// on live chunkservers from `floor` up to the chunk's version (a version minted
+    /// above the writer's whose bump reached some of them or none: its answer was
+    /// lost, and the writer asks again).
+    pub(crate) fn targets_since(
+        &self,
+        info: &ChunkInfo,
+        floor: ChunkVersion,
+        now_ms: u64,
+    ) -> Vec<ChunkserverAddr> {
+        info.replicas
+            .iter()
+            .filter(|r| r.version >= floor && r.version <= info.version && !r.short)
+            .filter_map(|r| {
+                let addr =
+                    self.registry
+                        .live_addr(r.server_id(), now_ms, self.settings.dead_after_ms)?;
+                Some(ChunkserverAddr {
+                    id: r.server_id(),
+                    addr: addr.to_string(),
+                })
+            })
+            .collect()
+    }
+
     /// Where a file's chunks can be read, with read tokens for `client`. Only replicas
     /// on live chunkservers at the master's version are listed (invariant 4).
     pub fn locations(

@@ -26,16 +26,27 @@ pub trait Rpc: Sized {
     /// lost (the connection ended before it), without a second effect and without an
     /// error for what the first did: reads, and writes that set a state again.
     const RESEND_SAFE: bool = false;
+    /// Whether the request may be asked again after its answer was lost because the
+    /// master failed over or its connection broke: the master recognizes a request it
+    /// made already and makes it again without harm (a writer's `AddChunk`,
+    /// `OpenChunk` and `UpdatePipeline`: DESIGN.md "A writer through a failover").
+    /// Every [`Rpc::RESEND_SAFE`] request is.
+    const ASK_AGAIN: bool = Self::RESEND_SAFE;
     /// Wraps the request in its enum.
     fn into_request(self) -> Self::Request;
 }
 
 macro_rules! rpc {
-    ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty $([$resend:ident])?;)*) => {$(
+    (@resend resend) => { true };
+    (@resend again) => { false };
+    ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty $([$flag:ident])?;)*) => {$(
         impl Rpc for $req {
             type Request = $enum;
             type Response = $resp;
-            $(const RESEND_SAFE: bool = { let _ = stringify!($resend); true };)?
+            $(
+                const RESEND_SAFE: bool = rpc!(@resend $flag);
+                const ASK_AGAIN: bool = true;
+            )?
             fn into_request(self) -> $enum {
                 $enum::$variant(self)
             }
@@ -43,13 +54,14 @@ macro_rules! rpc {
     )*};
 }
 
-// `[resend]`: the request is [`Rpc::RESEND_SAFE`].
+// `[resend]`: the request is [`Rpc::RESEND_SAFE`]; `[again]`: it is [`Rpc::ASK_AGAIN`]
+// only.
 rpc! {
     MasterRequest::Mkdir(Mkdir) -> FileStatus;
     MasterRequest::Create(Create) -> FileStatus;
     MasterRequest::Append(Append) -> AppendReply;
-    MasterRequest::AddChunk(AddChunk) -> WriteGrant;
-    MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant;
+    MasterRequest::AddChunk(AddChunk) -> WriteGrant [again];
+    MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant [again];
     MasterRequest::Close(Close) -> FileStatus [resend];
     MasterRequest::RenewLease(RenewLease) -> LeaseTerms [resend];
     MasterRequest::GetLocations(GetLocations) -> FileLocations [resend];
@@ -67,7 +79,7 @@ rpc! {
     MasterRequest::ReportPart(ReportPart) -> ();
     MasterRequest::MakeFile(MakeFile) -> FileStatus;
     MasterRequest::CutLastChunk(CutLastChunk) -> () [resend];
-    MasterRequest::OpenChunk(OpenChunk) -> WriteGrant;
+    MasterRequest::OpenChunk(OpenChunk) -> WriteGrant [again];
     MasterRequest::DropChunks(DropChunks) -> ();
     MasterRequest::Symlink(Symlink) -> FileStatus;
     MasterRequest::ReadLink(ReadLink) -> String [resend];
@@ -212,6 +224,9 @@ const _: () = {
     assert!(Stat::RESEND_SAFE && List::RESEND_SAFE && GetLocations::RESEND_SAFE);
     assert!(RenewLease::RESEND_SAFE && Close::RESEND_SAFE && CutLastChunk::RESEND_SAFE);
     assert!(SetAttr::RESEND_SAFE);
+    assert!(AddChunk::ASK_AGAIN && OpenChunk::ASK_AGAIN && UpdatePipeline::ASK_AGAIN);
+    assert!(Close::ASK_AGAIN && Stat::ASK_AGAIN);
+    assert!(!Create::ASK_AGAIN && !Append::ASK_AGAIN && !DropChunks::ASK_AGAIN);
     assert!(!Create::RESEND_SAFE && !MakeFile::RESEND_SAFE && !Mkdir::RESEND_SAFE);
     assert!(!AddChunk::RESEND_SAFE && !OpenChunk::RESEND_SAFE && !DropChunks::RESEND_SAFE);
     assert!(!UpdatePipeline::RESEND_SAFE && !Append::RESEND_SAFE);

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod files;
+pub mod group;
 pub mod mount;
 pub mod writer;
 

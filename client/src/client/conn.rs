@@ -36,9 +36,11 @@ impl Client {
     /// With several masters, the client follows the leader: a `NotLeader` answer (the
     /// request was not applied) sends it again to the leader it names, or, while none is
     /// known, around the members until one leads; a member that cannot be reached is
-    /// passed over, as is one that failed while a resend-safe request was in flight.
-    /// It gives up after the request timeout. Any other failure after a request was sent
-    /// is returned: whether it was applied is not known.
+    /// passed over, as is one that failed, lost the lead or did not answer in time
+    /// while a request the master recognizes when asked again ([`Rpc::ASK_AGAIN`]:
+    /// reads, and the writer's requests) was in flight. It gives up after the request
+    /// timeout. Any other failure after a request was sent is returned: whether it was
+    /// applied is not known.
     pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
     where
         R: Rpc<Request = MasterRequest> + Clone,
@@ -78,8 +80,16 @@ impl Client {
                     continue;
                 }
                 Failed::Unsent(e) if group => e,
-                Failed::Sent(Error::Proto(e)) if group && R::RESEND_SAFE && transport(&e) => {
+                Failed::Sent(Error::Proto(e)) if group && R::ASK_AGAIN && transport(&e) => {
                     Error::Proto(e)
+                }
+                // The member lost the lead with the request under way, or did not
+                // answer in time (frozen, or cut off from the others): a request the
+                // master recognizes when asked again goes to the next leader.
+                Failed::Sent(Error::Remote(e @ RemoteError::Unavailable { .. }))
+                    if group && R::ASK_AGAIN =>
+                {
+                    Error::Remote(e)
                 }
                 Failed::Sent(e) | Failed::Unsent(e) => return Err(e),
             };

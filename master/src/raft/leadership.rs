@@ -24,7 +24,7 @@
 
 use super::{MasterNode, NodeId};
 use openraft::{CommittedLeaderId, LogId, RaftMetrics, ServerState};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A member's role in the state machine.
@@ -98,6 +98,8 @@ pub struct Leadership {
     /// The leader id this member leads (or last led) under: the epoch its commands
     /// carry.
     epoch: Mutex<stampfs_proto::MasterEpoch>,
+    /// When (the master's clock, ms) this member last took the lead.
+    led_since_ms: AtomicU64,
 }
 
 impl Leadership {
@@ -115,6 +117,15 @@ impl Leadership {
     /// The epoch this member signs commands under.
     pub fn epoch(&self) -> stampfs_proto::MasterEpoch {
         *self.epoch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When (the master's clock, ms) this member last took the lead.
+    pub fn led_since_ms(&self) -> u64 {
+        self.led_since_ms.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_led_since(&self, now_ms: u64) {
+        self.led_since_ms.store(now_ms, Ordering::Release);
     }
 
     pub(super) fn set_epoch(&self, leader: CommittedLeaderId<NodeId>) {

@@ -235,6 +235,7 @@ impl StateMachine {
         let pipelined = i.membership.membership().voter_ids().nth(1).is_some();
         proposer.lead(generation, committed, pipelined);
         self.leadership.set_epoch(leader);
+        self.leadership.set_led_since(self.clock.now_ms());
         self.leadership.set_serving(true);
         tracing::info!(
             epoch = %super::MasterEpoch::from(leader),

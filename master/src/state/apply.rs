@@ -191,8 +191,14 @@ impl MasterState {
                         info.length
                     ));
                 }
-                // Until the grant goes out, the floor is the version its replicas hold.
-                let floor = info.version;
+                // Until the grant goes out, the floor is the version its replicas hold;
+                // a move asked again to the chunk the writer is in already (its first
+                // answer lost) keeps the floor the first one set.
+                let again = self.open_chunks.get(inode) == Some(handle);
+                let floor = match f.write {
+                    WriteState::Open { granted, .. } if again => granted.min(info.version),
+                    _ => info.version,
+                };
                 if let Some(c) = previous {
                     if let Some(info) = self.chunks.get_mut(c.handle) {
                         info.length = c.length;

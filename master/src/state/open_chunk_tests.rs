@@ -9,6 +9,7 @@ use super::*;
 use crate::recovery::Trigger;
 use stampfs_proto::{
     AddChunk, ChunkCommit, Close, Create, DropChunks, OpenChunk, ReplicaReport, ReplicaState,
+    UpdatePipeline,
 };
 
 const A: ClientId = ClientId(0xa);
@@ -578,4 +579,96 @@ fn a_move_without_committing_the_granted_chunk_is_refused() {
     let again = st.close(&close, ino, 0, 5).expect("the retry");
     assert!(again.finalize.is_none());
     assert_eq!(again.status.length, CHUNK + 10);
+}
+
+/// A master group failed over (or a connection broke) between a request and its
+/// answer, and the writer, which never got the answer, asks again: the move to an
+/// earlier chunk and the pipeline update are made again under a newer version, and
+/// lease recovery still starts from the version the writer held.
+#[test]
+fn a_move_or_a_pipeline_update_asked_again_gets_another_version() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, hs) = file_of(&mut st, 3);
+    let last = ChunkCommit {
+        handle: hs[2],
+        length: 500,
+    };
+    let v0 = st.chunks.get(hs[0]).expect("chunk 0").version;
+    let first = st
+        .open_chunk(&open_req(Some(last), 0), ino, 0, 3)
+        .expect("open chunk 0");
+    // The bump went out and the grant was logged, but the answer was lost.
+    ack_all(&mut st, &first.bump);
+    let again = st
+        .open_chunk(&open_req(Some(last), 0), ino, 0, 3)
+        .expect("asked again");
+    assert_eq!(again.bump.handle, hs[0]);
+    assert!(again.bump.version > first.bump.version);
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(st.open_chunk_of(ino, f), Some(hs[0]));
+    assert_eq!(
+        f.write.floor(),
+        Some(first.bump.version),
+        "the floor the first grant set"
+    );
+    // Once more, before the second answer's bump reached any replica: the floor stays.
+    let third = st
+        .open_chunk(&open_req(Some(last), 0), ino, 0, 3)
+        .expect("asked a third time");
+    assert!(third.bump.version > again.bump.version);
+    let f = st.ns.file(ino).expect("file");
+    assert_eq!(f.write.floor(), Some(first.bump.version));
+    assert!(v0 < first.bump.version);
+    // A commit that is not the one the first ask made is refused as before.
+    let other = ChunkCommit {
+        handle: hs[2],
+        length: 400,
+    };
+    assert!(st.open_chunk(&open_req(Some(other), 0), ino, 0, 3).is_err());
+
+    // A pipeline update asked again: the replicas still hold the granted version (the
+    // second version's bump never reached them) and are accepted as survivors.
+    ack_all(&mut st, &third.bump);
+    let survivors: Vec<_> = third.bump.targets.iter().map(|t| t.id).take(2).collect();
+    let update = UpdatePipeline {
+        path: "/f".into(),
+        client: A,
+        handle: hs[0],
+        survivors: survivors.clone(),
+        acked_length: CHUNK,
+    };
+    let u1 = st.update_pipeline(&update, ino, 0).expect("update");
+    let u2 = st
+        .update_pipeline(&update, ino, 0)
+        .expect("update asked again");
+    assert!(u2.version > u1.version && u1.version > third.bump.version);
+    assert_eq!(u2.targets.len(), 2);
+    // A replica below the version the writer holds is not a survivor.
+    let excluded = third
+        .bump
+        .targets
+        .iter()
+        .map(|t| t.id)
+        .find(|id| !survivors.contains(id))
+        .expect("a third replica");
+    st.record_replicas(
+        hs[0],
+        &[(
+            excluded,
+            ReplicaReport {
+                handle: hs[0],
+                version: first.bump.version,
+                length: CHUNK,
+                state: ReplicaState::Writing,
+            },
+        )],
+    );
+    let stale = UpdatePipeline {
+        survivors: vec![excluded],
+        ..update
+    };
+    assert!(st.update_pipeline(&stale, ino, 0).is_err());
+    let back = replayed(&mut st, &mut log);
+    assert_eq!(back.open_chunks.get(&ino), Some(&hs[0]));
 }

@@ -302,10 +302,21 @@ fn add_chunk_mints_handles_and_versions_and_commits_the_previous() {
     let p0 = st.add_chunk(&add(None), ino, 0, 2).expect("first chunk");
     assert_eq!((p0.bump.chunk_index, p0.bump.file_offset), (0, 0));
     assert!(p0.finalize.is_none());
-    // A new chunk that commits nothing goes only after a full one: a second copy of
-    // the first request (its reply lost) is refused, not applied twice.
-    let e = st.add_chunk(&add(None), ino, 0, 2).unwrap_err();
-    assert!(e.to_string().contains("holds 0 of"), "{e}");
+    // A second copy of the first request (its reply lost, the writer asks again):
+    // the empty chunk the first one added is dropped for a new one, never a chunk
+    // added behind an empty one.
+    let again = st.add_chunk(&add(None), ino, 0, 2).expect("asked again");
+    assert_ne!(again.bump.handle, p0.bump.handle);
+    assert_eq!((again.bump.chunk_index, again.bump.file_offset), (0, 0));
+    assert_eq!(
+        st.ns.file(ino).expect("file").chunks,
+        vec![again.bump.handle]
+    );
+    assert!(
+        st.chunks.get(p0.bump.handle).is_none(),
+        "the first is forgotten"
+    );
+    let p0 = again;
     let p1 = st
         .add_chunk(
             &add(Some(ChunkCommit {
@@ -334,6 +345,34 @@ fn add_chunk_mints_handles_and_versions_and_commits_the_previous() {
         )
         .expect("third chunk");
     assert!(p2.bump.handle > p1.bump.handle);
+    // The same ask again, committing the same length: the third chunk is replaced.
+    let p2 = st
+        .add_chunk(
+            &add(Some(ChunkCommit {
+                handle: p1.bump.handle,
+                length: 1000,
+            })),
+            ino,
+            0,
+            3,
+        )
+        .expect("third chunk asked again");
+    assert_eq!(p2.bump.chunk_index, 2);
+    assert_eq!(st.ns.file(ino).expect("file").chunks.len(), 3);
+    // A chunk that was not the one asked for is not replaced: an ask that commits
+    // another length than the first one committed is refused.
+    let e = st
+        .add_chunk(
+            &add(Some(ChunkCommit {
+                handle: p1.bump.handle,
+                length: 2000,
+            })),
+            ino,
+            0,
+            3,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("not the chunk being written"), "{e}");
     assert_eq!(p2.bump.file_offset, (1 << 20) + 1000);
     let fin = p2.finalize.expect("finalize previous");
     assert_eq!(

@@ -183,6 +183,52 @@ impl MasterState {
         Ok(())
     }
 
+    /// The last chunk of `ino` when `req` asks again for it: its answer was lost (the
+    /// master failed over, or the connection broke) and the writer, which never got
+    /// the grant, sends the same `AddChunk` again. It is that when the last chunk is
+    /// the one being written, holds no committed byte, and follows exactly what `req`
+    /// commits: the chunk `previous` names, at that length (the first ask committed
+    /// it), or, without `previous`, nothing but full chunks. A writer that was granted
+    /// the chunk and wrote in it commits it as `previous` when it asks for the next,
+    /// so the chunk is empty of this writer's bytes and is dropped for a new one.
+    fn retried_add(
+        &self,
+        ino: InodeId,
+        f: &FileMeta,
+        req: &stampfs_proto::AddChunk,
+    ) -> Option<ChunkHandle> {
+        let (&last, before) = f.chunks.split_last()?;
+        if self.open_chunk_of(ino, f) != Some(last)
+            || self.chunks.get(last).map_or(0, |c| c.length) != 0
+        {
+            return None;
+        }
+        let length = |h: &ChunkHandle| self.chunks.get(*h).map_or(0, |c| c.length);
+        let follows = match &req.previous {
+            Some(c) => before.last() == Some(&c.handle) && length(&c.handle) == c.length,
+            None => before.iter().all(|h| length(h) >= f.chunk_size),
+        };
+        follows.then_some(last)
+    }
+
+    /// Whether `req` asks again for a move its first ask made (the answer was lost):
+    /// the writer was moved to the chunk asked for already, and the chunk `previous`
+    /// names (if any), another one, holds the committed length it names (the first ask
+    /// committed it). A writer moves only to another chunk than its own, committing
+    /// the one it leaves, so no first ask looks like this.
+    fn retried_open(&self, ino: InodeId, f: &FileMeta, req: &OpenChunk) -> bool {
+        let Some(&asked) = usize::try_from(req.index)
+            .ok()
+            .and_then(|i| f.chunks.get(i))
+        else {
+            return false;
+        };
+        self.open_chunks.get(&ino) == Some(&asked)
+            && req.previous.is_none_or(|c| {
+                c.handle != asked && self.chunks.get(c.handle).map(|i| i.length) == Some(c.length)
+            })
+    }
+
     /// A new chunk that commits no chunk before it goes first, or after a full one:
     /// every chunk before the last stays full (a writer that filled the last chunk
     /// commits it in the same request, as `previous`). So an `AddChunk` applied twice
@@ -325,6 +371,17 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
+        if let Some(last) = self.retried_add(expect, f, req) {
+            tracing::info!(path = %path, chunk = %last, client = %req.client, "a new chunk asked for again (the answer to the first ask was lost): the empty chunk added then is dropped for a new one");
+            self.commit(
+                Record::AbandonChunk {
+                    inode: expect,
+                    handle: last,
+                },
+                now_ms,
+            )?;
+        }
+        let (_, f) = self.locked_file(&req.path, expect)?;
         match &req.previous {
             Some(c) => self.check_commit(&path, expect, f, c)?,
             None => self.check_full_end(&path, f)?,
@@ -413,7 +470,8 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
-        if let Some(c) = &req.previous {
+        let retried = self.retried_open(expect, f, req);
+        if let (Some(c), false) = (&req.previous, retried) {
             self.check_commit(&path, expect, f, c)?;
         }
         let index = usize::try_from(req.index)
@@ -427,13 +485,17 @@ impl MasterState {
                 ))
             })?;
         let handle = f.chunks[index];
-        self.check_leaving(&path, expect, f, req.previous.as_ref())?;
-        if req.previous.is_some_and(|c| c.handle == handle)
-            || self.granted_chunk(expect, f) == Some(handle)
-        {
-            return Err(Error::bad_request(format!(
-                "chunk {handle} of {path} is being written already"
-            )));
+        if retried {
+            tracing::info!(path = %path, chunk = %handle, client = %req.client, "a move to a chunk asked for again (the answer to the first ask was lost): the chunk gets another version");
+        } else {
+            self.check_leaving(&path, expect, f, req.previous.as_ref())?;
+            if req.previous.is_some_and(|c| c.handle == handle)
+                || self.granted_chunk(expect, f) == Some(handle)
+            {
+                return Err(Error::bad_request(format!(
+                    "chunk {handle} of {path} is being written already"
+                )));
+            }
         }
         let chunk_size = f.chunk_size;
         let needed = self.settings.needed(f.replication);
@@ -449,7 +511,10 @@ impl MasterState {
                 info.length
             )));
         }
-        let targets = self.current_targets(info, now_ms);
+        let targets = match f.write.floor() {
+            Some(floor) if retried => self.targets_since(info, floor, now_ms),
+            _ => self.current_targets(info, now_ms),
+        };
         if targets.len() < needed {
             return Err(Error::NotEnoughReplicas {
                 live: targets.len() as u32,
@@ -461,7 +526,8 @@ impl MasterState {
         self.commit(
             Record::ChunkOpened {
                 inode: expect,
-                previous: req.previous,
+                // Asked again: the first ask committed `previous` and moved the writer.
+                previous: if retried { None } else { req.previous },
                 handle,
                 version,
                 mtime_ms,
@@ -596,6 +662,14 @@ impl MasterState {
                 needed: needed as u32,
             });
         }
+        // The version the writer holds: a later one minted for it whose answer it never
+        // got (the master failed over, or the connection broke) may have reached some
+        // of its replicas or none, and the writer asks again with the same survivors.
+        let held = self
+            .pipelines
+            .get(&expect)
+            .filter(|p| p.handle == req.handle)
+            .map_or(info.version, |p| p.version);
         let mut seen = HashSet::new();
         let mut targets = Vec::with_capacity(req.survivors.len());
         for s in &req.survivors {
@@ -603,7 +677,7 @@ impl MasterState {
                 return Err(Error::bad_request(format!("survivor {s} is listed twice")));
             }
             match info.replica(*s) {
-                Some(r) if r.version == info.version => {}
+                Some(r) if r.version >= held && r.version <= info.version => {}
                 _ => {
                     return Err(Error::bad_request(format!(
                         "{s} is not an up-to-date replica of chunk {}",
