@@ -666,9 +666,9 @@ pub struct BenchPipelineArgs {
     pub dir: Option<PathBuf>,
 }
 
-/// Start a master, 4 chunkservers and N writer/reader client processes in a temp dir,
-/// SIGKILL / SIGSTOP them, partition the network and fill disks at random (seeded),
-/// heal, and check that every acknowledged record is intact, no stale write was
+/// Start a master (or a group of 3 or 5), 4 chunkservers and N writer/reader client
+/// processes in a temp dir, SIGKILL / SIGSTOP them, partition the network and fill
+/// disks at random (seeded), heal, and check that every acknowledged record is intact, no stale write was
 /// accepted, no reader saw bytes that were later cut and all replicas agree. A failing
 /// run's data dir and logs are kept and named.
 #[derive(Args, Debug)]
@@ -685,6 +685,11 @@ pub struct NemesisArgs {
     /// Client processes (each a writer and a reader).
     #[arg(long, default_value_t = 3)]
     pub clients: usize,
+    /// Masters: 1 (a master on its operation log), or 3 or 5 (a master group through
+    /// openraft, whose members are killed, stopped and partitioned like the other
+    /// processes).
+    #[arg(long, default_value_t = 1, value_parser = masters_count)]
+    pub masters: usize,
     /// How many of the clients write and read through a FUSE mount of their own
     /// instead of the client library (default 1 where FUSE works, else 0).
     #[arg(long)]
@@ -704,4 +709,12 @@ pub struct NemesisArgs {
     /// filled up (root only; `0` to keep them on the run's dir; default 512MiB as root).
     #[arg(long, value_parser = stampfs_proto::units::parse_size)]
     pub small_disks: Option<u64>,
+}
+
+/// `--masters`: 1, 3 or 5.
+fn masters_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!("{s:?}: a master group has 1, 3 or 5 members")),
+    }
 }

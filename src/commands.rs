@@ -846,6 +846,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         mounts,
         keep_dir: args.keep_dir,
         cluster: stampfs_nemesis::cluster::ClusterConfig {
+            masters: args.masters,
             small_disk_mib,
             ..Default::default()
         },
@@ -853,9 +854,13 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         crash_points: stampfs_proto::crash::CRASH_POINTS,
     };
     say!(
-        "nemesis: {} run(s) from seed {seed}, {} of faults each, {} clients ({mounts} through FUSE), network: {}, disks: {}",
+        "nemesis: {} run(s) from seed {seed}, {} of faults each, {}, {} clients ({mounts} through FUSE), network: {}, disks: {}",
         args.runs,
         humantime::format_duration(args.duration),
+        match args.masters {
+            1 => "one master".to_string(),
+            n => format!("a group of {n} masters"),
+        },
         args.clients,
         match net {
             NetMode::Namespaces => "a namespace per process (partitions)",

@@ -5,7 +5,8 @@
 //! test much less. Seeds 6 and 21 are the seeds that found the disk-full corruption
 //! and the dirty read of a file in recovery (their deterministic regression tests are
 //! chunkserver/tests/failed_write.rs and tests/recovering_read.rs; a seed replays the
-//! same schedule, not the same interleaving).
+//! same schedule, not the same interleaving). One run has a group of three masters,
+//! whose members take the faults too: the lead must move and nothing be lost.
 
 use std::process::Command;
 
@@ -15,6 +16,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_stampfs");
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run_seed(seed: u64, duration: &str) {
+    run(seed, duration, 1);
+}
+
+/// A run of `seed` with `masters` masters (3: a master group, whose members are
+/// killed, stopped, partitioned and crashed like the other processes).
+fn run(seed: u64, duration: &str, masters: usize) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("report.json");
@@ -25,6 +32,8 @@ fn run_seed(seed: u64, duration: &str) {
             &seed.to_string(),
             "--duration",
             duration,
+            "--masters",
+            &masters.to_string(),
             "--json",
         ])
         .arg(&json)
@@ -57,6 +66,21 @@ fn run_seed(seed: u64, duration: &str) {
     assert_eq!(violations, 0, "seed {seed}: violations:\n{stdout}");
     assert_eq!(run["fsck_healthy"], true, "{stdout}");
     assert!(run["reads_checked"].as_u64().unwrap_or(0) > 0, "{stdout}");
+    assert_eq!(run["masters"], masters as u64, "{stdout}");
+    if masters > 1 {
+        let hit = ["kill_master", "stop_master"]
+            .iter()
+            .filter_map(|k| run["faults"][k].as_u64())
+            .sum::<u64>();
+        assert!(
+            hit > 0,
+            "seed {seed}: no member was killed or stopped:\n{stdout}"
+        );
+        assert!(
+            run["leaderships"].as_u64().unwrap_or(0) >= 2,
+            "seed {seed}: the lead never moved:\n{stdout}"
+        );
+    }
     if std::env::var("CI").as_deref() == Ok("true") {
         assert_eq!(run["net"], "namespaces", "CI must partition: {stdout}");
         assert_eq!(run["small_disks"], true, "CI must fill disks: {stdout}");
@@ -90,6 +114,11 @@ fn nemesis_seed_6_finds_no_violation() {
 #[test]
 fn nemesis_seed_21_finds_no_violation() {
     run_seed(21, "20s");
+}
+
+#[test]
+fn nemesis_on_a_group_of_three_masters_seed_100_finds_no_violation() {
+    run(100, "20s", 3);
 }
 
 /// The processes whose command line names `dir`.

@@ -98,7 +98,7 @@ async fn a_pipeline_recovery_keeps_what_a_reader_saw_when_the_writer_dies_before
         return;
     }
     let hosts = [
-        Target::Master,
+        Target::Master(0),
         Target::Chunkserver(0),
         Target::Chunkserver(1),
         Target::Chunkserver(2),

@@ -56,8 +56,10 @@ mod masters;
 mod recovery;
 mod users;
 mod warmup;
+
 pub use health::PassSummary;
 pub use recovery::Recoveries;
+use warmup::Needs;
 
 /// Fail point that stalls (a blocking thread) for as long as `name` is enabled: a test
 /// catches the work in flight there. Compiled to nothing without `fail-points`.
@@ -605,7 +607,7 @@ impl Core {
             );
             return Err(Error::RecoveryInProgress { path });
         }
-        self.await_chunkservers(&req.path, &[]).await?;
+        self.await_chunkservers(&req.path, Needs::Replicas).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, mt| st.append(&req, ino, now, mt))
@@ -670,7 +672,7 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn add_chunk(&self, req: AddChunk) -> Result<WriteGrant> {
-        self.await_chunkservers(&req.path, &[]).await?;
+        self.await_chunkservers(&req.path, Needs::Placement).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         // The new handle and version are durable before any bump goes out (invariant 1).
         let plan = self
@@ -702,7 +704,8 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, chunk = %req.handle))]
     pub async fn update_pipeline(&self, req: UpdatePipeline) -> Result<WriteGrant> {
-        self.await_chunkservers(&req.path, &req.survivors).await?;
+        self.await_chunkservers(&req.path, Needs::Survivors(&req.survivors))
+            .await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, _| st.update_pipeline(&req, ino, now))
@@ -731,7 +734,7 @@ impl Core {
     /// the chunk's replicas held.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client, index = req.index))]
     pub async fn open_chunk(&self, req: OpenChunk) -> Result<WriteGrant> {
-        self.await_chunkservers(&req.path, &[]).await?;
+        self.await_chunkservers(&req.path, Needs::Replicas).await?;
         let (ino, _file) = self.lock_file(&req.path).await?;
         let plan = self
             .mutate_durable(|st, now, mt| st.open_chunk(&req, ino, now, mt))

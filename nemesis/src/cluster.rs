@@ -1,5 +1,6 @@
-//! Real `stampfs` processes: a master and chunkservers on loopback ephemeral ports in a
-//! run's directory, and the client processes of the workload.
+//! Real `stampfs` processes: a master (or a group of masters) and chunkservers on
+//! loopback ephemeral ports in a run's directory, and the client processes of the
+//! workload.
 //!
 //! Each [`Proc`] is one child process, logging (stdout and stderr) to
 //! `DIR/logs/NAME.log`, appended across restarts. Processes are signalled by the pid of
@@ -172,9 +173,11 @@ impl Proc {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(s) = std::fs::read_to_string(path) {
-                let s = s.trim().to_string();
-                if !s.is_empty() {
-                    return Ok(s);
+                // A member of a master group lists its own address first, then the
+                // other members'.
+                let own = s.trim().split(',').next().unwrap_or("").to_string();
+                if !own.is_empty() {
+                    return Ok(own);
                 }
             }
             if let Some(status) = self.exited() {
@@ -281,6 +284,8 @@ impl Drop for Proc {
 /// Timing and shape of the cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
+    /// Members of the master group (1: a single master on the operation log).
+    pub masters: usize,
     pub chunkservers: usize,
     pub replication: u8,
     pub chunk_size: String,
@@ -299,6 +304,7 @@ pub struct ClusterConfig {
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
+            masters: 1,
             chunkservers: 4,
             replication: 3,
             chunk_size: "256KiB".into(),
@@ -321,7 +327,7 @@ fn dur(d: Duration) -> String {
 pub fn arm(p: &mut Proc, seed: Option<u64>, t: Target) {
     use stampfs_proto::crash::{Process, ENV_POINTS, ENV_SEED};
     let (process, index) = match t {
-        Target::Master => (Process::Master, 0),
+        Target::Master(i) => (Process::Master, i),
         Target::Chunkserver(i) => (Process::Chunkserver, i),
         Target::Client(i) => (Process::Client, i),
         Target::Network => return,
@@ -338,18 +344,49 @@ pub fn arm(p: &mut Proc, seed: Option<u64>, t: Target) {
     p.set_env(env);
 }
 
-/// A master and chunkservers under one directory.
 /// The superuser's credentials of the run under `root`: the file its master writes
-/// at its first start.
+/// at its first start (a group's first member's, which the run wrote).
 pub fn credentials_file(root: &Path) -> PathBuf {
     root.join("master")
         .join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE)
 }
 
+/// The directory of member `i` of the master group under `root`.
+fn master_dir(root: &Path, i: usize) -> PathBuf {
+    match i {
+        0 => root.join("master"),
+        i => root.join(format!("master{}", i + 1)),
+    }
+}
+
+/// The address each member of a group of `n` listens on: a fixed port on its own
+/// address in a namespace, a free loopback port otherwise (members must know each
+/// other's addresses before they start).
+fn member_addrs(n: usize, net: &Net) -> Result<Vec<String>> {
+    if net.mode() == crate::net::NetMode::Namespaces {
+        return Ok((0..n)
+            .map(|i| format!("{}:7070", net.ip(Target::Master(i))))
+            .collect());
+    }
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(Error::io(Path::new("127.0.0.1:0")))?;
+    held.iter()
+        .map(|l| {
+            l.local_addr()
+                .map(|a| a.to_string())
+                .map_err(Error::io(Path::new("127.0.0.1:0")))
+        })
+        .collect()
+}
+
+/// A master (or a master group) and chunkservers under one directory.
 pub struct Cluster {
     pub root: PathBuf,
     pub logs: PathBuf,
-    pub master: Proc,
+    /// The master, or the members of the group (`Target::Master(i)` is `masters[i]`).
+    pub masters: Vec<Proc>,
     pub chunkservers: Vec<Proc>,
     /// The chunkservers' small file systems (empty without `small_disk_mib`); declared
     /// after the processes so they are unmounted after the processes were killed.
@@ -359,21 +396,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the master, then the chunkservers, and waits until all registered. Each
-    /// process runs in its place of `net`.
+    /// Starts the master (or the members of the group), then the chunkservers, and
+    /// waits until all registered. Each process runs in its place of `net`.
     pub async fn start(bin: &Path, root: &Path, cfg: &ClusterConfig, net: &Net) -> Result<Cluster> {
         let logs = root.join("logs");
         std::fs::create_dir_all(&logs).map_err(Error::io(&logs))?;
-        let mdir = root.join("master");
-        let mut master = Proc::new("master", bin, &mdir, &logs, true);
-        master.set_netns(net.netns_of(Target::Master));
-        arm(&mut master, cfg.crash_seed, Target::Master);
-        master.set_args(vec![
-            "master".into(),
-            "--dir".into(),
-            mdir.display().to_string(),
-            "--listen".into(),
-            format!("{}:0", net.ip(Target::Master)),
+        let n = cfg.masters.max(1);
+        let common = vec![
             "--replication".into(),
             cfg.replication.to_string(),
             "--chunk-size".into(),
@@ -386,9 +415,76 @@ impl Cluster {
             dur(cfg.dead_after),
             "--health-interval".into(),
             "500ms".into(),
-        ]);
-        master.start().await?;
-        let key = mdir.join("cluster.key");
+        ];
+        let mut masters = Vec::with_capacity(n);
+        let key = if n == 1 {
+            master_dir(root, 0).join("cluster.key")
+        } else {
+            root.join("cluster.key")
+        };
+        let peers = if n == 1 {
+            Vec::new()
+        } else {
+            // A group needs its key and the superuser's credentials in every member's
+            // directory before it forms (its first leader creates the superuser).
+            stampfs_proto::ClusterKey::load_or_create(&key)?;
+            let creds =
+                stampfs_proto::Credentials::generate(stampfs_proto::credentials::ADMIN_USER)?;
+            for i in 0..n {
+                let dir = master_dir(root, i);
+                std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+                creds.write(
+                    &dir.join(stampfs_proto::credentials::ADMIN_CREDENTIALS_FILE),
+                    true,
+                )?;
+            }
+            member_addrs(n, net)?
+        };
+        let peer_list = peers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        for i in 0..n {
+            let t = Target::Master(i);
+            let mdir = master_dir(root, i);
+            let mut master = Proc::new(&t.to_string(), bin, &mdir, &logs, true);
+            master.set_netns(net.netns_of(t));
+            arm(&mut master, cfg.crash_seed, t);
+            let mut args = vec![
+                "master".into(),
+                "--dir".into(),
+                mdir.display().to_string(),
+                "--listen".into(),
+                peers
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}:0", net.ip(t))),
+            ];
+            if n > 1 {
+                args.extend([
+                    "--id".into(),
+                    (i + 1).to_string(),
+                    "--peers".into(),
+                    peer_list.clone(),
+                    "--cluster-key-file".into(),
+                    key.display().to_string(),
+                ]);
+            }
+            args.extend(common.iter().cloned());
+            master.set_args(args);
+            masters.push(master);
+        }
+        // The members of a group start together (each waits for the others to elect).
+        for m in masters.iter_mut() {
+            m.start().await?;
+        }
+        let master_list = masters
+            .iter()
+            .map(|m| m.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",");
         // Declared first so a failed start drops (kills) the processes before unmounting.
         let mut disks = Vec::new();
         let mut chunkservers = Vec::new();
@@ -407,7 +503,7 @@ impl Cluster {
                 "--listen".into(),
                 format!("{}:0", net.ip(Target::Chunkserver(i))),
                 "--master".into(),
-                master.addr.clone(),
+                master_list.clone(),
                 "--cluster-key-file".into(),
                 key.display().to_string(),
                 "--heartbeat".into(),
@@ -419,7 +515,7 @@ impl Cluster {
         let cluster = Cluster {
             root: root.to_path_buf(),
             logs,
-            master,
+            masters,
             chunkservers,
             disks,
             crash_seed: cfg.crash_seed,
@@ -449,8 +545,28 @@ impl Cluster {
         Ok(())
     }
 
-    /// The master's address.
-    pub fn master_addr(&self) -> &str {
-        &self.master.addr
+    /// The master's address, or the group members', comma-separated (what
+    /// `--master` and `STAMPFS_MASTER` take).
+    pub fn master_addr(&self) -> String {
+        self.masters
+            .iter()
+            .map(|m| m.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The master processes and chunkservers, as targets.
+    pub fn servers(&mut self) -> impl Iterator<Item = (Target, &mut Proc)> {
+        let masters = self
+            .masters
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| (Target::Master(i), p));
+        let chunkservers = self
+            .chunkservers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| (Target::Chunkserver(i), p));
+        masters.chain(chunkservers)
     }
 }

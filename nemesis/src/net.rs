@@ -109,7 +109,8 @@ pub struct Net {
 /// The address of a host of the run in namespace mode.
 fn address(t: Target) -> Option<Ipv4Addr> {
     let last = match t {
-        Target::Master => 2,
+        Target::Master(0) => 2,
+        Target::Master(i) if i < crate::schedule::MAX_MASTERS => 4 + i as u8,
         Target::Chunkserver(i) if i < 90 => 10 + i as u8,
         Target::Client(i) if i < 100 => 100 + i as u8,
         _ => return None,
@@ -442,7 +443,8 @@ mod tests {
     #[test]
     fn hosts_get_distinct_addresses_in_one_subnet() {
         let mut seen = std::collections::HashSet::new();
-        let hosts = std::iter::once(Target::Master)
+        let hosts = (0..crate::schedule::MAX_MASTERS)
+            .map(Target::Master)
             .chain((0..8).map(Target::Chunkserver))
             .chain((0..8).map(Target::Client));
         for t in hosts {

@@ -16,6 +16,13 @@ pub struct RunReport {
     #[serde(default)]
     pub mount_clients: usize,
     pub chunkservers: usize,
+    /// Masters: 1, or the members of a master group.
+    #[serde(default = "one")]
+    pub masters: usize,
+    /// Times a member of the master group took the lead (the first election included;
+    /// 0 without a group).
+    #[serde(default)]
+    pub leaderships: u64,
     /// Loopback or a namespace per process (only the latter partitions).
     pub net: crate::net::NetMode,
     /// Chunkservers on small file systems (only then are disks filled).
@@ -48,6 +55,10 @@ pub struct RunReport {
     pub violations: Vec<Violation>,
     /// The kept data dir and logs (always for a failing run).
     pub dir: Option<PathBuf>,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl RunReport {
@@ -86,6 +97,12 @@ impl RunReport {
             },
             self.violations.len()
         );
+        if self.masters > 1 {
+            s += &format!(
+                "\n  master group of {}: a member took the lead {} times",
+                self.masters, self.leaderships
+            );
+        }
         if self.max_step_lag_ms >= 1000 {
             s += &format!(
                 "\n  note: the schedule ran up to {:.1} s late",

@@ -200,7 +200,7 @@ async fn apply(
         (server, action) => {
             let cluster_crash_seed = cluster.crash_seed;
             let p = match server {
-                Target::Master => &mut cluster.master,
+                Target::Master(i) => &mut cluster.masters[i],
                 Target::Chunkserver(i) => &mut cluster.chunkservers[i],
                 Target::Client(_) | Target::Network => return Ok(()),
             };
@@ -251,7 +251,9 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     let net = match cfg.net {
         NetMode::Loopback => Net::loopback(),
         NetMode::Namespaces => {
-            let mut hosts = vec![Target::Master];
+            let mut hosts: Vec<Target> = (0..cfg.cluster.masters.max(1))
+                .map(Target::Master)
+                .collect();
             hosts.extend((0..cfg.cluster.chunkservers).map(Target::Chunkserver));
             hosts.extend((0..cfg.clients).map(Target::Client));
             Net::namespaces(&hosts)?
@@ -262,7 +264,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         ..cfg.cluster.clone()
     };
     let mut cluster = Cluster::start(&cfg.bin, root, &cluster_cfg, &net).await?;
-    let master = cluster.master_addr().to_string();
+    let master = cluster.master_addr();
     let access = MasterAccess {
         addr: master.clone(),
         creds: crate::cluster::credentials_file(root),
@@ -338,6 +340,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         cfg.seed,
         ScheduleConfig {
             duration: cfg.duration,
+            masters: cfg.cluster.masters.max(1),
             chunkservers: cluster.chunkservers.len(),
             clients: cfg.clients,
             lease_hard: cfg.cluster.lease_hard,
@@ -390,7 +393,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         d.free()?;
     }
     restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
-    for p in std::iter::once(&mut cluster.master).chain(cluster.chunkservers.iter_mut()) {
+    for (_, p) in cluster.servers() {
         p.cont()?;
         // Crash points end with the faults: a server still armed starts again without.
         if p.has_env() && p.state() != ProcState::Dead {
@@ -555,6 +558,20 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     for point in clients.crash_hits.drain(..) {
         *injected.entry(format!("crash:{point}")).or_default() += 1;
     }
+    // How often the lead moved: every member logs each time it takes it.
+    let leaderships = if cluster.masters.len() > 1 {
+        cluster
+            .masters
+            .iter()
+            .map(|m| {
+                std::fs::read_to_string(m.log_path())
+                    .map(|t| t.matches("this master leads the group").count() as u64)
+                    .unwrap_or(0)
+            })
+            .sum()
+    } else {
+        0
+    };
     drop(clients);
     if violations.is_empty() && cfg.keep_dir.is_none() {
         // Otherwise the replicas on small disks are copied out before the unmount.
@@ -575,6 +592,8 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         clients: cfg.clients,
         mount_clients: cfg.mounts.min(cfg.clients),
         chunkservers: cfg.cluster.chunkservers,
+        masters: cfg.cluster.masters.max(1),
+        leaderships,
         net: cfg.net,
         small_disks: cfg.cluster.small_disk_mib.is_some(),
         crash_points: cfg.crash_points,
@@ -604,14 +623,7 @@ async fn restart_crashed(
     exits: &mut Vec<Violation>,
 ) -> Result<()> {
     let seed = cluster.crash_seed;
-    let servers = std::iter::once((Target::Master, &mut cluster.master)).chain(
-        cluster
-            .chunkservers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, p)| (Target::Chunkserver(i), p)),
-    );
-    for (t, p) in servers {
+    for (t, p) in cluster.servers() {
         let Some(status) = p.exited() else {
             continue;
         };

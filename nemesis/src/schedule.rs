@@ -16,10 +16,14 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// The most members of a master group a run has.
+pub const MAX_MASTERS: usize = 5;
+
 /// A process of the cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Target {
-    Master,
+    /// Member `i` of the master group (0 the only master of a run without a group).
+    Master(usize),
     Chunkserver(usize),
     Client(usize),
     /// The network between processes (the target of a partition).
@@ -30,8 +34,8 @@ impl Target {
     /// This process's bit in a [`Group`] (`None` for [`Target::Network`]).
     fn bit(self) -> Option<u32> {
         match self {
-            Target::Master => Some(0),
-            Target::Chunkserver(i) if i < 31 => Some(1 + i as u32),
+            Target::Master(i) if i < MAX_MASTERS => Some(i as u32),
+            Target::Chunkserver(i) if i < 32 - MAX_MASTERS => Some((MAX_MASTERS + i) as u32),
             Target::Client(i) if i < 32 => Some(32 + i as u32),
             _ => None,
         }
@@ -41,7 +45,8 @@ impl Target {
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Target::Master => write!(f, "master"),
+            Target::Master(0) => write!(f, "master"),
+            Target::Master(i) => write!(f, "master{}", i + 1),
             Target::Chunkserver(i) => write!(f, "cs{i}"),
             Target::Client(i) => write!(f, "client{i}"),
             Target::Network => write!(f, "network"),
@@ -148,14 +153,14 @@ impl Group {
         t.bit().is_some_and(|b| self.0 & (1 << b) != 0)
     }
 
-    /// The members, master first, then chunkservers, then clients.
+    /// The members, masters first, then chunkservers, then clients.
     pub fn members(self) -> Vec<Target> {
         (0..64u32)
             .filter(|b| self.0 & (1 << b) != 0)
-            .map(|b| match b {
-                0 => Target::Master,
-                1..=31 => Target::Chunkserver(b as usize - 1),
-                _ => Target::Client(b as usize - 32),
+            .map(|b| match b as usize {
+                b if b < MAX_MASTERS => Target::Master(b),
+                b if b < 32 => Target::Chunkserver(b - MAX_MASTERS),
+                b => Target::Client(b - 32),
             })
             .collect()
     }
@@ -164,6 +169,13 @@ impl Group {
         self.members()
             .iter()
             .filter(|t| matches!(t, Target::Chunkserver(_)))
+            .count()
+    }
+
+    fn masters(self) -> usize {
+        self.members()
+            .iter()
+            .filter(|t| matches!(t, Target::Master(_)))
             .count()
     }
 }
@@ -185,18 +197,17 @@ pub struct Cut {
 
 impl Cut {
     /// How many chunkservers the cut takes out of the cluster's write path: those on the
-    /// side away from the master, or, when the master is in neither group, the smaller
-    /// side's (a chunkserver cut from another cannot be in one pipeline with it). A cut
-    /// that leaves the master no chunkserver at all counts as 0: it is a master outage
-    /// (nobody can write), like stopping the master, not a loss of replicas.
+    /// side away from the master (of a group of `masters`: the side with most of its
+    /// members, where the leader ends up), or, when no side has more members than the
+    /// other, the smaller side's (a chunkserver cut from another cannot be in one
+    /// pipeline with it). A cut that leaves the master no chunkserver at all counts as
+    /// 0: it is a master outage (nobody can write), like stopping the master, not a
+    /// loss of replicas.
     pub fn impaired_chunkservers(&self, chunkservers: usize) -> usize {
         let (a, b) = (self.a.chunkservers(), self.b.chunkservers());
-        if self.a.contains(Target::Master) || self.b.contains(Target::Master) {
-            let (master_side, away) = if self.a.contains(Target::Master) {
-                (a, b)
-            } else {
-                (b, a)
-            };
+        let (ma, mb) = (self.a.masters(), self.b.masters());
+        if ma != mb {
+            let (master_side, away) = if ma > mb { (a, b) } else { (b, a) };
             // Chunkservers in neither group still reach the master.
             let with_master = master_side + (chunkservers - a - b);
             if with_master == 0 {
@@ -206,6 +217,18 @@ impl Cut {
             }
         } else {
             a.min(b)
+        }
+    }
+
+    /// How many members of a master group of `masters` the cut takes from the others:
+    /// the smaller side's, when both sides hold members (members in neither group
+    /// reach everyone). A cut with the members on one side only leaves them together.
+    pub fn impaired_masters(&self) -> usize {
+        let (ma, mb) = (self.a.masters(), self.b.masters());
+        if ma > 0 && mb > 0 {
+            ma.min(mb)
+        } else {
+            0
         }
     }
 }
@@ -239,6 +262,8 @@ impl Fault {
 #[derive(Clone, Copy, Debug)]
 pub struct ScheduleConfig {
     pub duration: Duration,
+    /// Members of the master group (1: a single master).
+    pub masters: usize,
     pub chunkservers: usize,
     pub clients: usize,
     /// The master's hard lease limit: a [`FaultKind::FreezeClientPastHardLease`] lasts
@@ -269,7 +294,7 @@ fn draw_kind(rng: &mut StdRng, cfg: &ScheduleConfig) -> FaultKind {
 /// A random partition of the run's processes: one process isolated from all others,
 /// two halves, or one pair of processes cut from each other.
 fn draw_cut(rng: &mut StdRng, cfg: &ScheduleConfig) -> Cut {
-    let mut all = vec![Target::Master];
+    let mut all: Vec<Target> = (0..cfg.masters.max(1)).map(Target::Master).collect();
     all.extend((0..cfg.chunkservers).map(Target::Chunkserver));
     all.extend((0..cfg.clients).map(Target::Client));
     let pick = |rng: &mut StdRng, from: &[Target]| from[rng.gen_range(0..from.len())];
@@ -320,12 +345,18 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
     let mut busy_until: HashMap<Target, Duration> = HashMap::new();
     // The one chunkserver that may be impaired at a time, by whatever fault.
     let mut chunkserver_busy_until = Duration::ZERO;
+    // Likewise the one member of a master group (a group of 3 or 5 keeps a quorum).
+    let mut master_busy_until = Duration::ZERO;
     let mut t = ms(&mut rng, 300, 1000);
     while t < cfg.duration {
         let kind = draw_kind(&mut rng, &cfg);
         let mut cut = None;
         let target = match kind {
-            FaultKind::KillMaster | FaultKind::StopMaster => Target::Master,
+            // A run without a group draws no number here: its plans stay as they were.
+            FaultKind::KillMaster | FaultKind::StopMaster if cfg.masters > 1 => {
+                Target::Master(rng.gen_range(0..cfg.masters))
+            }
+            FaultKind::KillMaster | FaultKind::StopMaster => Target::Master(0),
             FaultKind::KillChunkserver | FaultKind::StopChunkserver | FaultKind::FillDisk => {
                 if cfg.chunkservers == 0 {
                     t += Duration::from_millis(100);
@@ -358,9 +389,15 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
             (Target::Chunkserver(_), None) => 1,
             _ => 0,
         };
+        let members = match (target, cut) {
+            (_, Some(c)) => c.impaired_masters(),
+            (Target::Master(_), None) => 1,
+            _ => 0,
+        };
         let free = busy_until.get(&target).is_none_or(|&u| u <= t);
         let chunkserver_free = impaired == 0 || (impaired == 1 && chunkserver_busy_until <= t);
-        if free && chunkserver_free && t + hold <= cfg.duration {
+        let master_free = members == 0 || (members == 1 && master_busy_until <= t);
+        if free && chunkserver_free && master_free && t + hold <= cfg.duration {
             faults.push(Fault {
                 at: t,
                 hold,
@@ -371,6 +408,9 @@ pub fn plan(seed: u64, cfg: ScheduleConfig) -> Vec<Fault> {
             busy_until.insert(target, t + hold);
             if impaired > 0 {
                 chunkserver_busy_until = t + hold;
+            }
+            if members > 0 {
+                master_busy_until = t + hold;
             }
             t += ms(&mut rng, 200, 1200);
         } else {
@@ -460,6 +500,7 @@ mod tests {
     fn cfg(secs: u64) -> ScheduleConfig {
         ScheduleConfig {
             duration: Duration::from_secs(secs),
+            masters: 1,
             chunkservers: 4,
             clients: 3,
             lease_hard: Duration::from_secs(3),
@@ -618,7 +659,7 @@ mod tests {
                 match t {
                     Target::Chunkserver(i) => assert!(i < 4),
                     Target::Client(i) => assert!(i < 3),
-                    Target::Master => {}
+                    Target::Master(_) => {}
                     Target::Network => panic!("{c}"),
                 }
             }
@@ -633,16 +674,16 @@ mod tests {
             b: Group::of(b),
         };
         // One chunkserver isolated.
-        let everyone_else = [Target::Master, cs(1), cs(2), cs(3), Target::Client(0)];
+        let everyone_else = [Target::Master(0), cs(1), cs(2), cs(3), Target::Client(0)];
         assert_eq!(cut(&[cs(0)], &everyone_else).impaired_chunkservers(4), 1);
         // The master isolated: an outage of the master, no replica lost.
         assert_eq!(
-            cut(&[Target::Master], &[cs(0), cs(1), cs(2), cs(3)]).impaired_chunkservers(4),
+            cut(&[Target::Master(0)], &[cs(0), cs(1), cs(2), cs(3)]).impaired_chunkservers(4),
             0
         );
         // Halves: two chunkservers away from the master.
         assert_eq!(
-            cut(&[Target::Master, cs(0), cs(1)], &[cs(2), cs(3)]).impaired_chunkservers(4),
+            cut(&[Target::Master(0), cs(0), cs(1)], &[cs(2), cs(3)]).impaired_chunkservers(4),
             2
         );
         // A pair of chunkservers cut from each other: one of them is out of the pipelines.
@@ -653,23 +694,87 @@ mod tests {
             0
         );
         assert_eq!(
-            cut(&[Target::Client(0)], &[Target::Master]).impaired_chunkservers(4),
+            cut(&[Target::Client(0)], &[Target::Master(0)]).impaired_chunkservers(4),
             0
         );
         // The master with one chunkserver, cut from a client only: the others still
         // reach the master.
         assert_eq!(
-            cut(&[Target::Master, cs(0)], &[Target::Client(1)]).impaired_chunkservers(4),
+            cut(&[Target::Master(0), cs(0)], &[Target::Client(1)]).impaired_chunkservers(4),
             0
         );
     }
 
     #[test]
+    fn a_group_of_masters_loses_at_most_one_member_at_a_time_and_every_member_is_hit() {
+        let group = |secs| ScheduleConfig {
+            masters: 3,
+            ..cfg(secs)
+        };
+        let mut hit = std::collections::HashSet::new();
+        let mut split = 0;
+        for seed in 0..200 {
+            let p = plan(seed, group(30));
+            let members = |f: &Fault| match (f.target, f.cut) {
+                (_, Some(c)) => c.impaired_masters(),
+                (Target::Master(_), None) => 1,
+                _ => 0,
+            };
+            assert!(p.iter().all(|f| members(f) <= 1), "seed {seed}");
+            let out: Vec<&Fault> = p.iter().filter(|f| members(f) == 1).collect();
+            for w in out.windows(2) {
+                assert!(
+                    w[0].end() <= w[1].at,
+                    "seed {seed}: {:?} overlaps {:?}",
+                    w[0],
+                    w[1]
+                );
+            }
+            for f in &p {
+                if let Target::Master(i) = f.target {
+                    assert!(i < 3, "{f:?}");
+                    hit.insert(i);
+                }
+                split += usize::from(f.cut.is_some_and(|c| c.impaired_masters() == 1));
+            }
+        }
+        assert_eq!(
+            hit.len(),
+            3,
+            "every member is killed or stopped in some run"
+        );
+        assert!(split > 0, "some partition cuts a member from the others");
+        // A run without a group plans exactly as before: the same seed, the same faults.
+        assert!(plan(5, cfg(30))
+            .iter()
+            .all(|f| !matches!(f.target, Target::Master(i) if i > 0)));
+    }
+
+    #[test]
+    fn the_side_with_most_members_is_the_masters_side() {
+        let (m, cs) = (Target::Master, Target::Chunkserver);
+        let cut = |a: &[Target], b: &[Target]| Cut {
+            a: Group::of(a),
+            b: Group::of(b),
+        };
+        // One member cut off with a chunkserver: that chunkserver is away from the leader.
+        let c = cut(&[m(0), cs(0)], &[m(1), m(2), cs(1), cs(2), cs(3)]);
+        assert_eq!((c.impaired_masters(), c.impaired_chunkservers(4)), (1, 1));
+        // Members on one side only: none cut from the others.
+        let c = cut(&[m(0), m(1), m(2)], &[Target::Client(0)]);
+        assert_eq!(c.impaired_masters(), 0);
+        assert_eq!(
+            Group::of(&[m(2), cs(0), m(0)]).to_string(),
+            "{master,master3,cs0}"
+        );
+    }
+
+    #[test]
     fn a_group_lists_its_members_and_prints_them() {
-        let g = Group::of(&[Target::Client(2), Target::Master, Target::Chunkserver(3)]);
+        let g = Group::of(&[Target::Client(2), Target::Master(0), Target::Chunkserver(3)]);
         assert_eq!(
             g.members(),
-            vec![Target::Master, Target::Chunkserver(3), Target::Client(2)]
+            vec![Target::Master(0), Target::Chunkserver(3), Target::Client(2)]
         );
         assert!(g.contains(Target::Chunkserver(3)) && !g.contains(Target::Chunkserver(0)));
         assert_eq!(g.to_string(), "{master,cs3,client2}");

@@ -39,8 +39,10 @@ impl Client {
     /// passed over, as is one that failed, lost the lead or did not answer in time
     /// while a request the master recognizes when asked again ([`Rpc::ASK_AGAIN`]:
     /// reads, and the writer's requests) was in flight. It gives up after the request
-    /// timeout. Any other failure after a request was sent is returned: whether it was
-    /// applied is not known.
+    /// timeout (twice that for such a request in a group, so that one attempt may time
+    /// out on a frozen or cut-off leader and another go to the next one; no attempt
+    /// waits past the end). Any other failure after a request was sent is returned:
+    /// whether it was applied is not known.
     pub(crate) async fn call<R>(&self, req: R) -> Result<R::Response>
     where
         R: Rpc<Request = MasterRequest> + Clone,
@@ -52,11 +54,22 @@ impl Client {
             tokio::task::yield_now().await;
         }
         let group = self.inner.masters.len() > 1;
-        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let timeout = self.inner.config.request_timeout;
+        // A request asked again after a failover has the time for one attempt that
+        // timed out (a frozen or cut-off leader) and another on the next leader.
+        let budget = if group && R::ASK_AGAIN {
+            timeout.saturating_mul(2)
+        } else {
+            timeout
+        };
+        let deadline = Instant::now() + budget;
         let mut passed_over = 0usize;
         let mut redirects = 0usize;
         loop {
-            let failed = match self.call_leader(req.clone()).await {
+            let limit = deadline
+                .saturating_duration_since(Instant::now())
+                .min(timeout);
+            let failed = match self.call_leader(req.clone(), limit).await {
                 Ok(v) => return Ok(v),
                 Err(f) => f,
             };
@@ -106,7 +119,12 @@ impl Client {
     }
 
     /// One attempt at `req` on the master this client takes for the leader.
-    async fn call_leader<R>(&self, req: R) -> std::result::Result<R::Response, Failed>
+    /// `limit`: how long the attempt may wait for its answer.
+    async fn call_leader<R>(
+        &self,
+        req: R,
+        limit: Duration,
+    ) -> std::result::Result<R::Response, Failed>
     where
         R: Rpc<Request = MasterRequest> + Clone,
     {
@@ -116,7 +134,7 @@ impl Client {
             Some(c) => c,
             None => self.dial_master_conn().await.map_err(Failed::Unsent)?,
         };
-        match self.call_on(conn, req.clone()).await {
+        match self.call_on(conn, req.clone(), limit).await {
             Err(Error::Proto(e)) if retry_on_fresh(reused, &e) => {
                 // The master closed its connections (it restarted): so it did with
                 // the others in the pool.
@@ -126,7 +144,7 @@ impl Client {
                 }
                 tracing::debug!(error = %e, "pooled master connection was closed; sending the request again on a new one");
                 let conn = self.dial_master_conn().await.map_err(Failed::Unsent)?;
-                self.call_on(conn, req).await.map_err(Failed::Sent)
+                self.call_on(conn, req, limit).await.map_err(Failed::Sent)
             }
             other => other.map_err(Failed::Sent),
         }
@@ -177,18 +195,17 @@ impl Client {
     }
 
     /// One request on `conn`, which goes back to the pool unless the transport failed.
-    async fn call_on<R>(&self, mut conn: RpcClient, req: R) -> Result<R::Response>
+    async fn call_on<R>(&self, mut conn: RpcClient, req: R, limit: Duration) -> Result<R::Response>
     where
         R: Rpc<Request = MasterRequest>,
     {
-        let reply =
-            stampfs_proto::pause::timeout(self.inner.config.request_timeout, conn.call(req))
-                .await
-                .map_err(|_| {
-                    Error::Remote(RemoteError::Unavailable {
-                        reason: format!("master {} did not answer in time", self.leader_addr()),
-                    })
-                })?;
+        let reply = stampfs_proto::pause::timeout(limit, conn.call(req))
+            .await
+            .map_err(|_| {
+                Error::Remote(RemoteError::Unavailable {
+                    reason: format!("master {} did not answer in time", self.leader_addr()),
+                })
+            })?;
         match reply {
             Ok(resp) => {
                 self.put_master(conn);

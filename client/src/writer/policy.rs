@@ -2,6 +2,7 @@
 //! stream starts, which set-up refusals end the writer. The [`engine`](super::engine)
 //! applies them; each is tested here on its own.
 
+use crate::error::Error;
 use crate::pipeline::StreamEnd;
 use stampfs_proto::{ChunkserverId, RemoteError};
 
@@ -110,10 +111,37 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
     }
 }
 
+/// Whether a master's answer `e` to a request leaves open whether it was applied: the
+/// connection broke or timed out, or the master lost the lead with it under way
+/// (`Unavailable`). Any other answer is a refusal: nothing was applied.
+pub(crate) fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Proto(_) | Error::Io(_) | Error::Remote(RemoteError::Unavailable { .. })
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
+
+    #[test]
+    fn a_broken_connection_or_a_lost_lead_leaves_the_outcome_open() {
+        use std::io::ErrorKind;
+        assert!(outcome_unknown(&Error::Proto(stampfs_proto::Error::Io(
+            ErrorKind::ConnectionReset.into()
+        ))));
+        assert!(outcome_unknown(&Error::Remote(RemoteError::Unavailable {
+            reason: "the leadership was lost".into()
+        })));
+        for refused in [
+            RemoteError::BadRequest { reason: "x".into() },
+            RemoteError::NotEnoughReplicas { live: 0, needed: 1 },
+            RemoteError::NotLeader { leader: None },
+        ] {
+            assert!(!outcome_unknown(&Error::Remote(refused)));
+        }
+    }
 
     #[test]
     fn a_reopened_stream_keeps_what_every_member_holds() {

@@ -13,17 +13,23 @@ use std::time::Duration;
 /// How often a write waiting for the chunkservers looks again.
 const POLL: Duration = Duration::from_millis(50);
 
+/// What a write waits to have heard from.
+pub(super) enum Needs<'a> {
+    /// Places a new chunk: as many chunkservers as the file has replicas.
+    Placement,
+    /// Bumps an existing chunk of the file: its replicas, wherever they are, so every
+    /// chunkserver the log knows (a holder that registered late would miss the bump).
+    Replicas,
+    /// A pipeline's survivors, by name.
+    Survivors(&'a [ChunkserverId]),
+}
+
 impl Core {
-    /// Returns once this master has heard, since it took the lead, from as many
-    /// chunkservers as the file at `path` has replicas (or from every one it knows, if
-    /// fewer) and from each of `named`; at once on a master that is not a new leader
-    /// of a group of several, and in any case once the lead is older than the period
-    /// after which a silent chunkserver is dead (it is not coming).
-    pub(super) async fn await_chunkservers(
-        &self,
-        path: &str,
-        named: &[ChunkserverId],
-    ) -> Result<()> {
+    /// Returns once this master has heard, since it took the lead, from the
+    /// chunkservers `needs` names (of the file at `path`); at once on a master that is
+    /// not a new leader of a group of several, and in any case once the lead is older
+    /// than the period after which a silent chunkserver is dead (it is not coming).
+    pub(super) async fn await_chunkservers(&self, path: &str, needs: Needs<'_>) -> Result<()> {
         loop {
             let Some(since) = self.log.led_since_ms() else {
                 return Ok(());
@@ -34,13 +40,18 @@ impl Core {
                 if now.saturating_sub(since) >= st.settings.dead_after_ms {
                     return Ok(());
                 }
-                let want = st
-                    .resolve_path(path)
-                    .ok()
-                    .and_then(|ino| st.ns.file(ino))
-                    .map_or(0, |f| usize::from(f.replication));
-                st.registry
-                    .heard_since(since, want, st.servers.len(), named)
+                let known = st.servers.len();
+                let replication = || {
+                    st.resolve_path(path)
+                        .ok()
+                        .and_then(|ino| st.ns.file(ino))
+                        .map_or(0, |f| usize::from(f.replication))
+                };
+                match needs {
+                    Needs::Placement => st.registry.heard_since(since, replication(), known, &[]),
+                    Needs::Replicas => st.registry.heard_since(since, known, known, &[]),
+                    Needs::Survivors(named) => st.registry.heard_since(since, 0, known, named),
+                }
             };
             if ready {
                 return Ok(());

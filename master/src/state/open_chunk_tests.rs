@@ -672,3 +672,66 @@ fn a_move_or_a_pipeline_update_asked_again_gets_another_version() {
     let back = replayed(&mut st, &mut log);
     assert_eq!(back.open_chunks.get(&ino), Some(&hs[0]));
 }
+
+/// A writer moved back to an earlier chunk writes on to the end of the file: its
+/// `AddChunk` commits the earlier chunk and adds a chunk after the full last one. Asked
+/// again after a lost answer, the empty chunk is dropped for a new one, the earlier
+/// chunk stays committed, and the first grant's version was bumped on some replicas
+/// only (no grant logged): the floor and the file are as the writer left them.
+#[test]
+fn a_new_chunk_asked_again_from_an_earlier_chunk_replaces_the_empty_one() {
+    let mut st = state_with_servers(3);
+    let mut log = Vec::new();
+    let (ino, mut hs) = file_of(&mut st, 2);
+    // The last chunk full, then back to chunk 0.
+    let full_last = ChunkCommit {
+        handle: hs[1],
+        length: CHUNK,
+    };
+    let back = st
+        .open_chunk(&open_req(Some(full_last), 0), ino, 0, 3)
+        .expect("open chunk 0");
+    ack_all(&mut st, &back.bump);
+    let add = AddChunk {
+        path: "/f".into(),
+        client: A,
+        previous: Some(ChunkCommit {
+            handle: hs[0],
+            length: CHUNK,
+        }),
+    };
+    let first = st.add_chunk(&add, ino, 0, 4).expect("a new chunk");
+    assert_eq!(first.bump.chunk_index, 2);
+    // The bump reached one replica; no grant was logged; the answer was lost.
+    let one = first.bump.targets[0].id;
+    st.record_replicas(
+        first.bump.handle,
+        &[(
+            one,
+            ReplicaReport {
+                handle: first.bump.handle,
+                version: first.bump.version,
+                length: 0,
+                state: ReplicaState::Writing,
+            },
+        )],
+    );
+    let again = st.add_chunk(&add, ino, 0, 4).expect("asked again");
+    assert_eq!(again.bump.chunk_index, 2);
+    assert_ne!(again.bump.handle, first.bump.handle);
+    let f = st.ns.file(ino).expect("file");
+    hs.push(again.bump.handle);
+    assert_eq!(f.chunks, hs, "no chunk left behind an empty one");
+    assert_eq!(st.open_chunk_of(ino, f), Some(again.bump.handle));
+    assert_eq!(st.chunks.get(hs[0]).map(|c| c.length), Some(CHUNK));
+    // A commit of another length is not the same ask: refused.
+    let other = AddChunk {
+        previous: Some(ChunkCommit {
+            handle: hs[0],
+            length: CHUNK - 1,
+        }),
+        ..add
+    };
+    assert!(st.add_chunk(&other, ino, 0, 4).is_err());
+    replayed(&mut st, &mut log);
+}

@@ -188,7 +188,9 @@ impl MasterState {
     /// the grant, sends the same `AddChunk` again. It is that when the last chunk is
     /// the one being written, holds no committed byte, and follows exactly what `req`
     /// commits: the chunk `previous` names, at that length (the first ask committed
-    /// it), or, without `previous`, nothing but full chunks. A writer that was granted
+    /// it), then only full chunks (a writer moved back to an earlier chunk asks for a
+    /// new one after the full last chunk); or, without `previous`, only full chunks.
+    /// A writer that was granted
     /// the chunk and wrote in it commits it as `previous` when it asks for the next,
     /// so the chunk is empty of this writer's bytes and is dropped for a new one.
     fn retried_add(
@@ -204,9 +206,15 @@ impl MasterState {
             return None;
         }
         let length = |h: &ChunkHandle| self.chunks.get(*h).map_or(0, |c| c.length);
+        let full = |hs: &[ChunkHandle]| hs.iter().all(|h| length(h) >= f.chunk_size);
         let follows = match &req.previous {
-            Some(c) => before.last() == Some(&c.handle) && length(&c.handle) == c.length,
-            None => before.iter().all(|h| length(h) >= f.chunk_size),
+            // The writer was in `previous`: the chunk before the last, or an earlier
+            // (full) one it had moved back to, with every chunk after it full.
+            Some(c) => before
+                .iter()
+                .position(|h| *h == c.handle)
+                .is_some_and(|p| length(&c.handle) == c.length && full(&before[p + 1..])),
+            None => full(before),
         };
         follows.then_some(last)
     }
@@ -371,7 +379,8 @@ impl MasterState {
         let path = self.locked_file(&req.path, expect)?.0;
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
-        if let Some(last) = self.retried_add(expect, f, req) {
+        let retried = self.retried_add(expect, f, req);
+        if let Some(last) = retried {
             tracing::info!(path = %path, chunk = %last, client = %req.client, "a new chunk asked for again (the answer to the first ask was lost): the empty chunk added then is dropped for a new one");
             self.commit(
                 Record::AbandonChunk {
@@ -382,9 +391,11 @@ impl MasterState {
             )?;
         }
         let (_, f) = self.locked_file(&req.path, expect)?;
-        match &req.previous {
-            Some(c) => self.check_commit(&path, expect, f, c)?,
-            None => self.check_full_end(&path, f)?,
+        // Asked again, the commit is made already (`retried_add` checked it).
+        match (&req.previous, retried) {
+            (_, Some(_)) => {}
+            (Some(c), None) => self.check_commit(&path, expect, f, c)?,
+            (None, None) => self.check_full_end(&path, f)?,
         }
         let replication = f.replication;
         let chunk_size = f.chunk_size;
@@ -407,7 +418,11 @@ impl MasterState {
         self.commit(
             Record::AddChunk {
                 inode: expect,
-                previous: req.previous,
+                previous: if retried.is_some() {
+                    None
+                } else {
+                    req.previous
+                },
                 handle,
                 version,
                 mtime_ms,

@@ -8,6 +8,7 @@ use super::reopen::Then;
 use super::{Awaiting, Chunk, Engine};
 use crate::error::{Error, Result};
 use crate::writer::event::{Action, Packet};
+use crate::writer::policy;
 use bytes::Bytes;
 use stampfs_proto::{AddChunk, Close, CutLastChunk, DropChunks, OpenChunk};
 
@@ -397,11 +398,15 @@ impl Engine {
             }
             Err(e) => {
                 let e = self.master_error(e);
-                if e.is_fenced() {
+                // Fenced, or the drop may have been made (a broken connection, a
+                // master that lost the lead with it under way): the grant this writer
+                // holds may name a chunk that is gone, so it writes no more.
+                if e.is_fenced() || policy::outcome_unknown(&e) {
                     self.fail(e.duplicate(&self.path));
                 }
-                // The stream of the chunk being written was finished; its grant
-                // stands, and the next write reopens a stream with it.
+                // Refused: nothing was dropped. The stream of the chunk being written
+                // was finished; its grant stands, and the next write reopens a stream
+                // with it.
                 self.job = None;
                 self.output.push_back(Action::FlushDone(Err(e)));
             }
