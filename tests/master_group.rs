@@ -1,6 +1,9 @@
 //! A master group of three `stampfs master` processes on loopback (`--peers`): SIGKILL
 //! the leader in the middle of a stream of mkdirs; another member takes over with
-//! every acknowledged one, and the killed member, restarted, rejoins as a follower.
+//! every acknowledged one, and the killed member, restarted, rejoins as a follower. A
+//! leader SIGSTOPped past an election commits nothing when it resumes; a leader
+//! without a quorum acknowledges nothing; chunkservers and clients follow the leader;
+//! the whole group SIGKILLed at once restarts with everything acknowledged.
 
 mod common;
 
@@ -270,6 +273,67 @@ async fn clients_and_chunkservers_given_every_member_follow_the_leader_through_a
     assert!(
         killed_line.contains("follower") && killed_line.split_whitespace().nth(3) == Some("-"),
         "{killed_line}"
+    );
+    for p in chunkservers.iter_mut().chain(members.iter_mut()) {
+        p.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_group_sigkilled_at_once_restarts_with_everything_acknowledged() {
+    let (tmp, addrs, mut members) = spawn_group();
+    let all = addrs.join(",");
+    let mut chunkservers = spawn_chunkservers(tmp.path(), &all);
+    leader(&addrs, &[0, 1, 2]).await;
+    let client = common::connect_with(&all, ClientConfig::default())
+        .await
+        .expect("connect to the group");
+    wait_live(&client, 3).await;
+    let data = common::pattern(1 << 20, 11);
+    put(&client, "/kept", &data).await;
+    for i in 0..50 {
+        client
+            .mkdir(&format!("/d/{i}"), true)
+            .await
+            .expect("mkdir acknowledged");
+    }
+    let before = client.locations("/kept").await.expect("locations");
+    let last_version = before.chunks.last().expect("a chunk").version;
+
+    // Every member at once: nothing survives but what each made durable.
+    for m in members.iter_mut() {
+        m.kill();
+    }
+    for m in members.iter_mut() {
+        m.restart();
+    }
+    let restarted = Instant::now();
+    let now = leader(&addrs, &[0, 1, 2]).await;
+    eprintln!(
+        "the whole group restarted: member {} leads {:?} after the restart",
+        now + 1,
+        restarted.elapsed()
+    );
+    wait_live(&client, 3).await;
+    assert_eq!(
+        get(&client, "/kept").await,
+        data,
+        "the file after the restart"
+    );
+    let listed = client.list("/d").await.expect("list");
+    assert_eq!(listed.len(), 50, "every acknowledged mkdir is there");
+    // The next lease on the file mints a version above every one minted before.
+    let mut w = client.append("/kept").await.expect("append");
+    tokio::io::AsyncWriteExt::write_all(&mut w, b"more")
+        .await
+        .expect("write");
+    w.close().await.expect("close");
+    let after = client.locations("/kept").await.expect("locations");
+    let last = after.chunks.last().expect("a chunk");
+    assert!(
+        last.version > last_version,
+        "{} after the restart, {last_version} before",
+        last.version
     );
     for p in chunkservers.iter_mut().chain(members.iter_mut()) {
         p.kill();
