@@ -339,3 +339,75 @@ async fn the_whole_group_sigkilled_at_once_restarts_with_everything_acknowledged
         p.kill();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_changes_stream_through_a_leader_sigkill_without_an_error() {
+    let (tmp, addrs, mut members) = spawn_group();
+    let first = leader(&addrs, &[0, 1, 2]).await;
+    let all = addrs.join(",");
+    let client = common::connect_with(&all, quick())
+        .await
+        .expect("connect to the group");
+    client.mkdir("/n", false).await.expect("mkdir /n");
+    // mkdir, an empty file in it, a rename of the file, a delete of the directory's
+    // previous file: changes that fail if made twice. None may fail.
+    let writer = {
+        let c = client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut i = 0u64;
+            while started.elapsed() < Duration::from_secs(6) {
+                let d = format!("/n/d{i}");
+                c.mkdir(&d, false)
+                    .await
+                    .unwrap_or_else(|e| panic!("mkdir {d}: {e}"));
+                c.make_file(&format!("{d}/f"), stampfs_client::CreateOptions::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("make_file in {d}: {e}"));
+                c.rename(&format!("{d}/f"), &format!("{d}/g"))
+                    .await
+                    .unwrap_or_else(|e| panic!("rename in {d}: {e}"));
+                if i > 0 {
+                    let p = format!("/n/d{}/g", i - 1);
+                    c.delete(&p, false)
+                        .await
+                        .unwrap_or_else(|e| panic!("delete {p}: {e}"));
+                }
+                i += 1;
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    members[first].kill();
+    let n = writer
+        .await
+        .expect("every change acknowledged, none failed");
+    assert!(n > 10, "{n} rounds");
+    // Each round's directory holds nothing but the last round's renamed file.
+    let listed = client.list("/n").await.expect("list");
+    assert_eq!(listed.len() as u64, n, "one directory per round");
+    for i in 0..n {
+        let inside = client.list(&format!("/n/d{i}")).await.expect("list");
+        let names: Vec<&str> = inside.iter().map(|s| s.path.as_str()).collect();
+        if i + 1 == n {
+            assert_eq!(names, [format!("/n/d{i}/g")], "round {i}");
+        } else {
+            assert!(names.is_empty(), "round {i}: {names:?}");
+        }
+    }
+    let answered_again: usize = (1..=3)
+        .map(|i| {
+            std::fs::read_to_string(tmp.path().join(format!("logs/master{i}.log")))
+                .map(|t| t.matches("a call asked again").count())
+                .unwrap_or(0)
+        })
+        .sum();
+    eprintln!(
+        "{n} rounds of namespace changes through the SIGKILL of the leader; \
+         {answered_again} answered from the kept answers"
+    );
+    for m in members.iter_mut() {
+        m.kill();
+    }
+}

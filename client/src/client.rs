@@ -157,6 +157,8 @@ pub(crate) struct Inner {
     leases: Mutex<HashMap<String, usize>>,
     /// The lease renewal task, started with the first writer; aborted on drop.
     renewer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The last call id given to a `Once` call (namespace changes sent to a group).
+    pub(crate) calls: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Inner {
@@ -292,6 +294,7 @@ impl Client {
                 chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
+                calls: std::sync::atomic::AtomicU64::new(0),
             }),
             // The master takes requests without a caller as the authenticated user.
             caller: None,
@@ -346,6 +349,7 @@ impl Client {
                 chunk_pool: Mutex::new(IdlePool::new(MAX_IDLE_PER_CHUNKSERVER)),
                 leases: Mutex::new(HashMap::new()),
                 renewer: Mutex::new(None),
+                calls: std::sync::atomic::AtomicU64::new(0),
             }),
             caller: None,
         }

@@ -41,6 +41,15 @@ impl Journal {
         }
     }
 
+    /// Queues the records of one mutation (LSNs in a row) together: in a group they
+    /// commit in one entry or not at all; the operation log writes them in order.
+    pub fn append_all(&self, records: &[(u64, &[u8])]) -> Result<()> {
+        match self {
+            Journal::Oplog(log) => records.iter().try_for_each(|(l, b)| log.append(*l, b)),
+            Journal::Group(g) => g.append_all(records),
+        }
+    }
+
     /// `Ok` when this master serves requests (always, with the operation log; while it
     /// leads, in a group). Check it under the state lock before changing the state.
     pub fn serving(&self) -> Result<()> {

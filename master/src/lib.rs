@@ -10,6 +10,8 @@
 //! - [`chunk_table`]: handle → version, committed length and replicas
 //!   ([`chunk_table::ChunkTable`]).
 //! - [`registry`]: chunkservers, liveness and free space ([`registry::Registry`]).
+//! - [`retry_cache`]: the answers of recent `Once` calls, for a repeat of the call
+//!   after a failover lost the first answer ([`retry_cache::RetryCache`]).
 //! - [`lease`]: file write leases with soft and hard limits, pure
 //!   ([`lease::LeaseTable`]).
 //! - [`placement`]: where new replicas go, pure ([`placement::choose`]).
@@ -95,6 +97,7 @@ pub mod placement;
 pub mod raft;
 pub mod recovery;
 pub mod registry;
+pub mod retry_cache;
 pub mod server;
 pub mod service;
 pub mod slab;

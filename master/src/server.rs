@@ -648,6 +648,53 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
         .unwrap_or_default()
 }
 
+/// A `Once` call (`service/once.rs`): the answer kept for it when it was made, else
+/// its request, made with its answer kept.
+fn serve_once<'a>(
+    core: &'a Arc<Core>,
+    id: u64,
+    o: stampfs_proto::OnceCall,
+    mark: &'a mut Option<(stampfs_proto::ChunkserverId, u64)>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Frame> + Send + 'a>> {
+    // Boxed: `dispatch` serves the call's request (never a `Once` call itself: that
+    // is refused when decoding).
+    Box::pin(async move {
+        use crate::retry_cache::{CachedReply, CallKind};
+        let stampfs_proto::OnceCall {
+            client,
+            call,
+            request,
+        } = o;
+        let Some(kind) = CallKind::of(&request) else {
+            return reply::<()>(
+                id,
+                Err(Error::bad_request(
+                    "only a namespace change made in one step (mkdir, create, make-file, \
+                     rename, delete, symlink, set-xattr) is sent as a Once call",
+                )),
+            );
+        };
+        if request.client_id().is_some_and(|c| c != client) {
+            return reply::<()>(
+                id,
+                Err(Error::bad_request(
+                    "a Once call speaks for another client than its request",
+                )),
+            );
+        }
+        let _making = match core.begin_call(client, call, kind).await {
+            Ok(Ok(CachedReply::Status(s))) => return reply(id, Ok(s)),
+            Ok(Ok(CachedReply::Unit)) => return reply(id, Ok(())),
+            Ok(Ok(CachedReply::Bool(b))) => return reply(id, Ok(b)),
+            Ok(Err(guard)) => guard,
+            Err(e) => return reply::<()>(id, Err(e)),
+        };
+        crate::service::ONCE
+            .scope((client, call, kind), dispatch(core, id, *request, mark))
+            .await
+    })
+}
+
 /// Serves one request; `mark`: the connection's report mark and the chunkserver it is
 /// for, set by a heartbeat or a registration and used by the chunk report that
 /// follows it.
@@ -666,6 +713,7 @@ async fn dispatch(
         return reply::<()>(id, Err(e));
     }
     match req {
+        MasterRequest::Once(o) => serve_once(core, id, o, mark).await,
         MasterRequest::Mkdir(r) => reply(id, core.mkdir(r).await),
         MasterRequest::Create(r) => reply(id, core.create(r).await),
         MasterRequest::Append(r) => reply(id, core.append(r).await),

@@ -53,11 +53,15 @@ mod checkpoint;
 mod chunkservers;
 mod health;
 mod masters;
+mod once;
 mod recovery;
 mod users;
 mod warmup;
 
+use crate::retry_cache::CachedReply;
 pub use health::PassSummary;
+pub use once::ONCE;
+use once::{status, unit};
 pub use recovery::Recoveries;
 use warmup::Needs;
 
@@ -143,6 +147,8 @@ pub struct Core {
     /// Raised by every change of the user table: connections check their user again
     /// when it moved (`ConnAuth::revalidate`).
     users_epoch: AtomicU64,
+    /// The `Once` calls being made now (`service/once.rs`).
+    calls: once::CallsInFlight,
 }
 
 impl std::fmt::Debug for Core {
@@ -201,6 +207,7 @@ impl Core {
             dir_lock: Arc::downgrade(dir_lock),
             clients,
             users_epoch: AtomicU64::new(0),
+            calls: once::CallsInFlight::default(),
         }
     }
 
@@ -239,10 +246,11 @@ impl Core {
         Error::Halted { reason }
     }
 
-    /// Queues a committed record in the log.
-    fn append_record(&self, lsn: u64, bytes: &[u8]) -> Result<()> {
+    /// Queues the committed records of one mutation in the log, together.
+    fn append_records(&self, records: &[(u64, Vec<u8>)]) -> Result<()> {
         fail_point!("log-append");
-        self.log.append(lsn, bytes)
+        let all: Vec<(u64, &[u8])> = records.iter().map(|(l, b)| (*l, b.as_slice())).collect();
+        self.log.append_all(&all)
     }
 
     /// Waits until the marked record is durable (or the master stopped serving).
@@ -273,10 +281,10 @@ impl Core {
         self.serving_for_this_request(st.last_lsn)?;
         let result = f(&mut st, self.clock.now_ms(), wall_ms());
         // Records committed before a failure must reach the log all the same.
-        for (lsn, bytes) in st.take_outbox() {
-            if let Err(e) = self.append_record(lsn, &bytes) {
-                return Err(self.halt_serving(lsn, &e));
-            }
+        let outbox = st.take_outbox();
+        if let Err(e) = self.append_records(&outbox) {
+            let lsn = outbox.first().map_or(st.last_lsn, |(l, _)| *l);
+            return Err(self.halt_serving(lsn, &e));
         }
         let mark = self.log.mark(st.last_lsn);
         drop(st);
@@ -443,13 +451,13 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn mkdir(&self, req: Mkdir) -> Result<FileStatus> {
-        self.mutate_durable(|st, now, mt| st.mkdir(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.mkdir(&req, now, mt), status)
             .await
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn create(&self, req: Create) -> Result<FileStatus> {
-        self.mutate_durable(|st, now, mt| st.create(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.create(&req, now, mt), status)
             .await
     }
 
@@ -457,19 +465,19 @@ impl Core {
     /// so they share one `fdatasync` and no state between them is ever seen.
     #[tracing::instrument(skip_all, fields(path = %req.path, client = %req.client))]
     pub async fn make_file(&self, req: MakeFile) -> Result<FileStatus> {
-        self.mutate_durable(|st, now, mt| st.make_file(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.make_file(&req, now, mt), status)
             .await
     }
 
     #[tracing::instrument(skip_all, fields(src = %req.src, dst = %req.dst))]
     pub async fn rename(&self, req: Rename) -> Result<()> {
-        self.mutate_durable(|st, now, mt| st.rename(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.rename(&req, now, mt), unit)
             .await
     }
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn delete(&self, req: Delete) -> Result<()> {
-        self.mutate_durable(|st, now, mt| st.delete(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.delete(&req, now, mt), unit)
             .await
     }
 
@@ -484,7 +492,7 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn symlink(&self, req: Symlink) -> Result<FileStatus> {
-        self.mutate_durable(|st, now, mt| st.symlink(&req, now, mt))
+        self.mutate_once(|st, now, mt| st.symlink(&req, now, mt), status)
             .await
     }
 
@@ -522,8 +530,11 @@ impl Core {
 
     #[tracing::instrument(skip_all, fields(path = %req.path, name = %req.name))]
     pub async fn set_xattr(&self, req: SetXattr) -> Result<bool> {
-        self.mutate_durable(|st, now, mt| st.set_xattr(&req, now, mt))
-            .await
+        self.mutate_once(
+            |st, now, mt| st.set_xattr(&req, now, mt),
+            |b| CachedReply::Bool(*b),
+        )
+        .await
     }
 
     /// `chmod`, `chown`, `utimensat`.

@@ -26,6 +26,7 @@ use crate::health::Tracker;
 use crate::lease::{LeaseLimits, LeaseTable};
 use crate::namespace::{self, join, FileMeta, InodeKind, Namespace, WriteState};
 use crate::registry::Registry;
+use crate::retry_cache::{CachedReply, CallKind, RetryCache};
 use bincode::{Decode, Encode};
 use stampfs_proto::{
     ChunkCommit, ChunkHandle, ChunkToken, ChunkVersion, ChunkserverAddr, ChunkserverId, ClientId,
@@ -261,6 +262,14 @@ pub enum Record {
     /// `client` belongs to `user`: committed, in the same batch, before a record that
     /// gives `client` a lease on a request of that user's (see `state/owners.rs`).
     ClientOwner { client: ClientId, user: String },
+    /// The answer of a `Once` call, logged with the change it made (in the same
+    /// batch) and kept in the [`RetryCache`] for a repeat of the call.
+    CallDone {
+        client: ClientId,
+        call: u64,
+        kind: CallKind,
+        reply: CachedReply,
+    },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -392,6 +401,9 @@ pub struct MasterState {
     acks: u64,
     /// Committed records not yet handed to the log: `(lsn, encoded record)`.
     outbox: Vec<(u64, Vec<u8>)>,
+    /// Soft (rebuilt from the records after the snapshot): the answers of recent
+    /// `Once` calls.
+    pub retry: RetryCache,
 }
 
 /// The bincode configuration of records and checkpoints (no wire limit: their size is
@@ -441,6 +453,7 @@ impl MasterState {
             health: Tracker::default(),
             acks: 0,
             outbox: Vec::new(),
+            retry: RetryCache::default(),
         }
     }
 

@@ -405,3 +405,108 @@ async fn the_lead_is_handed_to_another_member() {
         "{refused}"
     );
 }
+
+/// A mkdir sent as a `Once` call under call id `call` of client `client`.
+async fn mkdir_once(
+    c: &mut RpcClient,
+    client: u64,
+    call: u64,
+    path: &str,
+) -> Result<FileStatus, Error> {
+    c.call(stampfs_proto::rpc::Once {
+        client: ClientId(client),
+        call,
+        inner: Mkdir {
+            path: path.into(),
+            parents: false,
+            attr: None,
+            caller: None,
+        },
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_once_call_asked_again_on_the_next_leader_gets_the_answer_of_the_first() {
+    let mut c = Cluster::start().await;
+    let first = c.leader().await;
+    let mut leader = c.client(first).await;
+    let made = mkdir_once(&mut leader, 0xc1, 1, "/once")
+        .await
+        .expect("made");
+    // Asked again on the same leader: the same answer, not AlreadyExists.
+    let again = mkdir_once(&mut leader, 0xc1, 1, "/once")
+        .await
+        .expect("asked again");
+    assert_eq!(again, made);
+    // Another call of the same client is another request: made (and refused) anew.
+    let other = mkdir_once(&mut leader, 0xc1, 2, "/once").await;
+    assert!(
+        matches!(other, Err(Error::Remote(RemoteError::AlreadyExists { .. }))),
+        "{other:?}"
+    );
+    // A call id reused for another kind of request is refused.
+    let reused = leader
+        .call(stampfs_proto::rpc::Once {
+            client: ClientId(0xc1),
+            call: 1,
+            inner: Delete {
+                path: "/once".into(),
+                recursive: false,
+                caller: None,
+            },
+        })
+        .await;
+    assert!(
+        matches!(reused, Err(Error::Remote(RemoteError::BadRequest { .. }))),
+        "{reused:?}"
+    );
+    // Only a namespace change made in one step is taken as a call.
+    let wrapped_read = leader
+        .call(stampfs_proto::rpc::Once {
+            client: ClientId(0xc1),
+            call: 3,
+            inner: Stat {
+                path: "/".into(),
+                caller: None,
+            },
+        })
+        .await;
+    assert!(
+        matches!(
+            wrapped_read,
+            Err(Error::Remote(RemoteError::BadRequest { .. }))
+        ),
+        "{wrapped_read:?}"
+    );
+
+    // The leader goes; the next one (which applied the answer with the change) answers
+    // the repeat the same.
+    drop(leader);
+    c.members[first] = None;
+    let second = c.leader().await;
+    let mut leader = c.client(second).await;
+    let after = mkdir_once(&mut leader, 0xc1, 1, "/once")
+        .await
+        .expect("asked again on the next leader");
+    assert_eq!(after.path, made.path);
+    assert_eq!(after.inode, made.inode);
+    // Its own calls are kept too, and the restarted member rebuilds them from the log.
+    mkdir_once(&mut leader, 0xc2, 7, "/twice")
+        .await
+        .expect("made");
+    c.start_member(first as u64 + 1).await;
+    replicated(&c, first, "/twice").await;
+    let m = c.members[first].as_ref().expect("running");
+    assert!(
+        matches!(
+            m.core().state().retry.lookup(
+                ClientId(0xc2),
+                7,
+                stampfs_master::retry_cache::CallKind::Mkdir
+            ),
+            stampfs_master::retry_cache::Lookup::Made(_)
+        ),
+        "a follower applies the answers with the changes"
+    );
+}

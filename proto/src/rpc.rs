@@ -8,6 +8,7 @@
 
 use crate::codec::{decode_prefix, decode_value, Frame, FrameReader, FrameWriter};
 use crate::error::{Error, RemoteError, Result};
+use crate::ids::ClientId;
 use crate::msg::*;
 use crate::net::{ConnRead, ConnWrite, Dialer, IdleState};
 use crate::token::Signed;
@@ -32,6 +33,10 @@ pub trait Rpc: Sized {
     /// `OpenChunk` and `UpdatePipeline`: DESIGN.md "A writer through a failover").
     /// Every [`Rpc::RESEND_SAFE`] request is.
     const ASK_AGAIN: bool = Self::RESEND_SAFE;
+    /// Whether a master group keeps the answer of the request, sent as a [`Once`]
+    /// call, for a repeat of it (namespace changes made in one step: `Mkdir`,
+    /// `Create`, `MakeFile`, `Rename`, `Delete`, `Symlink`, `SetXattr`).
+    const CACHED: bool = false;
     /// Wraps the request in its enum.
     fn into_request(self) -> Self::Request;
 }
@@ -39,13 +44,17 @@ pub trait Rpc: Sized {
 macro_rules! rpc {
     (@resend resend) => { true };
     (@resend again) => { false };
+    (@resend once) => { false };
+    (@cached once) => { true };
+    (@cached $other:ident) => { false };
     ($($enum:ident :: $variant:ident ( $req:ty ) -> $resp:ty $([$flag:ident])?;)*) => {$(
         impl Rpc for $req {
             type Request = $enum;
             type Response = $resp;
             $(
                 const RESEND_SAFE: bool = rpc!(@resend $flag);
-                const ASK_AGAIN: bool = true;
+                const ASK_AGAIN: bool = !rpc!(@cached $flag);
+                const CACHED: bool = rpc!(@cached $flag);
             )?
             fn into_request(self) -> $enum {
                 $enum::$variant(self)
@@ -55,10 +64,10 @@ macro_rules! rpc {
 }
 
 // `[resend]`: the request is [`Rpc::RESEND_SAFE`]; `[again]`: it is [`Rpc::ASK_AGAIN`]
-// only.
+// only; `[once]`: it is [`Rpc::CACHED`] (asked again only as a [`Once`] call).
 rpc! {
-    MasterRequest::Mkdir(Mkdir) -> FileStatus;
-    MasterRequest::Create(Create) -> FileStatus;
+    MasterRequest::Mkdir(Mkdir) -> FileStatus [once];
+    MasterRequest::Create(Create) -> FileStatus [once];
     MasterRequest::Append(Append) -> AppendReply;
     MasterRequest::AddChunk(AddChunk) -> WriteGrant [again];
     MasterRequest::UpdatePipeline(UpdatePipeline) -> WriteGrant [again];
@@ -67,8 +76,8 @@ rpc! {
     MasterRequest::GetLocations(GetLocations) -> FileLocations [resend];
     MasterRequest::List(List) -> Vec<FileStatus> [resend];
     MasterRequest::Stat(Stat) -> FileStatus [resend];
-    MasterRequest::Rename(Rename) -> ();
-    MasterRequest::Delete(Delete) -> ();
+    MasterRequest::Rename(Rename) -> () [once];
+    MasterRequest::Delete(Delete) -> () [once];
     MasterRequest::RecoverLease(RecoverLease) -> RecoveryOutcome;
     MasterRequest::ReportCorrupt(ReportCorrupt) -> ();
     MasterRequest::Register(Register) -> RegisterReply;
@@ -77,16 +86,16 @@ rpc! {
     MasterRequest::Fsck(Fsck) -> FsckReport [resend];
     MasterRequest::ClusterReport(ClusterReportRequest) -> ClusterReport [resend];
     MasterRequest::ReportPart(ReportPart) -> ();
-    MasterRequest::MakeFile(MakeFile) -> FileStatus;
+    MasterRequest::MakeFile(MakeFile) -> FileStatus [once];
     MasterRequest::CutLastChunk(CutLastChunk) -> () [resend];
     MasterRequest::OpenChunk(OpenChunk) -> WriteGrant [again];
     MasterRequest::DropChunks(DropChunks) -> ();
-    MasterRequest::Symlink(Symlink) -> FileStatus;
+    MasterRequest::Symlink(Symlink) -> FileStatus [once];
     MasterRequest::ReadLink(ReadLink) -> String [resend];
     MasterRequest::SetAttr(SetAttr) -> FileStatus [resend];
     MasterRequest::GetXattr(GetXattr) -> Option<Vec<u8>> [resend];
     MasterRequest::ListXattr(ListXattr) -> Vec<String> [resend];
-    MasterRequest::SetXattr(SetXattr) -> bool;
+    MasterRequest::SetXattr(SetXattr) -> bool [once];
     MasterRequest::ServerHello(ServerHello) -> ServerChallenge;
     MasterRequest::ServerProve(ServerProve) -> ServerProveReply;
     MasterRequest::ClientHello(ClientHello) -> ClientChallenge;
@@ -216,6 +225,29 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RpcClient<R, W> {
     }
 }
 
+/// A request the master caches ([`Rpc::CACHED`]) under the call id `call` of
+/// `client`: its answer is the request's, and it may be asked again (the same call
+/// id) after a lost answer.
+#[derive(Clone, Debug)]
+pub struct Once<R> {
+    pub client: ClientId,
+    pub call: u64,
+    pub inner: R,
+}
+
+impl<R: Rpc<Request = MasterRequest>> Rpc for Once<R> {
+    type Request = MasterRequest;
+    type Response = R::Response;
+    const ASK_AGAIN: bool = true;
+    fn into_request(self) -> MasterRequest {
+        MasterRequest::Once(OnceCall {
+            client: self.client,
+            call: self.call,
+            request: Box::new(self.inner.into_request()),
+        })
+    }
+}
+
 // Checked when the crate builds: only requests whose second copy has no second effect
 // and answers as the first did are resent after a lost reply (DESIGN.md, "Master
 // requests on a closed connection"); the ones that mint, create, move or remove never
@@ -227,6 +259,8 @@ const _: () = {
     assert!(AddChunk::ASK_AGAIN && OpenChunk::ASK_AGAIN && UpdatePipeline::ASK_AGAIN);
     assert!(Close::ASK_AGAIN && Stat::ASK_AGAIN);
     assert!(!Create::ASK_AGAIN && !Append::ASK_AGAIN && !DropChunks::ASK_AGAIN);
+    assert!(Mkdir::CACHED && Create::CACHED && MakeFile::CACHED && Rename::CACHED);
+    assert!(Delete::CACHED && Symlink::CACHED && SetXattr::CACHED && !Append::CACHED);
     assert!(!Create::RESEND_SAFE && !MakeFile::RESEND_SAFE && !Mkdir::RESEND_SAFE);
     assert!(!AddChunk::RESEND_SAFE && !OpenChunk::RESEND_SAFE && !DropChunks::RESEND_SAFE);
     assert!(!UpdatePipeline::RESEND_SAFE && !Append::RESEND_SAFE);

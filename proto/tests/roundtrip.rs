@@ -239,7 +239,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 41, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 42, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);

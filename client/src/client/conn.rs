@@ -47,6 +47,30 @@ impl Client {
     where
         R: Rpc<Request = MasterRequest> + Clone,
     {
+        // A namespace change sent to a group goes under a call id of its own, so that
+        // whichever member leads answers a repeat of it with what it made
+        // (`stampfs_proto::rpc::Once`).
+        if R::CACHED && self.inner.masters.len() > 1 {
+            let call = self
+                .inner
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            let once = stampfs_proto::rpc::Once {
+                client: self.inner.id,
+                call,
+                inner: req,
+            };
+            return self.call_following(once).await;
+        }
+        self.call_following(req).await
+    }
+
+    /// [`Client::call`], without the `Once` wrapping.
+    async fn call_following<R>(&self, req: R) -> Result<R::Response>
+    where
+        R: Rpc<Request = MasterRequest> + Clone,
+    {
         if inline::inside() {
             // This thread's runtime is not driven between its requests: let it see
             // what happened to its idle connections (a TLS connection's close is

@@ -330,10 +330,17 @@ impl Group {
 
     /// Queues record `lsn` ([`Proposer::append`]).
     pub fn append(&self, lsn: u64, record: &[u8]) -> Result<()> {
-        self.proposer.append(lsn, record)?;
+        self.append_all(&[(lsn, record)])
+    }
+
+    /// Queues `records` (LSNs in a row) to commit together, in one batch.
+    pub fn append_all(&self, records: &[(u64, &[u8])]) -> Result<()> {
+        self.proposer.append_all(records)?;
+        let bytes: usize = records.iter().map(|(_, r)| r.len()).sum();
         self.bytes_since_snapshot
-            .fetch_add(record.len() as u64, Ordering::Relaxed);
-        self.records.fetch_add(1, Ordering::Relaxed);
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.records
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -71,6 +71,9 @@ struct Queue {
     /// The LSN of `records[0]`.
     first_lsn: u64,
     records: Vec<serde_bytes::ByteBuf>,
+    /// Per record of `records`: the next one belongs to the same request's mutation
+    /// (queued by one [`Proposer::append_all`]), so no batch ends between them.
+    joined: Vec<bool>,
     /// The last LSN queued (or submitted, or committed before the start).
     last_queued: u64,
     /// The last LSN handed to openraft.
@@ -119,6 +122,7 @@ impl Proposer {
     pub fn lead(&self, generation: u64, committed: u64, pipelined: bool) {
         let mut q = lock(&self.queue);
         q.records.clear();
+        q.joined.clear();
         q.in_flight.clear();
         q.sent.clear();
         q.paused = false;
@@ -134,6 +138,7 @@ impl Proposer {
     pub fn follow(&self) {
         let mut q = lock(&self.queue);
         q.records.clear();
+        q.joined.clear();
         q.sent.clear();
         q.leading = None;
     }
@@ -169,6 +174,16 @@ impl Proposer {
     /// Queues record `lsn` (which must follow the previous one). Never waits; call
     /// [`Proposer::wait_committed`] before anything depending on it leaves.
     pub fn append(&self, lsn: u64, record: &[u8]) -> Result<()> {
+        self.append_all(&[(lsn, record)])
+    }
+
+    /// Queues `records` (LSNs in a row, following the previous one) together: they go
+    /// into one batch, so they commit together or not at all (a change and the answer
+    /// kept for a repeat of its request, `Record::CallDone`).
+    pub fn append_all(&self, records: &[(u64, &[u8])]) -> Result<()> {
+        let Some(&(last_lsn, _)) = records.last() else {
+            return Ok(());
+        };
         let mut q = lock(&self.queue);
         if q.stopped {
             return Err(Error::ShuttingDown);
@@ -181,17 +196,22 @@ impl Proposer {
                 reason: reason.clone(),
             });
         }
-        if lsn != q.last_queued + 1 {
-            return Err(Error::Codec {
-                reason: format!("log record {lsn} queued after {}", q.last_queued),
-            });
+        for (i, &(lsn, _)) in records.iter().enumerate() {
+            if lsn != q.last_queued + 1 + i as u64 {
+                return Err(Error::Codec {
+                    reason: format!("log record {lsn} queued after {}", q.last_queued + i as u64),
+                });
+            }
         }
         let was_empty = q.records.is_empty();
         if was_empty {
-            q.first_lsn = lsn;
+            q.first_lsn = records[0].0;
         }
-        q.records.push(serde_bytes::ByteBuf::from(record.to_vec()));
-        q.last_queued = lsn;
+        for (i, (_, record)) in records.iter().enumerate() {
+            q.records.push(serde_bytes::ByteBuf::from(record.to_vec()));
+            q.joined.push(i + 1 < records.len());
+        }
+        q.last_queued = last_lsn;
         drop(q);
         if was_empty {
             self.queued.notify_one();
@@ -265,7 +285,7 @@ impl Proposer {
                 return;
             }
             let mut bytes = 0usize;
-            let n = q
+            let mut n = q
                 .records
                 .iter()
                 .take_while(|r| {
@@ -274,7 +294,12 @@ impl Proposer {
                 })
                 .count()
                 .max(1);
+            // Records queued together stay together, past the size if need be.
+            while n < q.records.len() && q.joined[n - 1] {
+                n += 1;
+            }
             let records: Vec<_> = q.records.drain(..n).collect();
+            q.joined.drain(..n);
             let first_lsn = q.first_lsn;
             q.first_lsn += n as u64;
             q.submitted = first_lsn + n as u64 - 1;

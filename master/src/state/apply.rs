@@ -546,6 +546,12 @@ impl MasterState {
             Record::UserAdded { name, user } => self.apply_user_added(name, user)?,
             Record::UserRemoved { name } => self.apply_user_removed(name)?,
             Record::ClientOwner { client, user } => self.apply_client_owner(*client, user),
+            Record::CallDone {
+                client,
+                call,
+                kind,
+                reply,
+            } => self.retry.insert(*client, *call, *kind, reply.clone()),
             Record::SetAttr {
                 inode,
                 mode,

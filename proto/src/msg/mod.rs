@@ -101,7 +101,54 @@ pub enum MasterRequest {
     RemoveMaster(RemoveMaster),
     /// After every older variant, so that each keeps its wire index.
     TransferLeader(TransferLeader),
+    /// After every older variant, so that each keeps its wire index.
+    Once(OnceCall),
 }
+
+/// A client's namespace request under a call id of its own, so that the master of a
+/// group answers a repeat of it (its first answer lost in a failover) with what it
+/// made the first time, instead of making it twice (`AlreadyExists` for a mkdir that
+/// was made). The master keeps the answers of the requests it caches
+/// ([`crate::rpc::Rpc::CACHED`]) for a while, keyed by `(client, call)`; the client id
+/// is bound to the connection's user like any other.
+///
+/// Decoded by hand: a call inside a call is refused while decoding, before it could
+/// nest deeper (a frame of nested calls would otherwise recurse once per level).
+#[derive(Clone, Debug, PartialEq, Eq, Encode)]
+pub struct OnceCall {
+    pub client: ClientId,
+    /// Unique among the calls of `client` (a counter).
+    pub call: u64,
+    pub request: Box<MasterRequest>,
+}
+
+std::thread_local! {
+    /// Set while a [`OnceCall`]'s request decodes on this thread.
+    static DECODING_ONCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl<C> bincode::Decode<C> for OnceCall {
+    fn decode<D: bincode::de::Decoder<Context = C>>(
+        d: &mut D,
+    ) -> Result<Self, bincode::error::DecodeError> {
+        if DECODING_ONCE.with(|c| c.replace(true)) {
+            return Err(bincode::error::DecodeError::Other(
+                "a call inside a call (a Once request wraps one request, never another)",
+            ));
+        }
+        let decoded = (|| {
+            Ok(OnceCall {
+                client: ClientId::decode(d)?,
+                call: u64::decode(d)?,
+                request: Box::new(MasterRequest::decode(d)?),
+            })
+        })();
+        DECODING_ONCE.with(|c| c.set(false));
+        decoded
+    }
+}
+
+bincode::impl_borrow_decode!(OnceCall);
 
 /// Who may send a [`MasterRequest`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +211,11 @@ impl MasterRequest {
             | R::GetXattr(_)
             | R::ListXattr(_)
             | R::SetXattr(_) => RequestClass::Client,
+            // The master refuses to wrap anything but a client's request.
+            R::Once(o) => match o.request.class() {
+                RequestClass::Client => RequestClass::Client,
+                _ => RequestClass::Admin,
+            },
         }
     }
 
@@ -188,6 +240,7 @@ impl MasterRequest {
             R::GetXattr(r) => &mut r.caller,
             R::ListXattr(r) => &mut r.caller,
             R::SetXattr(r) => &mut r.caller,
+            R::Once(o) => return o.request.caller_mut(),
             _ => return None,
         })
     }
@@ -208,6 +261,7 @@ impl MasterRequest {
             R::CutLastChunk(r) => r.client,
             R::OpenChunk(r) => r.client,
             R::DropChunks(r) => r.client,
+            R::Once(o) => o.client,
             _ => return None,
         })
     }
@@ -226,4 +280,55 @@ pub enum ChunkRequest {
     OverwriteSetup(OverwriteSetup),
     /// After every older variant, so that each keeps its wire index.
     Digest(Signed<DigestReplica>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode_value, encode_value};
+
+    fn mkdir() -> MasterRequest {
+        MasterRequest::Mkdir(Mkdir {
+            path: "/a".into(),
+            parents: false,
+            attr: None,
+            caller: None,
+        })
+    }
+
+    #[test]
+    fn a_once_call_round_trips_and_speaks_for_its_client() {
+        let once = MasterRequest::Once(OnceCall {
+            client: ClientId(7),
+            call: 3,
+            request: Box::new(mkdir()),
+        });
+        let bytes = encode_value(&once).expect("encode");
+        assert_eq!(decode_value::<MasterRequest>(&bytes).expect("decode"), once);
+        assert_eq!(once.class(), RequestClass::Client);
+        assert_eq!(once.client_id(), Some(ClientId(7)));
+    }
+
+    #[test]
+    fn a_call_inside_a_call_is_refused_while_decoding() {
+        // 100 000 levels of calls, as bytes (each level is the same prefix): the
+        // second level is refused at once, with no recursion per level.
+        let one = encode_value(&MasterRequest::Once(OnceCall {
+            client: ClientId(1),
+            call: 0,
+            request: Box::new(mkdir()),
+        }))
+        .expect("encode");
+        let inner = encode_value(&mkdir()).expect("encode");
+        let prefix = &one[..one.len() - inner.len()];
+        let mut deep = Vec::new();
+        for _ in 0..100_000 {
+            deep.extend_from_slice(prefix);
+        }
+        deep.extend_from_slice(&inner);
+        let e = decode_value::<MasterRequest>(&deep).unwrap_err();
+        assert!(e.to_string().contains("a call inside a call"), "{e}");
+        // The guard is reset: a single call decodes on this thread afterwards.
+        assert!(decode_value::<MasterRequest>(&one).is_ok());
+    }
 }

@@ -900,6 +900,13 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         any::<u64>()
             .prop_map(|to| MasterRequest::TransferLeader(TransferLeader { to }))
             .boxed(),
+        (any::<u64>(), any::<u64>(), arb_mkdir())
+            .prop_map(|(client, call, m)| MasterRequest::Once(OnceCall {
+                client: ClientId(client),
+                call,
+                request: Box::new(MasterRequest::Mkdir(m)),
+            }))
+            .boxed(),
     ]
     .boxed()
 }
@@ -957,6 +964,7 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::AddMaster(_) => "AddMaster",
         MasterRequest::RemoveMaster(_) => "RemoveMaster",
         MasterRequest::TransferLeader(_) => "TransferLeader",
+        MasterRequest::Once(_) => "Once",
     }
 }
 
