@@ -470,6 +470,11 @@ impl MasterState {
         Ok(lsn)
     }
 
+    /// How many records were committed since the outbox was last taken.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
     /// Records committed since the last call, for the log.
     pub fn take_outbox(&mut self) -> Vec<(u64, Vec<u8>)> {
         std::mem::take(&mut self.outbox)

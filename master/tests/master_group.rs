@@ -439,6 +439,30 @@ async fn a_once_call_asked_again_on_the_next_leader_gets_the_answer_of_the_first
         .await
         .expect("asked again");
     assert_eq!(again, made);
+    // A change that changes nothing (mkdir -p of a directory that exists) keeps no
+    // answer: asked again, it answers the same anyway.
+    let kept = c.members[first]
+        .as_ref()
+        .expect("running")
+        .core()
+        .state()
+        .retry
+        .len();
+    leader
+        .call(stampfs_proto::rpc::Once {
+            client: ClientId(0xc1),
+            call: 9,
+            inner: Mkdir {
+                path: "/once".into(),
+                parents: true,
+                attr: None,
+                caller: None,
+            },
+        })
+        .await
+        .expect("mkdir -p of a directory that exists");
+    let m = c.members[first].as_ref().expect("running");
+    assert_eq!(m.core().state().retry.len(), kept);
     // Another call of the same client is another request: made (and refused) anew.
     let other = mkdir_once(&mut leader, 0xc1, 2, "/once").await;
     assert!(

@@ -294,7 +294,12 @@ impl StateMachine {
                     ),
                 });
             }
+            // The answers kept for repeated calls, up to the commit point: those
+            // before the snapshot are not in the rebuilt state.
+            let mut retry = std::mem::take(&mut st.retry);
+            retry.keep_up_to(committed);
             *st = r.state;
+            st.retry = retry;
         }
         Ok(())
     }
@@ -500,7 +505,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .map_err(snapshot_err)?;
         let mut i = lock(&self.inner);
         self.step_down_locked(&mut i).map_err(snapshot_err)?;
-        *lock(&self.master) = state;
+        {
+            // The answers kept for repeated calls that the snapshot covers stay.
+            let mut master = lock(&self.master);
+            let mut state = state;
+            let mut retry = std::mem::take(&mut master.retry);
+            retry.keep_up_to(lsn);
+            state.retry = retry;
+            *master = state;
+        }
         i.last_applied = meta.last_log_id;
         i.membership = meta.last_membership.clone();
         self.disk.snapshot_lsn.fetch_max(lsn, Ordering::AcqRel);

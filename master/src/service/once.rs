@@ -1,12 +1,12 @@
 //! `Once` calls: a namespace change made with its answer kept for a repeat of the call
 //! (`retry_cache.rs` says why; DESIGN.md "A writer through a failover").
 //!
-//! The server serves a `Once` call by looking its `(client, call)` up, as a read (the
-//! answer leaves only once what it saw is committed and, in a group, this member
-//! still leads): made, the kept answer; being made right now (its first ask is still
-//! under way here), `Unavailable` so the client asks again; otherwise the request is
-//! made under [`ONCE`], and its mutation logs `Record::CallDone` with the answer in the
-//! same batch as the change ([`Core::mutate_once`]).
+//! The server serves a `Once` call by looking its `(client, call)` up: made, the kept
+//! answer, once a read confirms it (what it saw is committed and, in a group, this
+//! member still leads); being made right now (its first ask is still under way here),
+//! `Unavailable` so the client asks again; otherwise the request is made under
+//! [`ONCE`], and its mutation logs `Record::CallDone` with the answer in the same batch
+//! as the change ([`Core::mutate_once`]), unless it changed nothing.
 
 use super::Core;
 use crate::error::{Error, Result};
@@ -61,18 +61,22 @@ impl Core {
         call: u64,
         kind: CallKind,
     ) -> Result<std::result::Result<CachedReply, InFlight<'_>>> {
-        let found = self
-            .read(|st, _| match st.retry.lookup(client, call, kind) {
-                Lookup::Absent => Ok(None),
-                Lookup::Made(r) => Ok(Some(r)),
-                Lookup::OtherKind(k) => Err(Error::bad_request(format!(
-                    "call {call} of {client} was a {k:?}, not a {kind:?}: a call id names one request"
-                ))),
-            })
-            .await?;
-        if let Some(r) = found {
-            tracing::info!(%client, call, kind = ?kind, "a call asked again: answering what it made");
-            return Ok(Ok(r));
+        // Looked up in the state; only an answer found waits for a read's
+        // confirmation (what it saw committed, this member still leading). An absent
+        // one is made next, and a mutation of a deposed leader never commits.
+        let found = self.state().retry.lookup(client, call, kind);
+        match found {
+            Lookup::Absent => {}
+            Lookup::Made(r) => {
+                self.read(|_, _| Ok(())).await?;
+                tracing::info!(%client, call, kind = ?kind, "a call asked again: answering what it made");
+                return Ok(Ok(r));
+            }
+            Lookup::OtherKind(k) => {
+                return Err(Error::bad_request(format!(
+                "call {call} of {client} was a {k:?}, not a {kind:?}: a call id names one request"
+            )))
+            }
         }
         let key = (client, call);
         let fresh = self
@@ -110,8 +114,12 @@ impl Core {
     ) -> Result<T> {
         let call = ONCE.try_with(|c| *c).ok();
         self.mutate_durable(|st, now, mt| {
+            let before = st.outbox_len();
             let v = f(st, now, mt)?;
-            if let Some((client, call, kind)) = call {
+            // A change that changed nothing (`mkdir -p` of a directory that exists)
+            // answers the same when asked again: nothing to keep.
+            let changed = st.outbox_len() > before;
+            if let (Some((client, call, kind)), true) = (call, changed) {
                 st.commit(
                     Record::CallDone {
                         client,

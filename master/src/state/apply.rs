@@ -551,7 +551,11 @@ impl MasterState {
                 call,
                 kind,
                 reply,
-            } => self.retry.insert(*client, *call, *kind, reply.clone()),
+            } => {
+                // `last_lsn` moves past this record once it is applied.
+                let lsn = self.last_lsn + 1;
+                self.retry.insert(*client, *call, *kind, reply.clone(), lsn)
+            }
             Record::SetAttr {
                 inode,
                 mode,

@@ -131,20 +131,24 @@ impl<C> bincode::Decode<C> for OnceCall {
     fn decode<D: bincode::de::Decoder<Context = C>>(
         d: &mut D,
     ) -> Result<Self, bincode::error::DecodeError> {
+        /// Clears the flag when the decode ends, however it ends.
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                DECODING_ONCE.with(|c| c.set(false));
+            }
+        }
         if DECODING_ONCE.with(|c| c.replace(true)) {
             return Err(bincode::error::DecodeError::Other(
                 "a call inside a call (a Once request wraps one request, never another)",
             ));
         }
-        let decoded = (|| {
-            Ok(OnceCall {
-                client: ClientId::decode(d)?,
-                call: u64::decode(d)?,
-                request: Box::new(MasterRequest::decode(d)?),
-            })
-        })();
-        DECODING_ONCE.with(|c| c.set(false));
-        decoded
+        let _reset = Reset;
+        Ok(OnceCall {
+            client: ClientId::decode(d)?,
+            call: u64::decode(d)?,
+            request: Box::new(MasterRequest::decode(d)?),
+        })
     }
 }
 
