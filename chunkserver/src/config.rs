@@ -102,6 +102,10 @@ pub struct ChunkserverConfig {
     /// max(64, soft open-file limit / 2), leaving the rest for sockets.
     #[arg(long, default_value_t = 0)]
     pub max_open_files: usize,
+    /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`; port 0:
+    /// any free port, written to DIR/metrics-addr). None without it.
+    #[arg(long, env = "STAMPFS_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
 }
 
 impl ChunkserverConfig {
@@ -128,6 +132,7 @@ impl ChunkserverConfig {
             delete_rate: 50,
             write_behind: crate::store::DEFAULT_WRITE_BEHIND,
             max_open_files: 0,
+            metrics_listen: None,
         }
     }
 

@@ -6,17 +6,35 @@
 use crate::error::{Error, Result};
 use stampfs_proto::{ChunkHandle, ChunkVersion};
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+
+/// Requests refused by this process's gate for presenting an older version than the
+/// replica's (`metrics.rs` serves it).
+static FENCED: AtomicU64 = AtomicU64::new(0);
+
+/// How many requests were refused as fenced since the process started.
+pub fn fenced_total() -> u64 {
+    FENCED.load(AtomicOrdering::Relaxed)
+}
+
+/// Counts a refusal of a stale version made outside [`check`].
+pub fn count_fenced() {
+    FENCED.fetch_add(1, AtomicOrdering::Relaxed);
+}
 
 /// Equal: proceed. Lower: the presenter is fenced ([`Error::StaleToken`]). Higher: this
 /// replica missed a bump and must not serve ([`Error::ReplicaStale`]).
 pub fn check(handle: ChunkHandle, presented: ChunkVersion, current: ChunkVersion) -> Result<()> {
     match presented.cmp(&current) {
         Ordering::Equal => Ok(()),
-        Ordering::Less => Err(Error::StaleToken {
-            handle,
-            presented,
-            current,
-        }),
+        Ordering::Less => {
+            count_fenced();
+            Err(Error::StaleToken {
+                handle,
+                presented,
+                current,
+            })
+        }
         Ordering::Greater => Err(Error::ReplicaStale {
             handle,
             presented,

@@ -50,6 +50,7 @@ pub mod header;
 pub mod heartbeat;
 pub mod io;
 pub mod layout;
+pub mod metrics;
 pub mod pipeline;
 pub mod replication;
 pub mod scrub;

@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     read_budget: Arc<Semaphore>,
     /// Cancelled by shutdown; every task selects on it.
     pub cancel: CancellationToken,
+    /// Requests served and their latency, when metrics are served (`metrics.rs`).
+    pub metrics: std::sync::OnceLock<stampfs_metrics::Requests>,
     /// Why this chunkserver cannot go on (the master and it hold different cluster
     /// keys); set once, with `cancel` cancelled, for the process to exit saying so.
     fatal: tokio::sync::watch::Sender<Option<String>>,
@@ -344,6 +346,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         deletions,
         read_budget: Arc::new(Semaphore::new(READ_BUDGET)),
         cancel: CancellationToken::new(),
+        metrics: std::sync::OnceLock::new(),
         fatal: tokio::sync::watch::channel(None).0,
         tracker: TaskTracker::new(),
         _dir_lock: dir_lock,
@@ -353,6 +356,23 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         &shared.config.dir.join(ADDR_FILE),
         format!("{addr}\n").as_bytes(),
     )?;
+    if let Some(at) = shared.config.metrics_listen.clone() {
+        let file = shared.config.dir.join("metrics-addr");
+        let listener = stampfs_metrics::bind(&at, &file).await.map_err(|e| {
+            let (_, source) = e.into_parts();
+            Error::io("serve metrics on", &at, source)
+        })?;
+        let (exporter, requests) = crate::metrics::exporter(&shared, engine_name);
+        let _ = shared.metrics.set(requests);
+        let stop = shared.cancel.clone();
+        shared.tracker.spawn(async move {
+            tokio::select! {
+                () = stampfs_metrics::serve(listener, exporter) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+        tracing::info!(addr = %at, "serving metrics at /metrics");
+    }
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     shared
         .tracker
@@ -471,6 +491,13 @@ async fn serve_connection(shared: Arc<Shared>, conn: Conn) {
         // Read permits stay held until the reply has been written (or its write has
         // failed: a peer that stopped reading gives them back after the idle timeout).
         let mut _read_permit = None;
+        let (op, started) = (request.name(), std::time::Instant::now());
+        if request.is_stream() {
+            // A stream takes the connection: counted when it starts, not timed.
+            if let Some(m) = shared.metrics.get() {
+                m.observe(op, std::time::Duration::ZERO);
+            }
+        }
         let outcome = match request {
             ChunkRequest::WriteSetup(setup) => {
                 let mode = pipeline::WriteMode::Append;
@@ -516,6 +543,9 @@ async fn serve_connection(shared: Arc<Shared>, conn: Conn) {
                 reply_frame(id, &result, Bytes::new())
             }
         };
+        if let Some(m) = shared.metrics.get() {
+            m.observe(op, started.elapsed());
+        }
         let sent = match outcome {
             Ok(frame) => writer.write_frame(&frame).await,
             Err(e) => {

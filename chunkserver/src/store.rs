@@ -355,6 +355,7 @@ impl Store {
                 SlotState::Live(r) => {
                     let current = r.header.version;
                     if version < current {
+                        crate::gate::count_fenced();
                         return Err(Error::StaleToken {
                             handle,
                             presented: version,

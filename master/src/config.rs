@@ -104,6 +104,10 @@ pub struct MasterConfig {
     /// group's `--cluster-key-file`.
     #[arg(long)]
     pub join: bool,
+    /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`; port 0:
+    /// any free port, written to DIR/metrics-addr). None without it.
+    #[arg(long, env = "STAMPFS_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Entries of the group's log kept behind each snapshot, for members that fall
     /// behind; a member further behind is sent the leader's snapshot instead.
     #[arg(long, default_value_t = DEFAULT_GROUP_LOG_KEEP)]
@@ -199,6 +203,7 @@ impl MasterConfig {
             peers: Vec::new(),
             group_log_keep: DEFAULT_GROUP_LOG_KEEP,
             join: false,
+            metrics_listen: None,
         }
     }
 

@@ -39,6 +39,7 @@
 //!   one with `--log group`; [`journal`]: the one interface the request logic has to
 //!   either log ([`journal::Journal`]).
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
+//! - [`metrics`]: the Prometheus metrics served with `--metrics-listen`.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!
 //! Invariant 1 (DESIGN.md) lives in [`state`] and [`service`]: every new handle and
@@ -89,6 +90,7 @@ pub mod handle_set;
 pub mod health;
 pub mod journal;
 pub mod lease;
+pub mod metrics;
 pub mod namespace;
 pub mod oplog;
 pub mod pacing;

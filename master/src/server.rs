@@ -50,9 +50,11 @@ const _: fn() = || {
     send_sync::<MasterHandle>();
 };
 
+mod calls;
 mod recover;
 mod report_parts;
 
+use calls::{serve_once, serve_raft};
 pub use recover::RAFT_DIR;
 use report_parts::ReportParts;
 pub use report_parts::MAX_REPORT_REPLICAS;
@@ -253,6 +255,23 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
     } else {
         // A member of a group: the first to lead creates the superuser.
         tasks.spawn(bootstrap_when_leading(core.clone(), shutdown.clone()));
+    }
+    if let Some(addr) = core.config.metrics_listen.clone() {
+        let file = core.config.dir.join("metrics-addr");
+        let listener = stampfs_metrics::bind(&addr, &file).await.map_err(|e| {
+            let (what, source) = e.into_parts();
+            Error::io(what, source)
+        })?;
+        let (exporter, requests) = crate::metrics::exporter(&core);
+        let _ = core.metrics.set(requests);
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = stampfs_metrics::serve(listener, exporter) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+        tracing::info!(%addr, "serving metrics at /metrics");
     }
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(
@@ -569,33 +588,6 @@ async fn handle_connection(
     }
 }
 
-/// Serves a Raft call from another member of the group (its message is the frame's
-/// data, and so is the answer).
-async fn serve_raft(core: &Core, id: u64, req: MasterRequest, data: &[u8]) -> Frame {
-    let MasterRequest::Raft(call) = req else {
-        return reply::<()>(id, Err(Error::bad_request("not a Raft call")));
-    };
-    let Some(g) = core.log.group() else {
-        return reply::<()>(
-            id,
-            Err(Error::bad_request(
-                "this master keeps an operation log and is no member of a group",
-            )),
-        );
-    };
-    match crate::raft::network::serve(&g.raft, call, data).await {
-        Ok((r, body)) => reply_frame(id, &Ok::<_, RemoteError>(r), body).unwrap_or_else(|e| {
-            reply::<()>(
-                id,
-                Err(Error::Codec {
-                    reason: e.to_string(),
-                }),
-            )
-        }),
-        Err(e) => reply::<()>(id, Err(e)),
-    }
-}
-
 /// Whether the connection may send `req`, and as whom (see `auth.rs`): a client
 /// request is made to act as the connection's user, and its client id is bound to
 /// that user.
@@ -622,7 +614,7 @@ tokio::task_local! {
     static HIDE_HOLDERS: bool;
 }
 
-fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
+pub(super) fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
     let result = result.map_err(|e| {
         match e.code() {
             stampfs_proto::ErrorCode::Internal | stampfs_proto::ErrorCode::Io => {
@@ -648,57 +640,26 @@ fn reply<T: Encode>(id: u64, result: Result<T>) -> Frame {
         .unwrap_or_default()
 }
 
-/// A `Once` call (`service/once.rs`): the answer kept for it when it was made, else
-/// its request, made with its answer kept.
-fn serve_once<'a>(
-    core: &'a Arc<Core>,
-    id: u64,
-    o: stampfs_proto::OnceCall,
-    mark: &'a mut Option<(stampfs_proto::ChunkserverId, u64)>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Frame> + Send + 'a>> {
-    // Boxed: `dispatch` serves the call's request (never a `Once` call itself: that
-    // is refused when decoding).
-    Box::pin(async move {
-        use crate::retry_cache::{CachedReply, CallKind};
-        let stampfs_proto::OnceCall {
-            client,
-            call,
-            request,
-        } = o;
-        let Some(kind) = CallKind::of(&request) else {
-            return reply::<()>(
-                id,
-                Err(Error::bad_request(
-                    "only a namespace change made in one step (mkdir, create, make-file, \
-                     rename, delete, symlink, set-xattr) is sent as a Once call",
-                )),
-            );
-        };
-        if request.client_id().is_some_and(|c| c != client) {
-            return reply::<()>(
-                id,
-                Err(Error::bad_request(
-                    "a Once call speaks for another client than its request",
-                )),
-            );
-        }
-        let _making = match core.begin_call(client, call, kind).await {
-            Ok(Ok(CachedReply::Status(s))) => return reply(id, Ok(s)),
-            Ok(Ok(CachedReply::Unit)) => return reply(id, Ok(())),
-            Ok(Ok(CachedReply::Bool(b))) => return reply(id, Ok(b)),
-            Ok(Err(guard)) => guard,
-            Err(e) => return reply::<()>(id, Err(e)),
-        };
-        crate::service::ONCE
-            .scope((client, call, kind), dispatch(core, id, *request, mark))
-            .await
-    })
-}
-
 /// Serves one request; `mark`: the connection's report mark and the chunkserver it is
 /// for, set by a heartbeat or a registration and used by the chunk report that
 /// follows it.
-async fn dispatch(
+pub(super) async fn dispatch(
+    core: &Arc<Core>,
+    id: u64,
+    req: MasterRequest,
+    mark: &mut Option<(stampfs_proto::ChunkserverId, u64)>,
+) -> Frame {
+    let Some(metrics) = core.metrics.get() else {
+        return dispatch_one(core, id, req, mark).await;
+    };
+    let op = req.name();
+    let started = std::time::Instant::now();
+    let frame = dispatch_one(core, id, req, mark).await;
+    metrics.observe(op, started.elapsed());
+    frame
+}
+
+async fn dispatch_one(
     core: &Arc<Core>,
     id: u64,
     req: MasterRequest,

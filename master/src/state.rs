@@ -45,6 +45,7 @@ mod report;
 mod snapshot;
 mod users;
 mod write;
+mod write_checks;
 mod xattr;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use owners::REQUEST_USER;

@@ -172,6 +172,55 @@ pub enum RequestClass {
 }
 
 impl MasterRequest {
+    /// The request's name, for metrics and logs (`add_chunk`, `once`, ...).
+    pub fn name(&self) -> &'static str {
+        use MasterRequest as R;
+        match self {
+            R::Mkdir(_) => "mkdir",
+            R::Create(_) => "create",
+            R::Append(_) => "append",
+            R::AddChunk(_) => "add_chunk",
+            R::UpdatePipeline(_) => "update_pipeline",
+            R::Close(_) => "close",
+            R::RenewLease(_) => "renew_lease",
+            R::GetLocations(_) => "get_locations",
+            R::List(_) => "list",
+            R::Stat(_) => "stat",
+            R::Rename(_) => "rename",
+            R::Delete(_) => "delete",
+            R::RecoverLease(_) => "recover_lease",
+            R::ReportCorrupt(_) => "report_corrupt",
+            R::Register(_) => "register",
+            R::Heartbeat(_) => "heartbeat",
+            R::ChunkReport(_) => "chunk_report",
+            R::Fsck(_) => "fsck",
+            R::ClusterReport(_) => "cluster_report",
+            R::ReportPart(_) => "report_part",
+            R::MakeFile(_) => "make_file",
+            R::CutLastChunk(_) => "cut_last_chunk",
+            R::OpenChunk(_) => "open_chunk",
+            R::DropChunks(_) => "drop_chunks",
+            R::Symlink(_) => "symlink",
+            R::ReadLink(_) => "read_link",
+            R::SetAttr(_) => "set_attr",
+            R::GetXattr(_) => "get_xattr",
+            R::ListXattr(_) => "list_xattr",
+            R::SetXattr(_) => "set_xattr",
+            R::ServerHello(_) => "server_hello",
+            R::ServerProve(_) => "server_prove",
+            R::ClientHello(_) => "client_hello",
+            R::ClientProve(_) => "client_prove",
+            R::AddUser(_) => "add_user",
+            R::ListUsers(_) => "list_users",
+            R::RemoveUser(_) => "remove_user",
+            R::Raft(_) => "raft",
+            R::AddMaster(_) => "add_master",
+            R::RemoveMaster(_) => "remove_master",
+            R::TransferLeader(_) => "transfer_leader",
+            R::Once(_) => "once",
+        }
+    }
+
     /// Who may send it.
     pub fn class(&self) -> RequestClass {
         use MasterRequest as R;
@@ -284,6 +333,34 @@ pub enum ChunkRequest {
     OverwriteSetup(OverwriteSetup),
     /// After every older variant, so that each keeps its wire index.
     Digest(Signed<DigestReplica>),
+}
+
+impl ChunkRequest {
+    /// The request's name, for metrics and logs (`write_setup`, `read`, ...).
+    pub fn name(&self) -> &'static str {
+        use ChunkRequest as R;
+        match self {
+            R::WriteSetup(_) => "write_setup",
+            R::Read(_) => "read",
+            R::ReplicaInfo(_) => "replica_info",
+            R::ReceiveReplica(_) => "receive_replica",
+            R::Command(_) => "command",
+            R::Verify(_) => "verify",
+            R::OverwriteSetup(_) => "overwrite_setup",
+            R::Digest(_) => "digest",
+        }
+    }
+
+    /// Whether it turns its connection into a stream (a write pipeline, a replica
+    /// copy) rather than getting one answer.
+    pub fn is_stream(&self) -> bool {
+        matches!(
+            self,
+            ChunkRequest::WriteSetup(_)
+                | ChunkRequest::OverwriteSetup(_)
+                | ChunkRequest::ReceiveReplica(_)
+        )
+    }
 }
 
 #[cfg(test)]

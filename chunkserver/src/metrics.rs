@@ -1,0 +1,50 @@
+//! The chunkserver's Prometheus metrics (`--metrics-listen ADDR`, served by
+//! `stampfs-metrics`): requests and their latency by kind (a stream is counted when it
+//! starts, not timed), observed where the server reads them; and, read at each scrape,
+//! the requests refused as fenced (a version older than the replica's, counted by the
+//! fencing gate), the replicas held, the write streams open, and the I/O engine in
+//! use.
+
+use crate::server::Shared;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use stampfs_metrics::{prometheus_client, Exporter, Registry, Requests};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Builds the chunkserver's registry and exporter; the returned [`Requests`] is what
+/// the server observes its requests into.
+pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Exporter>, Requests) {
+    let mut registry = Registry::with_prefix("stampfs_chunkserver");
+    let requests = Requests::register(&mut registry);
+    let fenced = Counter::<u64>::default();
+    registry.register(
+        "fenced",
+        "Requests refused for presenting an older chunk version than the replica's \
+         (writes of a deposed writer, stale bumps)",
+        fenced.clone(),
+    );
+    let replicas = Gauge::<i64>::default();
+    registry.register("replicas", "Replicas held", replicas.clone());
+    let streams = Gauge::<i64>::default();
+    registry.register("write_streams", "Write streams open", streams.clone());
+    let engines = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    registry.register("io_engine", "The I/O engine in use (1)", engines.clone());
+    engines.get_or_create(&vec![("engine", engine)]).set(1);
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    let fenced_seen = AtomicU64::new(0);
+    let refresh = move || {
+        let now = crate::gate::fenced_total();
+        let before = fenced_seen.swap(now, Ordering::Relaxed);
+        fenced.inc_by(now.saturating_sub(before));
+        if let Some(shared) = weak.upgrade() {
+            replicas.set(i64::try_from(shared.store.replica_count()).unwrap_or(i64::MAX));
+            streams.set(i64::from(shared.active_streams.load(Ordering::Relaxed)));
+        }
+    };
+    (
+        Arc::new(Exporter::new("chunkserver", registry, refresh)),
+        requests,
+    )
+}

@@ -1,0 +1,126 @@
+//! The master's Prometheus metrics (`--metrics-listen ADDR`, served by
+//! `stampfs-metrics`): requests and their latency by operation, observed where the
+//! server dispatches them; and, read from the state and the log at each scrape, the
+//! namespace and chunk counts, the chunkservers live, the files open for writing and
+//! in lease recovery, the log's records, fsyncs and swept batches, the answers kept
+//! for repeated calls, and, in a master group, whether this member leads and its term.
+
+use crate::service::Core;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use stampfs_metrics::{prometheus_client, Exporter, Registry, Requests};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Counters copied from the log's own at each scrape.
+#[derive(Default)]
+struct LogCounters {
+    records: Counter,
+    fsyncs: Counter,
+    swept: Counter,
+    /// What was copied last: the counters rise by the difference.
+    last: Mutex<crate::oplog::LogStats>,
+}
+
+impl LogCounters {
+    fn copy(&self, now: crate::oplog::LogStats) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        self.records
+            .inc_by(now.records.saturating_sub(last.records));
+        self.fsyncs.inc_by(now.fsyncs.saturating_sub(last.fsyncs));
+        self.swept.inc_by(now.swept.saturating_sub(last.swept));
+        *last = now;
+    }
+}
+
+/// Builds the master's registry and exporter; the returned [`Requests`] is what the
+/// server observes its requests into.
+pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
+    let mut registry = Registry::with_prefix("stampfs_master");
+    let requests = Requests::register(&mut registry);
+    let gauge = |registry: &mut Registry, name: &str, help: &str| {
+        let g = Gauge::<i64>::default();
+        registry.register(name, help, g.clone());
+        g
+    };
+    let inodes = gauge(&mut registry, "inodes", "Files, directories and links");
+    let chunks = gauge(&mut registry, "chunks", "Chunks");
+    let known = gauge(
+        &mut registry,
+        "chunkservers",
+        "Chunkservers ever registered",
+    );
+    let live = gauge(
+        &mut registry,
+        "chunkservers_live",
+        "Chunkservers heard from within the dead-after period",
+    );
+    let open = gauge(
+        &mut registry,
+        "files_open",
+        "Files open for writing (leases held)",
+    );
+    let recovering = gauge(&mut registry, "files_recovering", "Files in lease recovery");
+    let missing = gauge(
+        &mut registry,
+        "chunks_missing",
+        "Last chunks closed by lease recovery with no replica at their version",
+    );
+    let kept = gauge(
+        &mut registry,
+        "calls_kept",
+        "Answers kept for repeated calls (the retry cache)",
+    );
+    let leading = gauge(
+        &mut registry,
+        "leading",
+        "1 while this master serves (a group's leader, or a master on its own log)",
+    );
+    let term = gauge(
+        &mut registry,
+        "term",
+        "The term this member leads or last led in (group)",
+    );
+    let log = Arc::new(LogCounters::default());
+    registry.register(
+        "log_records",
+        "Records written to the log",
+        log.records.clone(),
+    );
+    registry.register(
+        "log_fsyncs",
+        "fdatasync calls of the operation log",
+        log.fsyncs.clone(),
+    );
+    registry.register(
+        "log_swept_batches",
+        "Batches written without a waiter (by the sweeper)",
+        log.swept.clone(),
+    );
+    let weak: Weak<Core> = Arc::downgrade(core);
+    let refresh = move || {
+        let Some(core) = weak.upgrade() else {
+            return;
+        };
+        {
+            let st = core.state();
+            let now = core.clock.now_ms();
+            inodes.set(st.ns.len() as i64);
+            chunks.set(st.chunks.len() as i64);
+            known.set(st.servers.len() as i64);
+            live.set(st.registry.live_count(now, st.settings.dead_after_ms) as i64);
+            open.set(st.leases.len() as i64);
+            recovering.set(st.recovering.len() as i64);
+            missing.set(st.missing_chunks.len() as i64);
+            kept.set(st.retry.len() as i64);
+        }
+        leading.set(i64::from(core.log.serving().is_ok()));
+        if let Some(g) = core.log.group() {
+            term.set(i64::try_from(g.leadership.epoch().term).unwrap_or(i64::MAX));
+        }
+        log.copy(core.log.stats());
+    };
+    (
+        Arc::new(Exporter::new("master", registry, refresh)),
+        requests,
+    )
+}

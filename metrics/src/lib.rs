@@ -1,0 +1,291 @@
+//! stampfs's metrics: a Prometheus registry per server, served over HTTP.
+//!
+//! A server (the master, a chunkserver) started with `--metrics-listen ADDR` builds a
+//! [`Registry`] (the `prometheus-client` crate's) with its own metrics, and [`serve`]s
+//! it: `GET /metrics` answers the OpenMetrics text exposition, `GET /` a short page
+//! naming it; anything else is a 404 and any method but `GET` a 405. Before each
+//! scrape the server's `refresh` hook copies values kept elsewhere (counters of the
+//! operation log, of the fencing gate) into the registry. The HTTP side is hyper's
+//! HTTP/1 server; a connection serves its requests one at a time and is dropped after
+//! [`IDLE`] without one.
+//!
+//! [`Requests`] is the family every server has: requests served and their latency, by
+//! operation.
+
+pub use prometheus_client;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+pub use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a metrics connection may sit without a request.
+pub const IDLE: Duration = Duration::from_secs(30);
+
+/// The content type of the exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Everything that can go wrong serving metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the metrics address to {path}: {source}")]
+    AddrFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// What failed, and the I/O error under it (for a server's own error type).
+    pub fn into_parts(self) -> (String, std::io::Error) {
+        match self {
+            Error::Listen { addr, source } => (format!("listen for metrics on {addr}"), source),
+            Error::AddrFile { path, source } => (format!("write {path}"), source),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The operation a request was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Op {
+    pub op: &'static str,
+}
+
+/// Requests served and their latency, by operation.
+#[derive(Clone, Debug)]
+pub struct Requests {
+    count: Family<Op, Counter>,
+    seconds: Family<Op, Histogram>,
+}
+
+impl Requests {
+    /// Registers the family as `requests` and `request_seconds` in `registry`.
+    pub fn register(registry: &mut Registry) -> Requests {
+        let count = Family::<Op, Counter>::default();
+        let seconds = Family::<Op, Histogram>::new_with_constructor(|| {
+            // 50 µs to about 1.6 s.
+            Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+        });
+        registry.register("requests", "Requests served, by operation", count.clone());
+        registry.register(
+            "request_seconds",
+            "How long requests took to serve, by operation",
+            seconds.clone(),
+        );
+        Requests { count, seconds }
+    }
+
+    /// One request of `op` that took `took`.
+    pub fn observe(&self, op: &'static str, took: Duration) {
+        let key = Op { op };
+        self.count.get_or_create(&key).inc();
+        self.seconds.get_or_create(&key).observe(took.as_secs_f64());
+    }
+}
+
+/// What a metrics server serves.
+pub struct Exporter {
+    registry: Mutex<Registry>,
+    /// Copies values kept elsewhere into the registry, before each scrape.
+    refresh: Box<dyn Fn() + Send + Sync>,
+    /// The server's name, for the page at `/`.
+    name: String,
+}
+
+impl Exporter {
+    pub fn new(name: &str, registry: Registry, refresh: impl Fn() + Send + Sync + 'static) -> Self {
+        Exporter {
+            registry: Mutex::new(registry),
+            refresh: Box::new(refresh),
+            name: name.to_string(),
+        }
+    }
+
+    /// The exposition, freshly refreshed.
+    pub fn render(&self) -> String {
+        (self.refresh)();
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+            tracing::error!(error = %e, "cannot encode the metrics");
+        }
+        out
+    }
+
+    fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match (req.method(), req.uri().path()) {
+            (&Method::GET, "/metrics") => (StatusCode::OK, CONTENT_TYPE, self.render()),
+            (&Method::GET, "/") => (
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                format!(
+                    "stampfs {}: metrics at /metrics (Prometheus / OpenMetrics text)\n",
+                    self.name
+                ),
+            ),
+            (&Method::GET, _) => (
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "not found: the metrics are at /metrics\n".to_string(),
+            ),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain; charset=utf-8",
+                "only GET\n".to_string(),
+            ),
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+            resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+        }
+        resp
+    }
+}
+
+/// Binds `addr` for metrics and writes the bound address to `addr_file` (written
+/// whole, then renamed into place), so that `127.0.0.1:0` can be found.
+pub async fn bind(addr: &str, addr_file: &Path) -> Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let bound: SocketAddr = listener.local_addr().map_err(|source| Error::Listen {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let tmp = addr_file.with_extension("tmp");
+    std::fs::write(&tmp, format!("{bound}\n"))
+        .and_then(|()| std::fs::rename(&tmp, addr_file))
+        .map_err(|source| Error::AddrFile {
+            path: addr_file.display().to_string(),
+            source,
+        })?;
+    Ok(listener)
+}
+
+/// Serves `exporter` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept a metrics connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let exporter = exporter.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = exporter.respond(&req);
+                async move { Ok::<_, std::convert::Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .header_read_timeout(IDLE)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_counted_and_timed_by_operation() {
+        let mut registry = Registry::with_prefix("stampfs_test");
+        let r = Requests::register(&mut registry);
+        r.observe("mkdir", Duration::from_micros(300));
+        r.observe("mkdir", Duration::from_millis(2));
+        r.observe("stat", Duration::from_micros(80));
+        let e = Exporter::new("test", registry, || {});
+        let text = e.render();
+        assert!(
+            text.contains("stampfs_test_requests_total{op=\"mkdir\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("stampfs_test_requests_total{op=\"stat\"} 1"));
+        assert!(text.contains("stampfs_test_request_seconds_count{op=\"mkdir\"} 2"));
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+
+    #[tokio::test]
+    async fn the_exposition_is_served_over_http_and_other_paths_are_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("metrics-addr");
+        let listener = bind("127.0.0.1:0", &file).await.expect("bind");
+        let addr = std::fs::read_to_string(&file).expect("addr file");
+        let mut registry = Registry::with_prefix("stampfs_test");
+        let r = Requests::register(&mut registry);
+        let refreshed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen = refreshed.clone();
+        let exporter = Arc::new(Exporter::new("test", registry, move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+        r.observe("list", Duration::from_micros(10));
+        let server = tokio::spawn(serve(listener, exporter));
+        let get = |path: &'static str, method: &'static str| {
+            let addr = addr.trim().to_string();
+            async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .expect("connect");
+                s.write_all(
+                    format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await
+                .expect("send");
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.expect("read");
+                out
+            }
+        };
+        let metrics = get("/metrics", "GET").await;
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        assert!(metrics.contains(CONTENT_TYPE), "{metrics}");
+        assert!(metrics.contains("stampfs_test_requests_total{op=\"list\"} 1"));
+        assert_eq!(refreshed.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(get("/", "GET").await.starts_with("HTTP/1.1 200"));
+        assert!(get("/nope", "GET").await.starts_with("HTTP/1.1 404"));
+        assert!(get("/metrics", "POST").await.starts_with("HTTP/1.1 405"));
+        // Garbage gets an error answer or a closed connection, and the server goes on.
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr.trim())
+                .await
+                .expect("connect");
+            s.write_all(b"\x00\x01garbage\r\n\r\n").await.expect("send");
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+        }
+        assert!(get("/metrics", "GET").await.starts_with("HTTP/1.1 200"));
+        server.abort();
+    }
+}

@@ -1,0 +1,104 @@
+//! `--metrics-listen`: a master and three chunkservers serving Prometheus metrics over
+//! HTTP. After a put, the master counts the requests by operation (with latency
+//! histograms), its chunks and log records, and says it leads; each chunkserver counts
+//! its requests and replicas and names its I/O engine. A writer fenced by a lease
+//! recovery shows as a fenced refusal on the chunkservers.
+
+mod common;
+
+use common::{Opts, TestCluster};
+use std::io::{Read, Write};
+use std::path::Path;
+use tokio::io::AsyncWriteExt;
+
+/// `GET /metrics` from the server whose directory is `dir`: its exposition.
+fn scrape(dir: &Path) -> String {
+    // Written before the server says it listens, which the cluster waited for.
+    let addr = std::fs::read_to_string(dir.join("metrics-addr")).expect("DIR/metrics-addr");
+    let mut s = std::net::TcpStream::connect(addr.trim()).expect("connect to the metrics port");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+/// The value of the sample named exactly `name` (with its labels), if any.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
+    let metrics = ["--metrics-listen".to_string(), "127.0.0.1:0".to_string()];
+    let c = TestCluster::with(Opts {
+        master_args: metrics.to_vec(),
+        chunkserver_args: ["--heartbeat".to_string(), "200ms".to_string()]
+            .into_iter()
+            .chain(metrics.iter().cloned())
+            .collect(),
+        ..Opts::default()
+    });
+    c.put_bytes("/m", &common::pattern(300_000, 1), &[]);
+
+    let m = scrape(&c.master.dir);
+    for (name, at_least) in [
+        ("stampfs_master_requests_total{op=\"create\"}", 1.0),
+        ("stampfs_master_requests_total{op=\"add_chunk\"}", 1.0),
+        ("stampfs_master_request_seconds_count{op=\"create\"}", 1.0),
+        ("stampfs_master_chunks", 1.0),
+        ("stampfs_master_chunkservers_live", 3.0),
+        ("stampfs_master_leading", 1.0),
+        ("stampfs_master_log_records_total", 1.0),
+    ] {
+        let v = sample(&m, name).unwrap_or_else(|| panic!("no {name} in:\n{m}"));
+        assert!(v >= at_least, "{name} = {v}, want at least {at_least}");
+    }
+
+    let mut streams = 0.0;
+    for cs in &c.chunkservers {
+        let t = scrape(&cs.dir);
+        streams +=
+            sample(&t, "stampfs_chunkserver_requests_total{op=\"write_setup\"}").unwrap_or(0.0);
+        assert!(
+            sample(&t, "stampfs_chunkserver_replicas").unwrap_or(0.0) >= 1.0,
+            "{t}"
+        );
+        assert!(t.contains("stampfs_chunkserver_io_engine{engine="), "{t}");
+        assert_eq!(
+            sample(&t, "stampfs_chunkserver_fenced_total"),
+            Some(0.0),
+            "{t}"
+        );
+    }
+    assert!(streams >= 1.0, "no write stream counted");
+
+    // A writer whose lease is recovered under it is fenced by the chunkservers.
+    let rt = common::runtime();
+    rt.block_on(async {
+        let client = common::connect(&c.master.addr).await.expect("connect");
+        let mut w = common::hflushed_writer(&client, "/f", &common::pattern(1000, 2)).await;
+        let out = c.run(&["recover", "/f"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        w.write_all(&common::pattern(1000, 3))
+            .await
+            .expect("buffered");
+        let e = w
+            .hflush()
+            .await
+            .expect_err("the recovered writer is fenced");
+        assert!(e.is_fenced(), "{e}");
+    });
+    let fenced: f64 = c
+        .chunkservers
+        .iter()
+        .map(|cs| sample(&scrape(&cs.dir), "stampfs_chunkserver_fenced_total").unwrap_or(0.0))
+        .sum();
+    assert!(fenced >= 1.0, "no fenced refusal counted");
+}
