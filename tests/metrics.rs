@@ -2,7 +2,9 @@
 //! HTTP. After a put, the master counts the requests by operation (with latency
 //! histograms), its chunks and log records, and says it leads; each chunkserver counts
 //! its requests and replicas and names its I/O engine. A writer fenced by a lease
-//! recovery shows as a fenced refusal on the chunkservers.
+//! recovery shows as a fenced refusal on the chunkservers. The master's status page at
+//! `/` lists the chunkservers and the files open for writing, and loads in headless
+//! Chromium (its DOM checked, a phone-sized screenshot taken).
 
 mod common;
 
@@ -101,4 +103,118 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
         .map(|cs| sample(&scrape(&cs.dir), "stampfs_chunkserver_fenced_total").unwrap_or(0.0))
         .sum();
     assert!(fenced >= 1.0, "no fenced refusal counted");
+}
+
+/// `GET /` from the master whose directory is `dir`: the status page's HTML.
+fn page(dir: &Path) -> String {
+    let addr = std::fs::read_to_string(dir.join("metrics-addr")).expect("DIR/metrics-addr");
+    let mut s = std::net::TcpStream::connect(addr.trim()).expect("connect to the metrics port");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("text/html"), "{out}");
+    out
+}
+
+/// The Chromium binary, if installed (CI installs it).
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|b| {
+        std::process::Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+#[test]
+fn the_master_status_page_shows_the_cluster_in_a_real_browser() {
+    let metrics = ["--metrics-listen".to_string(), "127.0.0.1:0".to_string()];
+    let c = TestCluster::with(Opts {
+        master_args: metrics.to_vec(),
+        ..Opts::default()
+    });
+    c.put_bytes("/done", &common::pattern(100_000, 4), &[]);
+    let rt = common::runtime();
+    // A file open for writing, and a path that needs escaping.
+    let (_client, _w) = rt.block_on(async {
+        let client = common::connect(&c.master.addr).await.expect("connect");
+        let w = common::hflushed_writer(&client, "/open <&> file", &common::pattern(500, 5)).await;
+        (client, w)
+    });
+    let html = page(&c.master.dir);
+    for cs in &c.chunkservers {
+        assert!(html.contains(&format!("<td>{}</td>", cs.addr)), "{html}");
+    }
+    assert!(html.contains("<td>/open &lt;&amp;&gt; file</td>"), "{html}");
+    assert!(html.contains("Chunkservers live</th><td>3 of 3"), "{html}");
+
+    let Some(browser) = chromium() else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI must load the page in Chromium (.ci/run installs it)"
+        );
+        eprintln!("SKIPPED the browser half: no chromium");
+        return;
+    };
+    let addr = std::fs::read_to_string(c.master.dir.join("metrics-addr")).expect("addr");
+    let url = format!("http://{}/", addr.trim());
+    let profile = c.dir.path().join("chromium-profile");
+    let headless = |extra: &[&str]| {
+        let out = std::process::Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("run chromium");
+        assert!(
+            out.status.success(),
+            "chromium failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The DOM as the browser built it: the tables are there, with their rows.
+    let dom = headless(&["--dump-dom"]);
+    for id in ["summary", "chunkservers", "open-files"] {
+        assert!(dom.contains(&format!("id=\"{id}\"")), "no #{id} in:\n{dom}");
+    }
+    assert!(dom.contains("/open &lt;&amp;&gt; file"), "{dom}");
+    assert_eq!(dom.matches("<td>live</td>").count(), 3, "{dom}");
+    // A phone-sized screenshot, kept with the test's files.
+    let shot = c.dir.path().join("status-page.png");
+    headless(&[
+        &format!("--screenshot={}", shot.display()),
+        "--window-size=390,844",
+        "--hide-scrollbars",
+    ]);
+    let png = std::fs::read(&shot).expect("the screenshot");
+    assert!(
+        png.len() > 1000 && png.starts_with(b"\x89PNG"),
+        "{} bytes",
+        png.len()
+    );
+    // Kept where STAMPFS_SCREENSHOT_DIR says (the test's own directory goes with it).
+    let kept = match std::env::var_os("STAMPFS_SCREENSHOT_DIR") {
+        Some(d) => {
+            let to = Path::new(&d).join("status-page.png");
+            std::fs::copy(&shot, &to).expect("keep the screenshot");
+            to
+        }
+        None => shot,
+    };
+    eprintln!(
+        "status page screenshot: {} ({} bytes)",
+        kept.display(),
+        png.len()
+    );
 }

@@ -165,6 +165,11 @@ impl LeaseTable {
         self.by_file.get(&file)
     }
 
+    /// Every lease, by file (in no order).
+    pub fn iter(&self) -> impl Iterator<Item = (InodeId, &Lease)> {
+        self.by_file.iter().map(|(f, l)| (*f, l))
+    }
+
     /// Renews `file`'s lease when `client` holds it; returns whether it does.
     pub fn renew(&mut self, file: InodeId, client: ClientId, now_ms: u64) -> bool {
         match self.by_file.get_mut(&file) {

@@ -39,7 +39,8 @@
 //!   one with `--log group`; [`journal`]: the one interface the request logic has to
 //!   either log ([`journal::Journal`]).
 //! - [`service`]: the request logic; [`server`]: listener, handlers, start and shutdown.
-//! - [`metrics`]: the Prometheus metrics served with `--metrics-listen`.
+//! - [`metrics`]: the Prometheus metrics served with `--metrics-listen`, and
+//!   [`status_page`], the HTML page at `/` of the same port.
 //! - `fail` (cargo feature `fail-points`): fault injection points for tests.
 //!
 //! Invariant 1 (DESIGN.md) lives in [`state`] and [`service`]: every new handle and
@@ -104,6 +105,7 @@ pub mod server;
 pub mod service;
 pub mod slab;
 pub mod state;
+pub mod status_page;
 pub mod trash;
 
 pub use config::MasterConfig;

@@ -4,6 +4,7 @@
 //! namespace and chunk counts, the chunkservers live, the files open for writing and
 //! in lease recovery, the log's records, fsyncs and swept batches, the answers kept
 //! for repeated calls, and, in a master group, whether this member leads and its term.
+//! The status page (`status_page.rs`) is served at `/` of the same port.
 
 use crate::service::Core;
 use prometheus_client::metrics::counter::Counter;
@@ -119,8 +120,13 @@ pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
         }
         log.copy(core.log.stats());
     };
+    let page_core = Arc::downgrade(core);
+    let page = move || match page_core.upgrade() {
+        Some(core) => crate::status_page::Page::gather(&core).render(),
+        None => "<!doctype html><p>stampfs master: stopping</p>\n".to_string(),
+    };
     (
-        Arc::new(Exporter::new("master", registry, refresh)),
+        Arc::new(Exporter::new("master", registry, refresh).with_page(page)),
         requests,
     )
 }

@@ -2,8 +2,9 @@
 //!
 //! A server (the master, a chunkserver) started with `--metrics-listen ADDR` builds a
 //! [`Registry`] (the `prometheus-client` crate's) with its own metrics, and [`serve`]s
-//! it: `GET /metrics` answers the OpenMetrics text exposition, `GET /` a short page
-//! naming it; anything else is a 404 and any method but `GET` a 405. Before each
+//! it: `GET /metrics` answers the OpenMetrics text exposition, `GET /` the server's
+//! status page ([`Exporter::with_page`]) or a line naming the metrics; anything else
+//! is a 404 and any method but `GET` a 405. Before each
 //! scrape the server's `refresh` hook copies values kept elsewhere (counters of the
 //! operation log, of the fencing gate) into the registry. The HTTP side is hyper's
 //! HTTP/1 server; a connection serves its requests one at a time and is dropped after
@@ -108,6 +109,8 @@ pub struct Exporter {
     refresh: Box<dyn Fn() + Send + Sync>,
     /// The server's name, for the page at `/`.
     name: String,
+    /// The HTML page at `/` (a status page), if the server has one.
+    page: Option<Box<dyn Fn() -> String + Send + Sync>>,
 }
 
 impl Exporter {
@@ -116,7 +119,14 @@ impl Exporter {
             registry: Mutex::new(registry),
             refresh: Box::new(refresh),
             name: name.to_string(),
+            page: None,
         }
+    }
+
+    /// Serves `page()` (HTML) at `/` instead of the line naming the metrics.
+    pub fn with_page(mut self, page: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.page = Some(Box::new(page));
+        self
     }
 
     /// The exposition, freshly refreshed.
@@ -133,14 +143,17 @@ impl Exporter {
     fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
             (&Method::GET, "/metrics") => (StatusCode::OK, CONTENT_TYPE, self.render()),
-            (&Method::GET, "/") => (
-                StatusCode::OK,
-                "text/plain; charset=utf-8",
-                format!(
-                    "stampfs {}: metrics at /metrics (Prometheus / OpenMetrics text)\n",
-                    self.name
+            (&Method::GET, "/") => match &self.page {
+                Some(page) => (StatusCode::OK, "text/html; charset=utf-8", page()),
+                None => (
+                    StatusCode::OK,
+                    "text/plain; charset=utf-8",
+                    format!(
+                        "stampfs {}: metrics at /metrics (Prometheus / OpenMetrics text)\n",
+                        self.name
+                    ),
                 ),
-            ),
+            },
             (&Method::GET, _) => (
                 StatusCode::NOT_FOUND,
                 "text/plain; charset=utf-8",
