@@ -74,6 +74,10 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
             Some(0.0),
             "{t}"
         );
+        assert!(
+            sample(&t, "stampfs_chunkserver_bytes_written_total").unwrap_or(0.0) >= 300_000.0,
+            "every replica took the file's bytes: {t}"
+        );
     }
     assert!(streams >= 1.0, "no write stream counted");
 
@@ -103,6 +107,11 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
         .map(|cs| sample(&scrape(&cs.dir), "stampfs_chunkserver_fenced_total").unwrap_or(0.0))
         .sum();
     assert!(fenced >= 1.0, "no fenced refusal counted");
+    let m = scrape(&c.master.dir);
+    assert!(
+        sample(&m, "stampfs_master_lease_recoveries_total").unwrap_or(0.0) >= 1.0,
+        "the recovery is counted: {m}"
+    );
 }
 
 /// `GET /` from the master whose directory is `dir`: the status page's HTML.

@@ -40,6 +40,7 @@
 pub mod bench;
 pub mod checksum;
 pub mod config;
+pub mod counters;
 pub mod deletion;
 pub mod digest;
 pub mod epoch;

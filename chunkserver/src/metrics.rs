@@ -2,7 +2,8 @@
 //! `stampfs-metrics`): requests and their latency by kind (a stream is counted when it
 //! starts, not timed), observed where the server reads them; and, read at each scrape,
 //! the requests refused as fenced (a version older than the replica's, counted by the
-//! fencing gate), the replicas held, the write streams open, and the I/O engine in
+//! fencing gate), bytes written and read, replicas deleted and found corrupt
+//! (`counters.rs`), the replicas held, the write streams open, and the I/O engine in
 //! use.
 
 use crate::server::Shared;
@@ -32,12 +33,47 @@ pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Expor
     let engines = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
     registry.register("io_engine", "The I/O engine in use (1)", engines.clone());
     engines.get_or_create(&vec![("engine", engine)]).set(1);
+    use crate::counters::{self, BYTES_READ, BYTES_WRITTEN, CORRUPT_FOUND, REPLICAS_DELETED};
+    let copied: Vec<(&'static AtomicU64, Counter)> = [
+        (
+            &BYTES_WRITTEN,
+            "bytes_written",
+            "Payload bytes of write packets taken into replicas",
+        ),
+        (
+            &BYTES_READ,
+            "bytes_read",
+            "Bytes read out of replicas for clients",
+        ),
+        (
+            &REPLICAS_DELETED,
+            "replicas_deleted",
+            "Replicas deleted (stale, orphans, the master's deletions)",
+        ),
+        (
+            &CORRUPT_FOUND,
+            "corrupt_found",
+            "Replicas the scrubber found corrupt",
+        ),
+    ]
+    .into_iter()
+    .map(|(source, name, help)| {
+        let c = Counter::<u64>::default();
+        registry.register(name, help, c.clone());
+        (source, c)
+    })
+    .collect();
     let weak: Weak<Shared> = Arc::downgrade(shared);
     let fenced_seen = AtomicU64::new(0);
+    let seen: Vec<AtomicU64> = copied.iter().map(|_| AtomicU64::new(0)).collect();
     let refresh = move || {
         let now = crate::gate::fenced_total();
         let before = fenced_seen.swap(now, Ordering::Relaxed);
         fenced.inc_by(now.saturating_sub(before));
+        for ((source, c), last) in copied.iter().zip(&seen) {
+            let now = counters::get(source);
+            c.inc_by(now.saturating_sub(last.swap(now, Ordering::Relaxed)));
+        }
         if let Some(shared) = weak.upgrade() {
             replicas.set(i64::try_from(shared.store.replica_count()).unwrap_or(i64::MAX));
             streams.set(i64::from(shared.active_streams.load(Ordering::Relaxed)));

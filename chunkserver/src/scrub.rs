@@ -138,6 +138,7 @@ async fn scrub_one(
             Err(Error::ChecksumMismatch { offset: bad, .. }) => {
                 tracing::error!(chunk = %handle, version = %info.version, offset = bad, "scrub found a corrupt replica; it was moved aside and is reported to the master");
                 stats.corrupt += 1;
+                crate::counters::add(&crate::counters::CORRUPT_FOUND, 1);
                 return Some(());
             }
             // Bumped or deleted meanwhile: the next pass sees it again.

@@ -583,6 +583,7 @@ async fn handle_read(
             tracing::warn!(error = %e, "read refused");
             e.to_remote()
         })?;
+    crate::counters::add(&crate::counters::BYTES_READ, data.len() as u64);
     Ok((stampfs_proto::ReadReply { replica }, data))
 }
 

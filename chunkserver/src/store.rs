@@ -504,6 +504,7 @@ impl Store {
         *guard = SlotState::Removed;
         self.unlink_slot(handle, &slot);
         self.changed.notify_one();
+        crate::counters::add(&crate::counters::REPLICAS_DELETED, 1);
         tracing::info!("replica deleted");
         Ok(None)
     }

@@ -1,6 +1,7 @@
 //! The master's Prometheus metrics (`--metrics-listen ADDR`, served by
 //! `stampfs-metrics`): requests and their latency by operation, observed where the
 //! server dispatches them; and, read from the state and the log at each scrape, the
+//! lease recoveries and re-replications done (counted as they happen); the
 //! namespace and chunk counts, the chunkservers live, the files open for writing and
 //! in lease recovery, the log's records, fsyncs and swept batches, the answers kept
 //! for repeated calls, and, in a master group, whether this member leads and its term.
@@ -11,6 +12,15 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use stampfs_metrics::{prometheus_client, Exporter, Registry, Requests};
 use std::sync::{Arc, Mutex, Weak};
+
+/// Events the master counts as they happen (served when metrics are).
+#[derive(Debug, Default)]
+pub struct Events {
+    /// Lease recoveries that closed their file.
+    pub recoveries_committed: Counter,
+    /// Replica copies (re-replication) that completed.
+    pub replications_done: Counter,
+}
 
 /// Counters copied from the log's own at each scrape.
 #[derive(Default)]
@@ -96,6 +106,16 @@ pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
         "log_swept_batches",
         "Batches written without a waiter (by the sweeper)",
         log.swept.clone(),
+    );
+    registry.register(
+        "lease_recoveries",
+        "Lease recoveries that closed their file",
+        core.events.recoveries_committed.clone(),
+    );
+    registry.register(
+        "replications_done",
+        "Replica copies (re-replication) completed",
+        core.events.replications_done.clone(),
     );
     let weak: Weak<Core> = Arc::downgrade(core);
     let refresh = move || {

@@ -150,6 +150,8 @@ pub struct Core {
     calls: once::CallsInFlight,
     /// Requests served and their latency, when metrics are served (`metrics.rs`).
     pub metrics: std::sync::OnceLock<stampfs_metrics::Requests>,
+    /// Events counted as they happen (lease recoveries, re-replications).
+    pub events: crate::metrics::Events,
 }
 
 impl std::fmt::Debug for Core {
@@ -210,6 +212,7 @@ impl Core {
             users_epoch: AtomicU64::new(0),
             calls: once::CallsInFlight::default(),
             metrics: std::sync::OnceLock::new(),
+            events: crate::metrics::Events::default(),
         }
     }
 

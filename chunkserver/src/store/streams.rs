@@ -133,6 +133,8 @@ impl Store {
         mode: WriteMode,
         packets: Vec<PacketWrite>,
     ) -> BatchOutcome {
+        let bytes: u64 = packets.iter().map(|p| p.data.len() as u64).sum();
+        crate::counters::add(&crate::counters::BYTES_WRITTEN, bytes);
         let (slot, mut guard) = match self.lock_live(handle).await {
             Ok(x) => x,
             Err(e) => {

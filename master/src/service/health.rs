@@ -82,6 +82,9 @@ impl Core {
             summary.longest_step = summary.longest_step.max(held);
             summary.actions += actions.len();
             log_pruned(&pruned);
+            self.events
+                .replications_done
+                .inc_by(pruned.copied.len() as u64);
             self.act(&actions).await;
             // Let the requests that waited for the lock run before the next slice.
             pacer.pause().await;

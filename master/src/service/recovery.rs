@@ -284,6 +284,7 @@ impl Core {
             replicas = %id_list(sealed.replicas.iter().map(|(id, _)| id)),
             "lease recovery committed: file closed"
         );
+        self.events.recoveries_committed.inc();
         Ok(outcome)
     }
 
