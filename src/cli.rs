@@ -52,6 +52,16 @@ pub enum Command {
     Cat(CatArgs),
     /// List a directory.
     Ls(LsArgs),
+    /// Space used under each entry of PATH (`-s`: PATH's total), as `hdfs dfs -du`.
+    Du(DuArgs),
+    /// Directories, files and bytes under PATH, as `hdfs dfs -count`.
+    Count(CountArgs),
+    /// Exit 0 when PATH passes the test (`-e` exists, `-d` directory, `-f` file, `-z`
+    /// empty file), 1 when it does not, as `hdfs dfs -test`.
+    Test(TestArgs),
+    /// Create an empty file (nothing when an empty file is there; an error for one
+    /// that holds bytes), as `hdfs dfs -touchz`.
+    Touchz(TouchzArgs),
     /// Create a directory.
     Mkdir(MkdirArgs),
     /// Create a symbolic link (`ln -s TARGET LINK`; stampfs stores the target and
@@ -215,6 +225,66 @@ pub struct LsArgs {
     #[arg(long)]
     pub json: bool,
     #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct DuArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Print help (`-h` is `--human`, as in `hdfs dfs`).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// One line: PATH's total.
+    #[arg(short = 's')]
+    pub summary: bool,
+    /// Sizes in binary units (KiB, MiB, ...).
+    #[arg(short = 'h', long = "human")]
+    pub human: bool,
+    #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct CountArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Print help (`-h` is `--human`, as in `hdfs dfs`).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// Sizes in binary units (KiB, MiB, ...).
+    #[arg(short = 'h', long = "human")]
+    pub human: bool,
+    #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true)))]
+pub struct TestArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// PATH exists.
+    #[arg(short = 'e', group = "what")]
+    pub exists: bool,
+    /// PATH is a directory.
+    #[arg(short = 'd', group = "what")]
+    pub directory: bool,
+    /// PATH is a file.
+    #[arg(short = 'f', group = "what")]
+    pub file: bool,
+    /// PATH is a file of length 0.
+    #[arg(short = 'z', group = "what")]
+    pub empty: bool,
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct TouchzArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
     pub path: String,
 }
 

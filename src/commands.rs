@@ -34,8 +34,10 @@ macro_rules! say {
 }
 
 mod attrs;
+mod usage;
 pub use attrs::{chmod, chown};
 use attrs::{mode_string, time_string};
+pub use usage::{count, du, test, touchz};
 
 /// The reader of this command's standard output went away (`| head`): not a failure
 /// of the command, which ends quietly.

@@ -6,6 +6,7 @@
 //! from the state at each request, under the state lock once.
 
 use crate::service::Core;
+use stampfs_proto::units::format_size as size;
 use stampfs_proto::{ChunkserverState, ClusterReport};
 use std::fmt::Write;
 
@@ -26,22 +27,6 @@ pub fn escape(s: &str) -> String {
         }
     }
     out
-}
-
-/// `bytes` for a person (binary units).
-fn size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 /// One file open for writing.
@@ -325,13 +310,5 @@ mod tests {
         assert!(h.contains("12.5 s ago"));
         assert!(!h.contains("Master group"), "no group, no section");
         assert!(!h.contains("<script"));
-    }
-
-    #[test]
-    fn sizes_read_in_binary_units() {
-        assert_eq!(size(0), "0 B");
-        assert_eq!(size(1023), "1023 B");
-        assert_eq!(size(1536), "1.5 KiB");
-        assert_eq!(size(5 << 40), "5.0 TiB");
     }
 }
