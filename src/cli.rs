@@ -57,7 +57,7 @@ pub enum Command {
     /// Directories, files and bytes under PATH, as `hdfs dfs -count`.
     Count(CountArgs),
     /// Exit 0 when PATH passes the test (`-e` exists, `-d` directory, `-f` file, `-z`
-    /// empty file), 1 when it does not, as `hdfs dfs -test`.
+    /// empty file), 1 when it does not, 2 when it cannot tell (as `hdfs dfs -test`).
     Test(TestArgs),
     /// Create an empty file (nothing when an empty file is there; an error for one
     /// that holds bytes), as `hdfs dfs -touchz`.

@@ -54,6 +54,12 @@ fn du_count_test_and_touchz_answer_like_hdfs() {
     assert_eq!(status(&c, &["test", "-f", "/a/f"]), Some(0));
     assert_eq!(status(&c, &["test", "-z", "/a/f"]), Some(1));
     assert_ne!(status(&c, &["test", "/a/f"]), Some(0), "a test is required");
+    // A master that cannot be asked is not a "no".
+    let unreachable = c
+        .cmd(&["test", "-e", "/a/f", "--master", "127.0.0.1:1"])
+        .output()
+        .expect("run");
+    assert_eq!(unreachable.status.code(), Some(2), "{unreachable:?}");
 
     // touchz: an empty file; again: nothing; over bytes: an error.
     c.ok(&["touchz", "/a/empty"]);

@@ -64,6 +64,14 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
         let t = scrape(&cs.dir);
         streams +=
             sample(&t, "stampfs_chunkserver_requests_total{op=\"write_setup\"}").unwrap_or(0.0);
+        assert_eq!(
+            sample(
+                &t,
+                "stampfs_chunkserver_request_seconds_count{op=\"write_setup\"}"
+            ),
+            None,
+            "a stream is counted, not timed: {t}"
+        );
         assert!(
             sample(&t, "stampfs_chunkserver_replicas").unwrap_or(0.0) >= 1.0,
             "{t}"

@@ -495,7 +495,7 @@ async fn serve_connection(shared: Arc<Shared>, conn: Conn) {
         if request.is_stream() {
             // A stream takes the connection: counted when it starts, not timed.
             if let Some(m) = shared.metrics.get() {
-                m.observe(op, std::time::Duration::ZERO);
+                m.count(op);
             }
         }
         let outcome = match request {

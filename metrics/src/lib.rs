@@ -94,6 +94,12 @@ impl Requests {
         Requests { count, seconds }
     }
 
+    /// One request of `op`, counted but not timed (a stream, whose length is not a
+    /// latency).
+    pub fn count(&self, op: &'static str) {
+        self.count.get_or_create(&Op { op }).inc();
+    }
+
     /// One request of `op` that took `took`.
     pub fn observe(&self, op: &'static str, took: Duration) {
         let key = Op { op };

@@ -3,7 +3,7 @@
 
 use super::connect;
 use crate::cli::{CountArgs, DuArgs, TestArgs, TouchzArgs};
-use crate::{EXIT_ERROR, EXIT_OK};
+use crate::{EXIT_OK, EXIT_UNAVAILABLE};
 use anyhow::{Context, Result};
 use stampfs_client::{Client, CreateOptions};
 use stampfs_proto::units::format_size;
@@ -111,7 +111,7 @@ pub async fn count(args: CountArgs) -> Result<()> {
 }
 
 /// `test`: the exit status says (0 yes, 1 no); a failure to ask says why on stderr
-/// and exits with the error status.
+/// and exits with 2, so that it is never taken for a "no".
 pub async fn test(args: TestArgs) -> u8 {
     let answer = async {
         let client = connect(&args.master).await?;
@@ -136,7 +136,7 @@ pub async fn test(args: TestArgs) -> u8 {
         Ok(false) => 1,
         Err(e) => {
             eprintln!("stampfs: error: {e:#}");
-            EXIT_ERROR
+            EXIT_UNAVAILABLE
         }
     }
 }
