@@ -56,6 +56,12 @@ pub enum Command {
     Du(DuArgs),
     /// Directories, files and bytes under PATH, as `hdfs dfs -count`.
     Count(CountArgs),
+    /// The cluster's raw capacity, used and available space over its live
+    /// chunkservers (every replica counts), as `hdfs dfs -df`.
+    Df(DfArgs),
+    /// Print the last 1 KiB of a file (`-f`: and what is appended to it after), as
+    /// `hdfs dfs -tail`.
+    Tail(TailArgs),
     /// Exit 0 when PATH passes the test (`-e` exists, `-d` directory, `-f` file, `-z`
     /// empty file), 1 when it does not, 2 when it cannot tell (as `hdfs dfs -test`).
     Test(TestArgs),
@@ -75,8 +81,15 @@ pub enum Command {
     /// Change the owner of PATH: numeric `UID`, `UID:GID` or `:GID` (stampfs keeps
     /// numbers; a mount shows them as the local names of those ids).
     Chown(ChownArgs),
-    /// Remove a file or directory.
+    /// Remove a file or directory: into the trash (`/.trash/<user>/Current/<path>`)
+    /// while the master keeps one (`--trash-for`), at once with --skip-trash.
     Rm(RmArgs),
+    /// Set the replication factor of a file, or of every file under a directory
+    /// (`hdfs dfs -setrep`); the master copies or trims replicas in the background.
+    Setrep(SetrepArgs),
+    /// What `rm` kept in the trash: list it, restore it.
+    #[command(subcommand)]
+    Trash(TrashCommand),
     /// Rename a file or directory.
     Mv(MvArgs),
     /// Show a file's status, chunks, versions and replicas.
@@ -221,6 +234,10 @@ pub struct LsArgs {
     /// Long listing: mode, owner, replication, length, state, modification time, name.
     #[arg(short = 'l')]
     pub long: bool,
+    /// Recursive: every entry below PATH, by full path, each directory followed by
+    /// its own entries (depth first, in name order), as `hdfs dfs -ls -R`.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     /// JSON output.
     #[arg(long)]
     pub json: bool,
@@ -258,6 +275,38 @@ pub struct CountArgs {
     #[arg(short = 'h', long = "human")]
     pub human: bool,
     #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct DfArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Print help (`-h` is `--human`, as in `hdfs dfs`).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// Sizes in binary units (KiB, MiB, ...).
+    #[arg(short = 'h', long = "human")]
+    pub human: bool,
+    /// A path of the file system (it must exist; stampfs has one file system, so
+    /// every path shows the same space).
+    #[arg(default_value = "/")]
+    pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct TailArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Follow: print what is appended to the file as it grows (what its writer has
+    /// made visible), until Ctrl-C, SIGTERM or a closed stdout; the file's removal
+    /// ends it with an error.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// How often `-f` looks for new bytes.
+    #[arg(short = 's', long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub sleep_interval: std::time::Duration,
     pub path: String,
 }
 
@@ -351,7 +400,54 @@ pub struct RmArgs {
     /// Remove directories and their contents.
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Delete at once, not into the trash.
+    #[arg(long)]
+    pub skip_trash: bool,
     pub path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct SetrepArgs {
+    #[command(flatten)]
+    pub master: MasterAddr,
+    /// Accepted for HDFS's sake: a directory is always walked.
+    #[arg(short = 'R')]
+    pub recursive: bool,
+    /// Wait until every chunk has exactly N replicas.
+    #[arg(short = 'w')]
+    pub wait: bool,
+    /// The replication factor (1 to 16).
+    pub replication: u8,
+    pub path: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TrashCommand {
+    /// What your trash holds: each entry with its original path, and when it was
+    /// removed (`Current`) or checkpointed (a checkpoint goes `--trash-for` after it
+    /// was taken).
+    List {
+        #[command(flatten)]
+        master: MasterAddr,
+        /// Another user's trash (superusers).
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put an entry back where it was removed from: PATH is its original path (the
+    /// newest one kept is restored) or its path in the trash.
+    Restore {
+        #[command(flatten)]
+        master: MasterAddr,
+        path: String,
+        /// Restore it here instead of at its original path.
+        #[arg(long)]
+        to: Option<String>,
+        /// Another user's trash (superusers).
+        #[arg(long)]
+        user: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -396,6 +492,50 @@ pub struct FsckArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {
+    /// Drain a chunkserver (its id or address, as `admin report` shows them): it gets
+    /// no new replicas, and its chunks are copied elsewhere until none needs it; then
+    /// it can be stopped. `admin report` shows its state.
+    Decommission {
+        #[command(flatten)]
+        master: MasterAddr,
+        server: String,
+        /// Wait until it is decommissioned.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// End a chunkserver's decommission: it takes new replicas again.
+    Recommission {
+        #[command(flatten)]
+        master: MasterAddr,
+        server: String,
+    },
+    /// Safe mode: while it is on, the master deletes no replica and copies none (it
+    /// is on after a start until enough replicas have been reported).
+    Safemode {
+        #[command(flatten)]
+        master: MasterAddr,
+        #[arg(value_enum)]
+        action: SafemodeArg,
+    },
+    /// Move replicas from the most used chunkservers to the least used until every
+    /// one is within the threshold of the cluster's use; waits for it unless
+    /// --no-wait.
+    Balance {
+        #[command(flatten)]
+        master: MasterAddr,
+        /// How far (in points of use) a chunkserver may be from the cluster's.
+        #[arg(long, default_value = "10%", value_parser = parse_percent)]
+        threshold: u8,
+        /// Stop a balancer that runs.
+        #[arg(long, conflicts_with_all = ["status", "no_wait"])]
+        stop: bool,
+        /// Only show the balancer's state.
+        #[arg(long)]
+        status: bool,
+        /// Start it and return.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Chunkservers (address, state, last heartbeat, space, replicas) and chunk health.
     Report {
         #[command(flatten)]
@@ -409,6 +549,33 @@ pub enum AdminCommand {
     /// The members of the master group (superusers only; `admin report` shows them).
     #[command(subcommand)]
     Masters(MastersCommand),
+}
+
+/// What `stampfs admin safemode` does.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SafemodeArg {
+    /// Show whether it is on, and why.
+    Get,
+    /// Turn it on until `leave`.
+    Enter,
+    /// End it now.
+    Leave,
+    /// Wait until it is off.
+    Wait,
+}
+
+/// A percentage from 1 to 99, with or without `%`.
+fn parse_percent(s: &str) -> Result<u8, String> {
+    let n: u8 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage (e.g. 10%)"))?;
+    if (1..=99).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{s} is not between 1% and 99%"))
+    }
 }
 
 #[derive(Subcommand, Debug)]

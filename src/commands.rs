@@ -34,10 +34,14 @@ macro_rules! say {
 }
 
 mod attrs;
+mod trash;
 mod usage;
+mod view;
 pub use attrs::{chmod, chown};
 use attrs::{mode_string, time_string};
+pub use trash::{setrep, trash};
 pub use usage::{count, du, test, touchz};
+pub use view::{df, tail};
 
 /// The reader of this command's standard output went away (`| head`): not a failure
 /// of the command, which ends quietly.
@@ -540,6 +544,9 @@ fn state_word(s: FileState) -> &'static str {
 }
 
 pub async fn ls(args: LsArgs) -> Result<()> {
+    if args.recursive {
+        return view::ls_recursive(args).await;
+    }
     let client = connect(&args.master).await?;
     let entries = client
         .list(&args.path)
@@ -551,38 +558,44 @@ pub async fn ls(args: LsArgs) -> Result<()> {
         return Ok(());
     }
     for e in &entries {
-        let name = base_name(&e.path);
-        if args.long {
-            let (kind, name) = match e.kind {
-                FileKind::Directory => ('d', format!("{name}/")),
-                FileKind::File => ('-', name.to_string()),
-                FileKind::Symlink => {
-                    let target = client
-                        .read_link(&e.path)
-                        .await
-                        .unwrap_or_else(|err| format!("? ({err})"));
-                    ('l', format!("{name} -> {target}"))
-                }
-            };
-            outln!(
-                "{kind}{} {:>5} {:>5} {:>2} {:>14} {:<10} {} {name}",
-                mode_string(e.attr.mode),
-                e.attr.uid,
-                e.attr.gid,
-                e.replication,
-                e.length,
-                state_word(e.state),
-                time_string(e.attr.mtime_ns),
-            );
-        } else {
-            match e.kind {
-                FileKind::Directory => outln!("{name}/"),
-                FileKind::File => outln!("{name}"),
-                FileKind::Symlink => outln!("{name}@"),
-            }
-        }
+        let line = entry_line(&client, e, args.long, base_name(&e.path)).await;
+        outln!("{line}");
     }
     Ok(())
+}
+
+/// One line of `ls` about `e`, shown as `name` (`-R` shows full paths): the name
+/// alone, marked `/` for a directory and `@` for a link, or (`long`) mode, owner,
+/// replication, length, state, modification time and name (a link's with its target).
+async fn entry_line(client: &Client, e: &FileStatus, long: bool, name: &str) -> String {
+    if !long {
+        return match e.kind {
+            FileKind::Directory => format!("{name}/"),
+            FileKind::File => name.to_string(),
+            FileKind::Symlink => format!("{name}@"),
+        };
+    }
+    let (kind, name) = match e.kind {
+        FileKind::Directory => ('d', format!("{name}/")),
+        FileKind::File => ('-', name.to_string()),
+        FileKind::Symlink => {
+            let target = client
+                .read_link(&e.path)
+                .await
+                .unwrap_or_else(|err| format!("? ({err})"));
+            ('l', format!("{name} -> {target}"))
+        }
+    };
+    format!(
+        "{kind}{} {:>5} {:>5} {:>2} {:>14} {:<10} {} {name}",
+        mode_string(e.attr.mode),
+        e.attr.uid,
+        e.attr.gid,
+        e.replication,
+        e.length,
+        state_word(e.state),
+        time_string(e.attr.mtime_ns),
+    )
 }
 
 fn entry_json(e: &FileStatus) -> EntryJson<'_> {
@@ -629,10 +642,12 @@ pub async fn readlink(args: ReadlinkArgs) -> Result<()> {
 
 pub async fn rm(args: RmArgs) -> Result<()> {
     let client = connect(&args.master).await?;
-    client
-        .delete(&args.path, args.recursive)
-        .await
-        .with_context(|| format!("cannot remove {}", args.path))?;
+    let removed = if args.skip_trash {
+        client.delete_now(&args.path, args.recursive).await
+    } else {
+        client.delete(&args.path, args.recursive).await
+    };
+    removed.with_context(|| format!("cannot remove {}", args.path))?;
     Ok(())
 }
 

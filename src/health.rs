@@ -9,8 +9,8 @@ use crate::cli::{FsckArgs, MasterAddr};
 use crate::{EXIT_ERROR, EXIT_OK};
 use stampfs_proto::units::format_size;
 use stampfs_proto::{
-    ChunkserverState, ClusterReport, ClusterReportRequest, FileState, Fsck, FsckReport,
-    HealthCounts,
+    ChunkserverState, ClusterReport, ClusterReportRequest, DecommissionState, FileState, Fsck,
+    FsckReport, HealthCounts,
 };
 
 /// Writes `text` to stdout; a reader that went away (`| head`) is not an error, and
@@ -211,7 +211,7 @@ pub fn report_text(r: &ClusterReport) -> String {
         .unwrap_or(7)
         .max(7);
     let mut out = format!(
-        "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}\n",
+        "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}  {}\n",
         "ID",
         "ADDRESS",
         "STATE",
@@ -220,11 +220,18 @@ pub fn report_text(r: &ClusterReport) -> String {
         "USED",
         "REPLICAS",
         "STREAMS",
-        "QUEUED"
+        "QUEUED",
+        "DECOMMISSION"
     );
     for c in &r.chunkservers {
+        let decommission = match c.decommission {
+            DecommissionState::Decommissioning { waiting } => {
+                format!("decommissioning ({waiting} chunks waiting)")
+            }
+            d => d.word().to_string(),
+        };
         out += &format!(
-            "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}\n",
+            "{:<6}  {:<w$}  {:<5}  {:>14}  {:>10}  {:>10}  {:>8}  {:>7}  {:>6}  {}\n",
             c.id.to_string(),
             c.addr,
             match c.state {
@@ -236,7 +243,8 @@ pub fn report_text(r: &ClusterReport) -> String {
             format_size(c.used),
             c.replicas,
             c.active_streams,
-            c.queued_commands
+            c.queued_commands,
+            decommission
         );
     }
     let live = r
@@ -259,6 +267,8 @@ pub fn report_text(r: &ClusterReport) -> String {
         "  {:<18}{:>8}   (in flight)\n",
         "re-replications", r.replications_in_flight
     );
+    out += &format!("\n{}\n", r.safe_mode.describe());
+    out += &format!("{}\n", crate::admin::balance_text(&r.balancer));
     if let Some(g) = &r.masters {
         out += &group_text(g);
     }

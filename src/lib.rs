@@ -9,11 +9,16 @@
 //! master's throughput and memory against simulated chunkservers) and [`bench_mount`]
 //! (`stampfs bench mount-metadata`, metadata operations through mounts) and
 //! [`bench_mount_io`] (`stampfs bench mount-io`, data through mounts).
+//! [`config_file`] reads the servers' TOML `--config` file (flags and `STAMPFS_*`
+//! variables override it) and [`logging`] sets up their logs (`--log-format`,
+//! `--log-file`). [`admin`] is `stampfs admin decommission|recommission|safemode|
+//! balance`.
 //! [`tls`] makes a throwaway certificate authority and server certificate for
 //! `stampfs dev --tls` and `stampfs bench pipeline --tls`.
 //! [`FAULT_INJECTION`] tells whether this build has crash points (cargo feature
 //! `fault-injection`, on in tests only).
 
+pub mod admin;
 pub mod bench;
 pub mod bench_master;
 pub mod bench_mount;
@@ -22,8 +27,10 @@ pub mod bench_patterns;
 pub mod cli;
 pub mod cluster;
 pub mod commands;
+pub mod config_file;
 pub mod demo;
 pub mod health;
+pub mod logging;
 pub mod mount;
 pub mod tls;
 pub mod users;
@@ -55,15 +62,18 @@ pub const EXIT_UNAVAILABLE: u8 = 2;
 /// Exit status when the writer was fenced by the storage.
 pub const EXIT_FENCED: u8 = 3;
 
-/// Runs one invocation and returns its exit status.
-pub fn run(cli: Cli) -> ExitCode {
+/// Runs one invocation and returns its exit status: `cli` and, for a server, its
+/// config file and logging flags (`process`), as [`config_file::parse`] read them.
+pub fn run(cli: Cli, process: config_file::ServerArgs) -> ExitCode {
     let server = matches!(
         cli.command,
         Command::Master(_) | Command::Chunkserver(_) | Command::Dev(_) | Command::NemesisClient(_)
     );
-    // A mount server with --log-file logs there (appended), not on stderr.
+    // A server with --log-file, and a mount server with --log-file, log there
+    // (appended), not on stderr.
     let log_file = match &cli.command {
         Command::Mount(args) if args.foreground => args.log_file.as_deref(),
+        Command::Master(_) | Command::Chunkserver(_) => process.log.log_file.as_deref(),
         _ => None,
     };
     let log_file = match log_file.map(|p| {
@@ -92,7 +102,10 @@ pub fn run(cli: Cli) -> ExitCode {
         } else {
             "warn,stampfs_client=info,fuser=error"
         };
-        init_tracing(default, log_file);
+        logging::init(default, process.log.log_format, log_file);
+        if let Some(file) = &process.config {
+            tracing::info!(file = %file.display(), "settings from the config file (flags and STAMPFS_* variables override it)");
+        }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -110,23 +123,6 @@ pub fn run(cli: Cli) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Logs to stderr, or to `file` when given; `RUST_LOG` overrides `default`.
-fn init_tracing(default: &str, file: Option<std::fs::File>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match file {
-        Some(f) => fmt
-            .with_writer(std::sync::Mutex::new(f))
-            .with_ansi(false)
-            .try_init(),
-        None => fmt
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
-}
-
 async fn dispatch(command: Command) -> u8 {
     match command {
         Command::Master(cfg) => commands::serve_master(cfg).await,
@@ -141,6 +137,8 @@ async fn dispatch(command: Command) -> u8 {
         Command::Ls(args) => commands::report(commands::ls(args).await),
         Command::Du(args) => commands::report(commands::du(args).await),
         Command::Count(args) => commands::report(commands::count(args).await),
+        Command::Df(args) => commands::report(commands::df(args).await),
+        Command::Tail(args) => commands::report(commands::tail(args).await),
         Command::Test(args) => commands::test(args).await,
         Command::Touchz(args) => commands::report(commands::touchz(args).await),
         Command::Mkdir(args) => commands::report(commands::mkdir(args).await),
@@ -158,6 +156,9 @@ async fn dispatch(command: Command) -> u8 {
         }
         Command::Admin(AdminCommand::User(cmd)) => users::run(cmd).await,
         Command::Admin(AdminCommand::Masters(cmd)) => users::masters(cmd).await,
+        Command::Admin(cmd) => admin::run(cmd).await,
+        Command::Setrep(args) => commands::report(commands::setrep(args).await),
+        Command::Trash(cmd) => commands::report(commands::trash(cmd).await),
         Command::Mount(args) => mount::run(args).await,
         Command::Demo(_) => demo::run().await,
         Command::Bench(BenchCommand::Pipeline(args)) => bench::run(args).await,

@@ -1,6 +1,9 @@
-//! The `stampfs` binary: parses arguments and hands them to the library.
+//! The `stampfs` binary: parses arguments (and a server's config file) and hands them
+//! to the library.
 
 fn main() -> std::process::ExitCode {
-    use clap::Parser;
-    stampfs::run(stampfs::cli::Cli::parse())
+    match stampfs::config_file::parse(std::env::args_os()) {
+        Ok(invocation) => stampfs::run(invocation.cli, invocation.server),
+        Err(e) => e.exit(),
+    }
 }

@@ -54,10 +54,20 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
         ("stampfs_master_chunkservers_live", 3.0),
         ("stampfs_master_leading", 1.0),
         ("stampfs_master_log_records_total", 1.0),
+        ("stampfs_master_log_sync_seconds_count", 1.0),
+        ("stampfs_master_log_batch_records_count", 1.0),
+        ("stampfs_master_log_batch_records_sum", 1.0),
     ] {
         let v = sample(&m, name).unwrap_or_else(|| panic!("no {name} in:\n{m}"));
         assert!(v >= at_least, "{name} = {v}, want at least {at_least}");
     }
+    // Safe mode ends at the first pass of a fresh master (no chunks then); nothing is
+    // being decommissioned.
+    assert_eq!(
+        sample(&m, "stampfs_master_chunkservers_decommissioning"),
+        Some(0.0)
+    );
+    assert!(sample(&m, "stampfs_master_safe_mode").is_some(), "{m}");
 
     let mut streams = 0.0;
     for cs in &c.chunkservers {
@@ -86,6 +96,11 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
             sample(&t, "stampfs_chunkserver_bytes_written_total").unwrap_or(0.0) >= 300_000.0,
             "every replica took the file's bytes: {t}"
         );
+        assert!(
+            sample(&t, "stampfs_chunkserver_pipeline_ack_seconds_count").unwrap_or(0.0) >= 1.0,
+            "every replica acked packets: {t}"
+        );
+        assert!(t.contains("stampfs_chunkserver_scrub_bytes_total"), "{t}");
     }
     assert!(streams >= 1.0, "no write stream counted");
 
@@ -120,6 +135,13 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
         sample(&m, "stampfs_master_lease_recoveries_total").unwrap_or(0.0) >= 1.0,
         "the recovery is counted: {m}"
     );
+    // The status page lists it.
+    let html = page(&c.master.dir);
+    let listed = html
+        .split("id=\"recoveries\"")
+        .nth(1)
+        .is_some_and(|t| t.contains("<td>/f</td>"));
+    assert!(listed, "{html}");
 }
 
 /// `GET /` from the master whose directory is `dir`: the status page's HTML.

@@ -1,4 +1,12 @@
 //! Chunkserver configuration (`stampfs chunkserver ...` flags).
+//!
+//! Each flag `--foo-bar` can also be set by the environment variable
+//! `STAMPFS_CHUNKSERVER_FOO_BAR` (except `--master`: `STAMPFS_MASTER`, as for every
+//! client; `--metrics-listen`: `STAMPFS_METRICS_LISTEN`, shared with the master) and by
+//! the key `foo-bar` of the `--config FILE` the binary reads (`src/config_file.rs` in the
+//! `stampfs` crate; the command line wins over the environment, which wins over the
+//! file). A new flag here is a new config key; give it its variable too (a test there
+//! checks that every flag has one).
 
 use crate::error::{Error, Result};
 use stampfs_proto::net::TlsFiles;
@@ -22,52 +30,65 @@ pub enum IoEngineKind {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChunkserverConfig {
     /// Data directory (replicas, chunkserver.id, addr file).
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_DIR")]
     pub dir: PathBuf,
     /// Listen address; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(
+        long,
+        env = "STAMPFS_CHUNKSERVER_LISTEN",
+        default_value = "127.0.0.1:0"
+    )]
     pub listen: String,
     /// The master's address.
     #[arg(long, env = "STAMPFS_MASTER", default_value = "127.0.0.1:7070")]
     pub master: String,
     /// Cluster key file shared with the master (required: the chunkserver refuses to
     /// start when it is unreadable).
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_CLUSTER_KEY_FILE")]
     pub cluster_key_file: PathBuf,
     /// TLS on this chunkserver's port, and to the master and chunkservers it dials.
     #[command(flatten)]
     pub tls: TlsFiles,
     /// Disk I/O engine: auto probes io_uring and falls back to threads.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(
+        long,
+        env = "STAMPFS_CHUNKSERVER_IO_ENGINE",
+        value_enum,
+        default_value = "auto"
+    )]
     pub io_engine: IoEngineKind,
     /// Interval between heartbeats to the master.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_HEARTBEAT", value_parser = humantime::parse_duration, default_value = "1s")]
     pub heartbeat: Duration,
     /// Interval between full chunk reports to the master.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_REPORT_EVERY", value_parser = humantime::parse_duration, default_value = "60s")]
     pub report_every: Duration,
     /// Address announced to the master (and through it to clients and peers); defaults
     /// to the bound listen address.
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_ADVERTISE")]
     pub advertise: Option<String>,
     /// Capacity to report instead of the file system's size (e.g. 10GiB); used space is
     /// then the sum of replica lengths.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_CAPACITY", value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// Most client/peer connections served at once; further ones wait in the backlog.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(
+        long,
+        env = "STAMPFS_CHUNKSERVER_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
     pub max_connections: usize,
     /// Bytes of packets a write stream may hold in flight (received but not yet
     /// acknowledged upstream) before it stops reading: backpressure.
-    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_STREAM_BUFFER", value_parser = parse_size, default_value = "16MiB")]
     pub stream_buffer: u64,
     /// Timeout for connecting to a peer or the master.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_CONNECT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub connect_timeout: Duration,
     /// How long a pipeline waits for a downstream ack before declaring it lost (keep it
     /// below the clients' ack timeout, 15 s, so the failed replica is named precisely);
     /// also how long a downstream may take no byte of the packets forwarded to it.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_ACK_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub ack_timeout: Duration,
     /// How long a peer may stay silent before its connection is closed: a request/reply
     /// connection that sends no request, or a write stream whose upstream sends no
@@ -79,28 +100,32 @@ pub struct ChunkserverConfig {
     /// byte it takes restarts the clock, so a slow reader of a large reply is not cut).
     /// Frees the connection permit, the stream and the read budget of a frozen or
     /// vanished peer.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_IDLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub idle_timeout: Duration,
     /// Replications to other chunkservers running at once.
-    #[arg(long, default_value_t = 4)]
+    #[arg(
+        long,
+        env = "STAMPFS_CHUNKSERVER_MAX_REPLICATIONS",
+        default_value_t = 4
+    )]
     pub max_replications: usize,
     /// Background scrub rate: replicas are read back and their checksums verified at
     /// this many bytes per second (e.g. 8MiB); 0 turns the scrub off.
-    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_SCRUB_RATE", value_parser = parse_size, default_value = "8MiB")]
     pub scrub_rate: u64,
     /// Most replica deletions (ordered by the master) run per second.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_DELETE_RATE", default_value_t = 50)]
     pub delete_rate: u32,
     /// Start writing a replica's appended data back to disk every this many bytes,
     /// without waiting (write-behind), so syncs find little left to flush and the
     /// disk works while packets stream in; 0 turns it off.
-    #[arg(long, value_parser = parse_size, default_value = "2MiB")]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_WRITE_BEHIND", value_parser = parse_size, default_value = "2MiB")]
     pub write_behind: u64,
     /// Most replica files kept open at once (least recently used closed first; a
     /// replica not open costs no descriptor). Operations in flight keep an evicted
     /// file open until they finish, so descriptors may exceed it by those. 0 picks
     /// max(64, soft open-file limit / 2), leaving the rest for sockets.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "STAMPFS_CHUNKSERVER_MAX_OPEN_FILES", default_value_t = 0)]
     pub max_open_files: usize,
     /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`; port 0:
     /// any free port, written to DIR/metrics-addr). None without it.

@@ -2,6 +2,7 @@
 //! where the event happens, with no state to pass around. The fenced refusals are
 //! the gate's own (`gate::fenced_total`).
 
+use stampfs_metrics::prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Payload bytes of write packets taken into replicas (pipeline writes).
@@ -12,6 +13,31 @@ pub static BYTES_READ: AtomicU64 = AtomicU64::new(0);
 pub static REPLICAS_DELETED: AtomicU64 = AtomicU64::new(0);
 /// Replicas the scrubber found corrupt.
 pub static CORRUPT_FOUND: AtomicU64 = AtomicU64::new(0);
+/// Bytes the scrubber read back and verified.
+pub static SCRUB_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Replicas the scrubber went through.
+pub static SCRUB_REPLICAS: AtomicU64 = AtomicU64::new(0);
+/// Whole scrub passes over every replica.
+pub static SCRUB_PASSES: AtomicU64 = AtomicU64::new(0);
+/// Pipeline acks sent upstream that reported a failure of this replica or one
+/// behind it.
+pub static ACKS_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// Seconds from a write packet's arrival to its ack going upstream (this replica's
+/// write and every replica's behind it).
+pub fn ack_seconds() -> &'static Histogram {
+    static H: std::sync::OnceLock<Histogram> = std::sync::OnceLock::new();
+    // 20 µs to about 0.65 s.
+    H.get_or_init(|| Histogram::new(exponential_buckets(20e-6, 2.0, 16)))
+}
+
+/// One ack sent upstream, `took` after its packet arrived.
+pub fn ack_sent(took: std::time::Duration, failed: bool) {
+    ack_seconds().observe(took.as_secs_f64());
+    if failed {
+        add(&ACKS_FAILED, 1);
+    }
+}
 
 /// Adds `n` to `c`.
 pub fn add(c: &AtomicU64, n: u64) {

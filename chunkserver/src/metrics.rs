@@ -2,9 +2,10 @@
 //! `stampfs-metrics`): requests and their latency by kind (a stream is counted when it
 //! starts, not timed), observed where the server reads them; and, read at each scrape,
 //! the requests refused as fenced (a version older than the replica's, counted by the
-//! fencing gate), bytes written and read, replicas deleted and found corrupt
-//! (`counters.rs`), the replicas held, the write streams open, and the I/O engine in
-//! use.
+//! fencing gate), bytes written and read, replicas deleted and found corrupt, the
+//! scrub's progress (bytes, replicas, passes) and the pipeline's acks (their latency,
+//! and those reporting a failure) (`counters.rs`), the replicas held, the write
+//! streams open, and the I/O engine in use.
 
 use crate::server::Shared;
 use prometheus_client::metrics::counter::Counter;
@@ -33,7 +34,16 @@ pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Expor
     let engines = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
     registry.register("io_engine", "The I/O engine in use (1)", engines.clone());
     engines.get_or_create(&vec![("engine", engine)]).set(1);
-    use crate::counters::{self, BYTES_READ, BYTES_WRITTEN, CORRUPT_FOUND, REPLICAS_DELETED};
+    use crate::counters::{
+        self, ACKS_FAILED, BYTES_READ, BYTES_WRITTEN, CORRUPT_FOUND, REPLICAS_DELETED, SCRUB_BYTES,
+        SCRUB_PASSES, SCRUB_REPLICAS,
+    };
+    registry.register(
+        "pipeline_ack_seconds",
+        "From a write packet's arrival to its ack going upstream (every replica behind \
+         this one included)",
+        counters::ack_seconds().clone(),
+    );
     let copied: Vec<(&'static AtomicU64, Counter)> = [
         (
             &BYTES_WRITTEN,
@@ -54,6 +64,26 @@ pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Expor
             &CORRUPT_FOUND,
             "corrupt_found",
             "Replicas the scrubber found corrupt",
+        ),
+        (
+            &SCRUB_BYTES,
+            "scrub_bytes",
+            "Bytes the scrubber read back and verified",
+        ),
+        (
+            &SCRUB_REPLICAS,
+            "scrub_replicas",
+            "Replicas the scrubber went through",
+        ),
+        (
+            &SCRUB_PASSES,
+            "scrub_passes",
+            "Whole scrub passes over every replica",
+        ),
+        (
+            &ACKS_FAILED,
+            "pipeline_acks_failed",
+            "Pipeline acks sent upstream reporting a failed replica",
         ),
     ]
     .into_iter()

@@ -69,6 +69,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         let Some(stats) = pass(&shared, rate).await else {
             return;
         };
+        crate::counters::add(&crate::counters::SCRUB_PASSES, 1);
         tracing::debug!(
             replicas = stats.replicas,
             bytes = stats.bytes,
@@ -118,6 +119,7 @@ async fn scrub_one(
 ) -> Option<()> {
     let store = &shared.store;
     stats.replicas += 1;
+    crate::counters::add(&crate::counters::SCRUB_REPLICAS, 1);
     let mut offset = 0u64;
     loop {
         // Version and length as they are now: the replica may have been bumped,
@@ -134,6 +136,7 @@ async fn scrub_one(
             Ok((_, data)) => {
                 offset += data.len() as u64;
                 stats.bytes += data.len() as u64;
+                crate::counters::add(&crate::counters::SCRUB_BYTES, data.len() as u64);
             }
             Err(Error::ChecksumMismatch { offset: bad, .. }) => {
                 tracing::error!(chunk = %handle, version = %info.version, offset = bad, "scrub found a corrupt replica; it was moved aside and is reported to the master");

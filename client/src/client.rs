@@ -13,10 +13,10 @@
 use crate::error::{Error, Result};
 use stampfs_proto::net::Dialer;
 use stampfs_proto::{
-    Caller, ClientId, ClusterReport, ClusterReportRequest, Credentials, Delete, FileLocations,
-    FileStatus, GetLocations, GetXattr, List, ListXattr, Mkdir, NewAttr, ReadLink, RecoverLease,
-    RecoveryOutcome, RemoteError, Rename, RenewLease, RpcClient, SetAttr, SetXattr, Stat, Symlink,
-    UserInfo, XattrSet,
+    Caller, ClientId, ClusterReport, ClusterReportRequest, Credentials, Delete, DeleteNow,
+    FileLocations, FileStatus, GetLocations, GetXattr, List, ListXattr, Mkdir, NewAttr, ReadLink,
+    RecoverLease, RecoveryOutcome, RemoteError, Rename, RenewLease, RestoreTrash, RpcClient,
+    SetAttr, SetReplication, SetXattr, Stat, Symlink, UserInfo, XattrSet,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -435,6 +435,18 @@ impl Client {
         .await
     }
 
+    /// `stampfs setrep`: the replication factor of the file at `path` (and of every
+    /// chunk it has) becomes `replication`; the master copies or trims replicas in
+    /// the background. Answers the file's status.
+    pub async fn set_replication(&self, path: &str, replication: u8) -> Result<FileStatus> {
+        self.call(SetReplication {
+            path: normalized(path)?,
+            replication,
+            caller: self.caller(),
+        })
+        .await
+    }
+
     /// `chmod`, `chown`, `utimensat` of the entry at `req.path` (a symbolic link's
     /// own attributes; its mode cannot change); answers the new status. Sent as
     /// `req.caller`, or as this client's caller when that is `None`.
@@ -553,11 +565,33 @@ impl Client {
         .await
     }
 
-    /// Deletes a file, or a directory (`recursive` for a non-empty one).
+    /// Deletes a file, or a directory (`recursive` for a non-empty one): into the
+    /// trash (`/.trash/<user>/Current/<path>`) when the master keeps one.
     pub async fn delete(&self, path: &str, recursive: bool) -> Result<()> {
         self.call(Delete {
             path: normalized(path)?,
             recursive,
+            caller: self.caller(),
+        })
+        .await
+    }
+
+    /// Deletes at once, past the trash (`rm --skip-trash`).
+    pub async fn delete_now(&self, path: &str, recursive: bool) -> Result<()> {
+        self.call(DeleteNow {
+            path: normalized(path)?,
+            recursive,
+            caller: self.caller(),
+        })
+        .await
+    }
+
+    /// Moves the trash entry at `path` (`/.trash/<user>/<bucket>/...`) back to `to`,
+    /// outside the trash (`stampfs trash restore`); answers its status there.
+    pub async fn restore_trash(&self, path: &str, to: &str) -> Result<FileStatus> {
+        self.call(RestoreTrash {
+            path: normalized(path)?,
+            to: normalized(to)?,
             caller: self.caller(),
         })
         .await

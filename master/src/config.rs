@@ -1,4 +1,11 @@
-//! Master configuration: command-line flags (clap) with documented defaults.
+//! Master configuration: the flags of `stampfs master` (clap), with documented defaults.
+//!
+//! Each flag `--foo-bar` can also be set by the environment variable
+//! `STAMPFS_MASTER_FOO_BAR` (`--metrics-listen`: `STAMPFS_METRICS_LISTEN`, shared with
+//! the chunkservers) and by the key `foo-bar` of the `--config FILE` the binary reads
+//! (`src/config_file.rs` in the `stampfs` crate; the command line wins over the
+//! environment, which wins over the file). A new flag here is a new config key; give it
+//! its variable too (a test there checks that every flag has one).
 
 use crate::error::{Error, Result};
 use stampfs_proto::net::TlsFiles;
@@ -12,41 +19,49 @@ pub const MIN_CHUNK_SIZE: u64 = 4 << 10;
 /// Largest chunk size accepted.
 pub const MAX_CHUNK_SIZE: u64 = 1 << 40;
 
+/// A share from 0 to 1 (`0.999`).
+fn parse_share(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share from 0 to 1 (e.g. 0.999)")),
+    }
+}
+
 /// How the master runs. Every field is a `stampfs master` flag.
 #[derive(clap::Args, Debug, Clone)]
 pub struct MasterConfig {
     /// Metadata directory (oplog, checkpoints, addr file, default cluster key).
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_MASTER_DIR")]
     pub dir: PathBuf,
     /// Address to listen on for clients and chunkservers (port 0: any free port; the
     /// chosen address is written to DIR/addr).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    #[arg(long, env = "STAMPFS_MASTER_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: String,
     /// Cluster key file; created (32 random bytes hex, 0600) when missing. Default DIR/cluster.key.
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_MASTER_CLUSTER_KEY_FILE")]
     pub cluster_key_file: Option<PathBuf>,
     /// TLS on the master's port, and to the chunkservers it commands.
     #[command(flatten)]
     pub tls: TlsFiles,
     /// Default replication factor of new files.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "STAMPFS_MASTER_REPLICATION", default_value_t = 3)]
     pub replication: u8,
     /// Default chunk size of new files.
-    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
+    #[arg(long, env = "STAMPFS_MASTER_CHUNK_SIZE", value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
     pub chunk_size: u64,
     /// Fewest replicas a write may proceed with (a new chunk, a re-leased chunk, a
     /// recovered pipeline); fewer live chunkservers is `NotEnoughReplicas`.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "STAMPFS_MASTER_MIN_REPLICATION", default_value_t = 1)]
     pub min_replication: u8,
     /// A chunkserver with no heartbeat for this long is dead: its replicas are not handed out.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "STAMPFS_MASTER_DEAD_AFTER", value_parser = humantime::parse_duration, default_value = "10s")]
     pub dead_after: Duration,
     /// Write lease soft limit: after it, an append (by anyone) starts lease recovery of
     /// the file (`stampfs recover` forces recovery at any time).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = "STAMPFS_MASTER_LEASE_SOFT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub lease_soft: Duration,
     /// Write lease hard limit: after it, the master starts lease recovery on its own.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
+    #[arg(long, env = "STAMPFS_MASTER_LEASE_HARD", value_parser = humantime::parse_duration, default_value = "300s")]
     pub lease_hard: Duration,
     /// The metadata log: `oplog`, the operation log (`DIR/oplog.*`, `DIR/checkpoint`), or
     /// `group`, the master group's replicated log (`DIR/raft`, a group of one for now).
@@ -60,49 +75,62 @@ pub struct MasterConfig {
     )]
     pub log: LogKind,
     /// Write a checkpoint (and trim the log) at least this often when the log has grown.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, env = "STAMPFS_MASTER_CHECKPOINT_INTERVAL", value_parser = humantime::parse_duration, default_value = "10m")]
     pub checkpoint_interval: Duration,
     /// Write a checkpoint as soon as the log has grown by this many bytes since the last one.
-    #[arg(long, value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
+    #[arg(long, env = "STAMPFS_MASTER_CHECKPOINT_LOG_SIZE", value_parser = stampfs_proto::units::parse_size, default_value = "64MiB")]
     pub checkpoint_log_size: u64,
     /// Most client and chunkserver connections served at once; further ones wait.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, env = "STAMPFS_MASTER_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
     /// Timeout of each command the master sends to a chunkserver (connect and reply).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, env = "STAMPFS_MASTER_COMMAND_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
     pub command_timeout: Duration,
     /// How often the replica-health worker runs (stale and orphan replica deletion,
     /// re-replication, over-replication, trash expiry); 0 turns it off.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    #[arg(long, env = "STAMPFS_MASTER_HEALTH_INTERVAL", value_parser = humantime::parse_duration, default_value = "2s")]
     pub health_interval: Duration,
     /// Re-replications running at once per chunkserver (as source or as target).
-    #[arg(long, default_value_t = 2)]
+    #[arg(
+        long,
+        env = "STAMPFS_MASTER_MAX_REPLICATION_STREAMS",
+        default_value_t = 2
+    )]
     pub max_replication_streams: usize,
     /// How long a re-replication (or a deletion or finalize sent in a heartbeat reply)
     /// may take before it is considered lost and ordered again.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = "STAMPFS_MASTER_REPLICATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub replication_timeout: Duration,
-    /// How long `rm` keeps a file in /.trash before its chunks are deleted; 0 deletes at once.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    /// How long `rm` keeps a file in the trash (/.trash/<user>/Current, then a
+    /// checkpoint taken at most half this later) before its chunks are deleted; 0
+    /// deletes at once.
+    #[arg(long, env = "STAMPFS_MASTER_TRASH_FOR", value_parser = humantime::parse_duration, default_value = "1h")]
     pub trash_for: Duration,
+    /// Safe mode (no replica deletions or copies after a start) ends once this share
+    /// of the chunks has a replica reported (0 to 1).
+    #[arg(long, env = "STAMPFS_MASTER_SAFEMODE_THRESHOLD", value_parser = parse_share, default_value = "0.999")]
+    pub safemode_threshold: f64,
+    /// How long the safe mode threshold must hold before safe mode ends.
+    #[arg(long, env = "STAMPFS_MASTER_SAFEMODE_EXTENSION", value_parser = humantime::parse_duration, default_value = "0s")]
+    pub safemode_extension: Duration,
     /// How long a replica of a chunk the master does not know (or knows only as
     /// deleted) may stay on a chunkserver before it is deleted.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, env = "STAMPFS_MASTER_ORPHAN_GRACE", value_parser = humantime::parse_duration, default_value = "10m")]
     pub orphan_grace: Duration,
     /// This master's member id in its group (`--peers` names each member by id).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "STAMPFS_MASTER_ID", default_value_t = 1)]
     pub id: u64,
     /// The master group's members, `ID=HOST:PORT,...` (1, 3 or 5 of them; this master's
     /// `--id` among them at its `--listen` address; all with the same
     /// `--cluster-key-file`). Implies `--log group`. Read when the directory is new:
     /// after that the membership is in the group's log.
-    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    #[arg(long, env = "STAMPFS_MASTER_PEERS", value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<PeerArg>,
     /// Start as a new member of an existing master group, on a new directory: it
     /// serves nothing until the leader adds it (`stampfs admin masters add ID ADDR`)
     /// and sends it the group's state. Implies `--log group`; needs `--id` and the
     /// group's `--cluster-key-file`.
-    #[arg(long)]
+    #[arg(long, env = "STAMPFS_MASTER_JOIN")]
     pub join: bool,
     /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`; port 0:
     /// any free port, written to DIR/metrics-addr). None without it.
@@ -110,7 +138,7 @@ pub struct MasterConfig {
     pub metrics_listen: Option<String>,
     /// Entries of the group's log kept behind each snapshot, for members that fall
     /// behind; a member further behind is sent the leader's snapshot instead.
-    #[arg(long, default_value_t = DEFAULT_GROUP_LOG_KEEP)]
+    #[arg(long, env = "STAMPFS_MASTER_GROUP_LOG_KEEP", default_value_t = DEFAULT_GROUP_LOG_KEEP)]
     pub group_log_keep: u64,
 }
 
@@ -198,6 +226,8 @@ impl MasterConfig {
             max_replication_streams: 2,
             replication_timeout: Duration::from_secs(60),
             trash_for: Duration::from_secs(3600),
+            safemode_threshold: 0.999,
+            safemode_extension: Duration::ZERO,
             orphan_grace: Duration::from_secs(600),
             id: 1,
             peers: Vec::new(),

@@ -35,7 +35,8 @@
 //!   reports the replica; one that takes longer than `--replication-timeout`, or whose
 //!   source or target dies, is dropped and ordered again.
 //! - **Over-replication**: surplus up-to-date replicas are deleted from the fullest
-//!   chunkservers (never while a copy of the chunk is in flight).
+//!   chunkservers (never while a copy of the chunk is in flight); the replica a
+//!   balancer's move came from goes first ([`balance`]).
 //! - **Corruption reports are hints**: a `ReportCorrupt` (from a reader, or from the
 //!   chunkserver's own read path or scrub: the master cannot tell them apart) changes
 //!   nothing by itself. The master asks the replica's chunkserver to verify the replica
@@ -61,7 +62,8 @@
 //!   deletion is durable ([`Tracker::forget_chunk`]); replicas of chunks the master
 //!   does not know (or knows only as deleted) are deleted `--orphan-grace` after they
 //!   were first reported.
-//! - **Trash** ([`crate::trash`]): entries older than `--trash-for` are purged.
+//! - **Trash** ([`crate::trash`]): each user's `Current` becomes a checkpoint at most
+//!   once per half `--trash-for`, and checkpoints older than `--trash-for` are purged.
 //!
 //! Only chunks of closed files and complete chunks of open files are touched: the last
 //! chunk of a file that is open or in lease recovery belongs to its writer (or to the
@@ -142,6 +144,9 @@ pub enum Action {
         /// Live up-to-date replicas when the copy was ordered.
         live: usize,
         replication: u8,
+        /// A balancer's move: `source`'s replica goes once the copy is reported
+        /// (`health/balance.rs`).
+        moving_from: Option<ChunkserverId>,
     },
     /// Seal `server`'s replica, still `Writing`, of a finished chunk.
     Finalize {
@@ -150,8 +155,11 @@ pub enum Action {
         version: ChunkVersion,
         length: u64,
     },
-    /// Delete the trash entry `/.trash/<name>` for good (a logged namespace change).
+    /// Delete the trash entry `/.trash/<name>` for good (a logged namespace change):
+    /// a checkpoint (`<user>/<ms>`) or an entry of the older flat layout.
     PurgeTrash { name: String },
+    /// Turn `/.trash/<user>/Current` into a checkpoint (a logged rename).
+    CheckpointTrash { user: String },
 }
 
 impl Action {
@@ -197,7 +205,7 @@ impl Action {
                     length: *length,
                 },
             )),
-            Action::PurgeTrash { .. } => None,
+            Action::PurgeTrash { .. } | Action::CheckpointTrash { .. } => None,
         }
     }
 }
@@ -416,12 +424,17 @@ pub fn settled(st: &MasterState, ino: InodeId, f: &FileMeta, index: usize) -> bo
     f.write == WriteState::Closed || st.open_index_of(ino, f) != Some(index)
 }
 
+pub mod balance;
 mod pass;
 mod tracker;
 pub use pass::{plan, Pass, SLICE_BUDGET};
 pub use tracker::{prune, prune_copies, Copy, Pruned, Tracker};
 
 #[cfg(test)]
+mod admin_tests;
+#[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trash_tests;

@@ -108,6 +108,14 @@ impl Journal {
         }
     }
 
+    /// The histograms of the durable writes.
+    pub fn timings(&self) -> crate::oplog::LogTimings {
+        match self {
+            Journal::Oplog(log) => log.timings(),
+            Journal::Group(g) => g.timings(),
+        }
+    }
+
     /// Counters about the writes.
     pub fn stats(&self) -> LogStats {
         match self {

@@ -101,6 +101,7 @@ pub mod raft;
 pub mod recovery;
 pub mod registry;
 pub mod retry_cache;
+pub mod safe_mode;
 pub mod server;
 pub mod service;
 pub mod slab;

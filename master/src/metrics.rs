@@ -4,7 +4,9 @@
 //! lease recoveries and re-replications done (counted as they happen); the
 //! namespace and chunk counts, the chunkservers live, the files open for writing and
 //! in lease recovery, the log's records, fsyncs and swept batches, the answers kept
-//! for repeated calls, and, in a master group, whether this member leads and its term.
+//! for repeated calls, safe mode, the chunkservers being decommissioned, and, in a
+//! master group, whether this member leads and its term. The log's durable writes are
+//! observed as they happen (`oplog::LogTimings`): their seconds and their records.
 //! The status page (`status_page.rs`) is served at `/` of the same port.
 
 use crate::service::Core;
@@ -20,6 +22,50 @@ pub struct Events {
     pub recoveries_committed: Counter,
     /// Replica copies (re-replication) that completed.
     pub replications_done: Counter,
+    /// The latest lease recoveries, newest last (at most [`RECENT_RECOVERIES`]), for
+    /// the status page.
+    pub recent_recoveries: Mutex<std::collections::VecDeque<RecoveryNote>>,
+}
+
+/// Lease recoveries the status page lists.
+pub const RECENT_RECOVERIES: usize = 20;
+
+/// One lease recovery that closed its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryNote {
+    pub path: String,
+    /// When it committed (wall clock, ms since the epoch).
+    pub at_ms: u64,
+    /// The version the writer held, and the one its replicas were sealed at: the
+    /// writer's late writes are refused (fenced) from then on.
+    pub old_version: u64,
+    pub new_version: u64,
+    /// The length the file was closed at.
+    pub length: u64,
+}
+
+impl Events {
+    /// Counts a lease recovery and keeps it for the status page.
+    pub fn recovered(&self, note: RecoveryNote) {
+        self.recoveries_committed.inc();
+        let mut r = self
+            .recent_recoveries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if r.len() == RECENT_RECOVERIES {
+            r.pop_front();
+        }
+        r.push_back(note);
+    }
+
+    /// The latest lease recoveries, newest first.
+    pub fn recent(&self) -> Vec<RecoveryNote> {
+        let r = self
+            .recent_recoveries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        r.iter().rev().cloned().collect()
+    }
 }
 
 /// Counters copied from the log's own at each scrape.
@@ -71,6 +117,16 @@ pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
         "Files open for writing (leases held)",
     );
     let recovering = gauge(&mut registry, "files_recovering", "Files in lease recovery");
+    let safe_mode = gauge(
+        &mut registry,
+        "safe_mode",
+        "1 while in safe mode (no replica deletions or re-replication)",
+    );
+    let decommissioning = gauge(
+        &mut registry,
+        "chunkservers_decommissioning",
+        "Chunkservers being decommissioned (or decommissioned and not yet recommissioned)",
+    );
     let missing = gauge(
         &mut registry,
         "chunks_missing",
@@ -117,6 +173,17 @@ pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
         "Replica copies (re-replication) completed",
         core.events.replications_done.clone(),
     );
+    let timings = core.log.timings();
+    registry.register(
+        "log_sync_seconds",
+        "Each durable write of the log (write and fdatasync)",
+        timings.sync_seconds,
+    );
+    registry.register(
+        "log_batch_records",
+        "Records per durable write of the log (group commit's batch sizes)",
+        timings.batch_records,
+    );
     let weak: Weak<Core> = Arc::downgrade(core);
     let refresh = move || {
         let Some(core) = weak.upgrade() else {
@@ -131,6 +198,8 @@ pub fn exporter(core: &Arc<Core>) -> (Arc<Exporter>, Requests) {
             live.set(st.registry.live_count(now, st.settings.dead_after_ms) as i64);
             open.set(st.leases.len() as i64);
             recovering.set(st.recovering.len() as i64);
+            safe_mode.set(i64::from(st.safe_mode.is_on()));
+            decommissioning.set(st.decommissioning.len() as i64);
             missing.set(st.missing_chunks.len() as i64);
             kept.set(st.retry.len() as i64);
         }

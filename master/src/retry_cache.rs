@@ -44,6 +44,9 @@ pub enum CallKind {
     Delete,
     Symlink,
     SetXattr,
+    /// After every older variant, so that each keeps its wire index.
+    DeleteNow,
+    RestoreTrash,
 }
 
 impl CallKind {
@@ -58,6 +61,8 @@ impl CallKind {
             R::Delete(_) => CallKind::Delete,
             R::Symlink(_) => CallKind::Symlink,
             R::SetXattr(_) => CallKind::SetXattr,
+            R::DeleteNow(_) => CallKind::DeleteNow,
+            R::RestoreTrash(_) => CallKind::RestoreTrash,
             _ => return None,
         })
     }

@@ -741,5 +741,11 @@ async fn dispatch_one(
         MasterRequest::AddMaster(r) => reply(id, core.add_master(r).await),
         MasterRequest::RemoveMaster(r) => reply(id, core.remove_master(r).await),
         MasterRequest::TransferLeader(r) => reply(id, core.transfer_leader(r).await),
+        MasterRequest::SetReplication(r) => reply(id, core.set_replication(r).await),
+        MasterRequest::Decommission(r) => reply(id, core.decommission(r).await),
+        MasterRequest::SafeMode(r) => reply(id, core.safe_mode(r).await),
+        MasterRequest::DeleteNow(r) => reply(id, core.delete_now(r).await),
+        MasterRequest::RestoreTrash(r) => reply(id, core.restore_trash(r).await),
+        MasterRequest::Balance(r) => reply(id, core.balance(r).await),
     }
 }

@@ -33,9 +33,9 @@ use crate::oplog::{lock, DirLock};
 use crate::state::{BumpPlan, FinalizePlan, MasterState};
 use stampfs_proto::net::Dialer;
 use stampfs_proto::{
-    ChunkToken, ChunkserverAddr, ClusterKey, Create, Delete, FileLocations, FileStatus,
+    ChunkToken, ChunkserverAddr, ClusterKey, Create, Delete, DeleteNow, FileLocations, FileStatus,
     GetLocations, GetXattr, InodeId, List, ListXattr, MakeFile, Mkdir, ReadLink, RemoteError,
-    Rename, SetAttr, SetXattr, Stat, Symlink, WriteGrant,
+    Rename, RestoreTrash, SetAttr, SetXattr, Stat, Symlink, WriteGrant,
 };
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -48,6 +48,7 @@ use tokio_util::task::TaskTracker;
 /// (`Core::push_bump_fenced`).
 const MAX_FENCE_ROUNDS: usize = 3;
 
+mod admin;
 mod checkpoint;
 mod chunkservers;
 mod health;
@@ -191,6 +192,8 @@ impl Core {
         // The ids of clients holding leases stay their users' across the restart.
         let clients = crate::auth::ClientBindings::default();
         clients.seed(lock(&state).owners(), clock.now_ms());
+        // A master that just started knows no replica yet (`safe_mode.rs`).
+        lock(&state).safe_mode.enter_auto(None);
         Self {
             config,
             key,
@@ -483,6 +486,20 @@ impl Core {
     #[tracing::instrument(skip_all, fields(path = %req.path))]
     pub async fn delete(&self, req: Delete) -> Result<()> {
         self.mutate_once(|st, now, mt| st.delete(&req, now, mt), unit)
+            .await
+    }
+
+    /// `rm --skip-trash`.
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn delete_now(&self, req: DeleteNow) -> Result<()> {
+        self.mutate_once(|st, now, mt| st.delete_now(&req, now, mt), unit)
+            .await
+    }
+
+    /// `stampfs trash restore`.
+    #[tracing::instrument(skip_all, fields(path = %req.path, to = %req.to))]
+    pub async fn restore_trash(&self, req: RestoreTrash) -> Result<FileStatus> {
+        self.mutate_once(|st, now, mt| st.restore_trash(&req, now, mt), status)
             .await
     }
 

@@ -36,6 +36,7 @@ use stampfs_proto::{
 use std::collections::{BTreeMap, BTreeSet};
 
 mod access;
+mod admin;
 mod apply;
 mod health;
 mod ops;
@@ -62,8 +63,8 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 /// still read and upgraded, as is format 6 (no users: a master that reads it creates
 /// its superuser at start, as on a first start), and format 7 (no client owners: a
 /// restarted master binds the ids of open files' writers to the first user to use
-/// them, as it did).
-const SNAPSHOT_FORMAT: u32 = 8;
+/// them, as it did), and format 8 (no chunkservers being decommissioned).
+const SNAPSHOT_FORMAT: u32 = 9;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -271,6 +272,12 @@ pub enum Record {
         kind: CallKind,
         reply: CachedReply,
     },
+    /// The replication factor of the file `inode` and of each of its chunks becomes
+    /// `replication` (`stampfs setrep`). After every older variant, so that each
+    /// keeps its wire index.
+    SetReplication { inode: InodeId, replication: u8 },
+    /// Chunkserver `server` starts (`on`) or ends its decommission.
+    Decommission { server: ChunkserverId, on: bool },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -297,6 +304,8 @@ pub struct Settings {
     pub orphan_grace_ms: u64,
     /// `--replication-timeout`.
     pub replication_timeout_ms: u64,
+    /// When automatic safe mode ends (`--safemode-threshold`, `--safemode-extension`).
+    pub safe_mode: crate::safe_mode::Threshold,
     /// `--max-replication-streams`.
     pub max_replication_streams: usize,
 }
@@ -313,6 +322,10 @@ impl Settings {
             orphan_grace_ms: ms(c.orphan_grace),
             replication_timeout_ms: ms(c.replication_timeout),
             max_replication_streams: c.max_replication_streams,
+            safe_mode: crate::safe_mode::Threshold {
+                ppm: (c.safemode_threshold.clamp(0.0, 1.0) * 1e6).round() as u32,
+                extension_ms: ms(c.safemode_extension),
+            },
         }
     }
 
@@ -333,6 +346,10 @@ impl Settings {
             orphan_grace_ms: 5_000,
             replication_timeout_ms: 30_000,
             max_replication_streams: 2,
+            safe_mode: crate::safe_mode::Threshold {
+                ppm: 999_000,
+                extension_ms: 0,
+            },
         }
     }
 
@@ -383,6 +400,14 @@ pub struct MasterState {
     /// The user each lease-holding client belongs to (persisted; see
     /// `state/owners.rs`).
     owners: BTreeMap<ClientId, String>,
+    /// Chunkservers being decommissioned (persisted; `Record::Decommission`): they
+    /// get no new replicas, and their replicas do not count toward a chunk's
+    /// replication factor (see `state/admin.rs`).
+    pub decommissioning: BTreeSet<ChunkserverId>,
+    /// Soft: safe mode (off until the serving master enters it; see `safe_mode.rs`).
+    pub safe_mode: crate::safe_mode::SafeMode,
+    /// Soft: the balancer, while asked to run (`health/balance.rs`).
+    pub balancer: Option<crate::health::balance::Balancer>,
     /// Soft: registered chunkservers.
     pub registry: Registry,
     /// Soft: lease timers of open files.
@@ -447,6 +472,9 @@ impl MasterState {
             open_chunks: BTreeMap::new(),
             users: BTreeMap::new(),
             owners: BTreeMap::new(),
+            decommissioning: BTreeSet::new(),
+            safe_mode: Default::default(),
+            balancer: None,
             registry: Registry::default(),
             leases: LeaseTable::default(),
             recovering: BTreeSet::new(),

@@ -7,7 +7,7 @@
 
 use crate::service::Core;
 use stampfs_proto::units::format_size as size;
-use stampfs_proto::{ChunkserverState, ClusterReport};
+use stampfs_proto::{ChunkserverState, ClusterReport, DecommissionState};
 use std::fmt::Write;
 
 /// Files open for writing listed at most.
@@ -47,6 +47,8 @@ pub struct Page {
     pub open: Vec<OpenFile>,
     /// Files open beyond those listed.
     pub more_open: usize,
+    /// The latest lease recoveries, newest first.
+    pub recoveries: Vec<crate::metrics::RecoveryNote>,
 }
 
 impl Page {
@@ -90,6 +92,7 @@ impl Page {
             report,
             open,
             more_open,
+            recoveries: core.events.recent(),
         }
     }
 
@@ -131,6 +134,7 @@ impl Page {
              <tr><th>Stale / corrupt / ahead replicas</th><td>{} / {} / {}</td></tr>\
              <tr><th>Orphan replicas</th><td>{}</td></tr>\
              <tr><th>Re-replications in flight</th><td>{}</td></tr>\
+             <tr><th>Safe mode</th><td id=\"safe-mode\"{}>{}</td></tr>\
              </tbody></table>",
             r.chunkservers.len(),
             size(used),
@@ -147,11 +151,13 @@ impl Page {
             c.ahead_replicas,
             r.orphan_replicas,
             r.replications_in_flight,
+            class(r.safe_mode.on, "warn"),
+            escape(&r.safe_mode.describe()),
         );
         h.push_str(
             "<h2>Chunkservers</h2><div class=\"scroll\"><table id=\"chunkservers\"><thead><tr>\
              <th>Id</th><th>Address</th><th>State</th><th>Last heartbeat</th><th>Used</th>\
-             <th>Capacity</th><th>Replicas</th><th>Streams</th></tr></thead><tbody>",
+             <th>Capacity</th><th>Replicas</th><th>Streams</th><th>Decommission</th></tr></thead><tbody>",
         );
         for s in &r.chunkservers {
             let (state, dead) = match s.state {
@@ -162,10 +168,17 @@ impl Page {
                 || "not since the start".into(),
                 |ms| format!("{:.1} s ago", ms as f64 / 1000.0),
             );
+            let decommission = match s.decommission {
+                DecommissionState::Decommissioning { waiting } => {
+                    format!("decommissioning: {waiting} chunks waiting")
+                }
+                d => d.word().to_string(),
+            };
+            let draining = s.decommission != DecommissionState::InService;
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td>{}</td><td{}>{state}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{}>{}</td></tr>",
                 s.id,
                 escape(&s.addr),
                 class(dead, "bad"),
@@ -174,6 +187,8 @@ impl Page {
                 size(s.capacity),
                 s.replicas,
                 s.active_streams,
+                class(draining, "warn"),
+                escape(&decommission),
             );
         }
         h.push_str("</tbody></table></div>");
@@ -202,6 +217,30 @@ impl Page {
         if self.more_open > 0 {
             let _ = write!(h, "<p>and {} more</p>", self.more_open);
         }
+        h.push_str(
+            "<h2>Recent lease recoveries</h2><p>The writer's version is fenced from then on: \
+             the chunkservers refuse its late writes (their <code>fenced</code> counter).</p>\
+             <div class=\"scroll\"><table id=\"recoveries\"><thead><tr><th>Path</th>\
+             <th>When</th><th>Writer's version</th><th>Sealed at</th><th>Length</th></tr>\
+             </thead><tbody>",
+        );
+        for r in &self.recoveries {
+            let when = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(r.at_ms),
+            );
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{when}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&r.path),
+                r.old_version,
+                r.new_version,
+                r.length,
+            );
+        }
+        if self.recoveries.is_empty() {
+            h.push_str("<tr><td colspan=\"5\">none since this master started</td></tr>");
+        }
+        h.push_str("</tbody></table></div>");
         if let Some(g) = &r.masters {
             let _ = write!(
                 h,
@@ -275,6 +314,7 @@ mod tests {
                     replicas: 7,
                     active_streams: 0,
                     queued_commands: 0,
+                    decommission: DecommissionState::Decommissioning { waiting: 4 },
                 }],
                 chunks: HealthCounts {
                     files: 2,
@@ -285,6 +325,8 @@ mod tests {
                 orphan_replicas: 0,
                 replications_in_flight: 0,
                 masters: None,
+                safe_mode: Default::default(),
+                balancer: Default::default(),
             },
             open: vec![OpenFile {
                 path: "/a&b".into(),
@@ -292,6 +334,13 @@ mod tests {
                 soft_in_ms: 0,
             }],
             more_open: 0,
+            recoveries: vec![crate::metrics::RecoveryNote {
+                path: "/w<x>".into(),
+                at_ms: 1_700_000_000_000,
+                old_version: 4,
+                new_version: 5,
+                length: 1000,
+            }],
         }
     }
 
@@ -308,6 +357,11 @@ mod tests {
         );
         assert!(h.contains("3.0 MiB of 10.0 GiB"));
         assert!(h.contains("12.5 s ago"));
+        assert!(
+            h.contains("<td>/w&lt;x&gt;</td><td>2023-11-14T22:13:20Z</td><td>4</td><td>5</td>"),
+            "{h}"
+        );
+        assert!(h.contains("<td class=\"warn\">decommissioning: 4 chunks waiting</td>"));
         assert!(!h.contains("Master group"), "no group, no section");
         assert!(!h.contains("<script"));
     }

@@ -1,34 +1,77 @@
-//! The trash: `rm` moves an entry to `/.trash/<deleted-at ms>-<inode>-<name>` (when
-//! `--trash-for` is not zero), and the replica-health worker deletes it for good once
-//! `--trash-for` has passed; only then do its chunks become garbage. Removing something
-//! that is already in the trash deletes it at once.
+//! The trash, laid out as HDFS's: `rm` (when `--trash-for` is not zero) moves an
+//! entry to `/.trash/<user>/Current/<its original path>`, the directories on the way
+//! created for it. The replica-health worker turns each user's `Current` into a
+//! **checkpoint** named by the wall-clock millisecond it was taken
+//! (`/.trash/<user>/<ms>`) at most once per [`checkpoint_interval`], and deletes a
+//! checkpoint for good once `--trash-for` has passed since it was taken; only then do
+//! its chunks become garbage. So an entry stays in the trash between `--trash-for`
+//! and one and a half times that.
 //!
-//! The deletion time is part of the entry's name, so it survives restarts without a new
-//! record type and an operator can see it with `stampfs ls /.trash`. The trash
-//! directory is hidden from listings of `/`. Pure naming rules only; the records are
-//! written by the state machine.
+//! - `/.trash` belongs to root, mode 0711: anyone may pass through it to their own
+//!   directory, nobody but root may list it. `/.trash/<user>` and the directories
+//!   made under it belong to the user who removed the entry, mode 0700; the entries
+//!   keep their own owners and modes. `<user>` is the name of the user with the
+//!   caller's uid (`uid-<n>` when no user has it).
+//! - A name already taken in the trash gets the removal's millisecond appended
+//!   (`name.<ms>`), as HDFS does; so does a directory on the way that is taken by
+//!   something else.
+//! - Entries leave the trash only by `stampfs trash restore` (`RestoreTrash`), or
+//!   when they expire; a rename out of it is refused. Removing something that is
+//!   already in the trash deletes it at once, as does `rm --skip-trash`.
+//! - Entries of the flat layout of older versions (`/.trash/<ms>-<inode>-<name>`)
+//!   still expire by the time in their name.
+//!
+//! Pure naming rules only; the records are written by the state machine.
 
 use stampfs_proto::path::MAX_COMPONENT_LEN;
-use stampfs_proto::InodeId;
 
 /// Name of the trash directory under the root.
 pub const DIR: &str = ".trash";
+/// The directory of a user's trash that `rm` moves entries into.
+pub const CURRENT: &str = "Current";
 
-/// The name an entry called `name` (inode `ino`) gets in the trash when removed at
-/// `deleted_at_ms` (wall clock). Long names are cut (at a character boundary) so the
-/// result fits a path component.
-pub fn entry_name(deleted_at_ms: u64, ino: InodeId, name: &str) -> String {
-    let prefix = format!("{deleted_at_ms}-{}-", ino.0);
-    let room = MAX_COMPONENT_LEN.saturating_sub(prefix.len());
+/// How often a user's `Current` becomes a checkpoint, for a trash that keeps
+/// entries `keep_ms`: half of it (at least a second).
+pub fn checkpoint_interval(keep_ms: u64) -> u64 {
+    (keep_ms / 2).max(1_000)
+}
+
+/// The name of a checkpoint taken at `wall_ms`.
+pub fn checkpoint_name(wall_ms: u64) -> String {
+    wall_ms.to_string()
+}
+
+/// When a checkpoint was taken, from its name; `None` for any other name.
+pub fn checkpoint_at(name: &str) -> Option<u64> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// The name of the trash directory of the user called `user` (`None`: no user has
+/// the caller's uid `uid`).
+pub fn user_dir(user: Option<&str>, uid: u32) -> String {
+    match user {
+        Some(u) => u.to_string(),
+        None => format!("uid-{uid}"),
+    }
+}
+
+/// `name` made unique with the removal's millisecond, as HDFS does (`name.<ms>`);
+/// a long name is cut (at a character boundary) so the result fits a component.
+pub fn taken_name(name: &str, deleted_at_ms: u64) -> String {
+    let suffix = format!(".{deleted_at_ms}");
+    let room = MAX_COMPONENT_LEN.saturating_sub(suffix.len());
     let mut cut = name.len().min(room);
     while !name.is_char_boundary(cut) {
         cut -= 1;
     }
-    format!("{prefix}{}", &name[..cut])
+    format!("{}{suffix}", &name[..cut])
 }
 
-/// When a trash entry was removed, from its name; `None` for a name the trash did not
-/// give (the caller falls back to the entry's mtime).
+/// When an entry of the older flat layout (`<ms>-<inode>-<name>`) was removed, from
+/// its name; `None` for any other name.
 pub fn deleted_at(entry: &str) -> Option<u64> {
     let (ms, rest) = entry.split_once('-')?;
     let (ino, _) = rest.split_once('-')?;
@@ -36,9 +79,26 @@ pub fn deleted_at(entry: &str) -> Option<u64> {
     ms.parse().ok()
 }
 
-/// Whether an entry removed at `deleted_at_ms` is due for deletion at `wall_ms`.
-pub fn expired(deleted_at_ms: u64, keep_ms: u64, wall_ms: u64) -> bool {
-    wall_ms.saturating_sub(deleted_at_ms) >= keep_ms
+/// Whether something removed (or checkpointed) at `at_ms` is due for deletion at
+/// `wall_ms`.
+pub fn expired(at_ms: u64, keep_ms: u64, wall_ms: u64) -> bool {
+    wall_ms.saturating_sub(at_ms) >= keep_ms
+}
+
+/// Where an entry at `trash_path` (the components of a path in the trash:
+/// `.trash`, the user, the bucket, then the original path) came from: the original
+/// path's components. `None` for a path that is not inside a bucket.
+pub fn original<'a>(trash_path: &[&'a str]) -> Option<Vec<&'a str>> {
+    match trash_path {
+        [dir, _user, bucket, rest @ ..]
+            if *dir == DIR
+                && !rest.is_empty()
+                && (*bucket == CURRENT || checkpoint_at(bucket).is_some()) =>
+        {
+            Some(rest.to_vec())
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -46,22 +106,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_carry_the_time_and_round_trip() {
-        let n = entry_name(1_700_000_000_123, InodeId(42), "report.csv");
-        assert_eq!(n, "1700000000123-42-report.csv");
-        assert_eq!(deleted_at(&n), Some(1_700_000_000_123));
+    fn checkpoints_and_flat_entries_carry_their_time() {
+        assert_eq!(
+            checkpoint_at(&checkpoint_name(1_700_000_000_123)),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(checkpoint_at("Current"), None);
+        assert_eq!(checkpoint_at("12a"), None);
+        assert_eq!(checkpoint_at(""), None);
+        assert_eq!(
+            deleted_at("1700000000123-42-report.csv"),
+            Some(1_700_000_000_123)
+        );
         assert_eq!(deleted_at("my-own-file"), None);
         assert_eq!(deleted_at("12-x-y"), None);
         assert_eq!(deleted_at("12-3"), None);
+        assert_eq!(checkpoint_interval(60_000), 30_000);
+        assert_eq!(checkpoint_interval(10), 1_000);
     }
 
     #[test]
-    fn long_names_are_cut_to_a_component() {
+    fn taken_names_get_the_time_and_fit_a_component() {
+        assert_eq!(taken_name("report.csv", 17), "report.csv.17");
         let long = "é".repeat(200);
-        let n = entry_name(1, InodeId(2), &long);
+        let n = taken_name(&long, 1_700_000_000_000);
         assert!(n.len() <= MAX_COMPONENT_LEN);
-        assert!(n.starts_with("1-2-é"));
-        stampfs_proto::path::components(&format!("/{DIR}/{n}")).expect("valid path");
+        assert!(n.ends_with(".1700000000000"));
+        stampfs_proto::path::components(&format!("/{DIR}/u/{CURRENT}/{n}")).expect("valid");
+        assert_eq!(user_dir(Some("alice"), 1000), "alice");
+        assert_eq!(user_dir(None, 1000), "uid-1000");
+    }
+
+    #[test]
+    fn the_original_path_is_what_follows_the_bucket() {
+        assert_eq!(
+            original(&[DIR, "alice", CURRENT, "a", "b"]),
+            Some(vec!["a", "b"])
+        );
+        assert_eq!(original(&[DIR, "alice", "1700", "f"]), Some(vec!["f"]));
+        assert_eq!(original(&[DIR, "alice", CURRENT]), None);
+        assert_eq!(original(&[DIR, "alice", "Other", "f"]), None);
+        assert_eq!(original(&["a", "alice", CURRENT, "f"]), None);
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub trait Rpc: Sized {
     const ASK_AGAIN: bool = Self::RESEND_SAFE;
     /// Whether a master group keeps the answer of the request, sent as a [`Once`]
     /// call, for a repeat of it (namespace changes made in one step: `Mkdir`,
-    /// `Create`, `MakeFile`, `Rename`, `Delete`, `Symlink`, `SetXattr`).
+    /// `Create`, `MakeFile`, `Rename`, `Delete`, `Symlink`, `SetXattr`, `DeleteNow`,
+    /// `RestoreTrash`).
     const CACHED: bool = false;
     /// Wraps the request in its enum.
     fn into_request(self) -> Self::Request;
@@ -107,6 +108,12 @@ rpc! {
     MasterRequest::AddMaster(AddMaster) -> ();
     MasterRequest::RemoveMaster(RemoveMaster) -> ();
     MasterRequest::TransferLeader(TransferLeader) -> ();
+    MasterRequest::SetReplication(SetReplication) -> FileStatus [resend];
+    MasterRequest::Decommission(Decommission) -> DecommissionState [resend];
+    MasterRequest::SafeMode(SafeModeRequest) -> SafeModeStatus [resend];
+    MasterRequest::DeleteNow(DeleteNow) -> () [once];
+    MasterRequest::RestoreTrash(RestoreTrash) -> FileStatus [once];
+    MasterRequest::Balance(BalanceRequest) -> BalanceStatus [resend];
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

@@ -432,6 +432,7 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
                 replicas: 0,
                 active_streams: 0,
                 queued_commands: 0,
+                decommission: DecommissionState::InService,
             };
             n
         ],
@@ -439,6 +440,8 @@ fn the_densest_legitimate_messages_decode_at_every_tier_edge() {
         orphan_replicas: 0,
         replications_in_flight: 0,
         masters: None,
+        safe_mode: Default::default(),
+        balancer: Default::default(),
     });
     decodes_at_every_edge("HeartbeatReply", |n| HeartbeatReply {
         commands: vec![

@@ -220,6 +220,20 @@ mod rpc {
         verify: arb_signed_verify() => arb_verification();
         overwrite_setup: arb_overwrite_setup() => arb_write_setup_reply();
         digest: arb_signed_digest() => arb_replica_digest();
+        set_replication: (arb_string(), any::<u8>()).prop_map(|(path, replication)| {
+            SetReplication { path, replication, caller: None }
+        }) => arb_file_status();
+        decommission: (arb_cs(), any::<bool>()).prop_map(|(server, on)| Decommission { server, on })
+            => arb_decommission_state();
+        safe_mode: Just(SafeModeRequest { action: SafeModeAction::Leave }) => arb_safe_mode_status();
+        delete_now: (arb_string(), any::<bool>()).prop_map(|(path, recursive)| {
+            DeleteNow { path, recursive, caller: None }
+        }) => Just(());
+        restore_trash: (arb_string(), arb_string()).prop_map(|(path, to)| {
+            RestoreTrash { path, to, caller: None }
+        }) => arb_file_status();
+        balance: Just(BalanceRequest { action: BalanceAction::Start { threshold_pct: 10 } })
+            => arb_balance_status();
     }
 }
 
@@ -238,8 +252,8 @@ fn variants_drawn<T: Debug>(
 #[test]
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
-    let master = variants_drawn(arb_master_request(), master_request_variant, 600);
-    assert_eq!(master.len(), 42, "MasterRequest variants drawn: {master:?}");
+    let master = variants_drawn(arb_master_request(), master_request_variant, 800);
+    assert_eq!(master.len(), 48, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);

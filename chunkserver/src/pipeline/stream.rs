@@ -24,6 +24,8 @@ use tokio_util::sync::CancellationToken;
 /// One packet waiting to be acknowledged.
 struct Pending {
     seq: u64,
+    /// When the packet was read (its ack's latency is measured from here).
+    received: std::time::Instant,
     local: LocalOutcome,
     down: DownOutcome,
     /// Byte permits held until the ack is written.
@@ -194,6 +196,7 @@ impl Stream {
                     let _ = ack_tx
                         .send(Pending {
                             seq,
+                            received: std::time::Instant::now(),
                             local: LocalOutcome::Rejected(e),
                             down: DownOutcome::NotForwarded,
                             _permit: permit,
@@ -235,6 +238,7 @@ impl Stream {
             };
             let pending = Pending {
                 seq,
+                received: std::time::Instant::now(),
                 local: LocalOutcome::Pending(local_rx),
                 down,
                 _permit: permit,
@@ -352,6 +356,7 @@ impl Stream {
                 self.stop.cancel();
                 return;
             }
+            crate::counters::ack_sent(p.received.elapsed(), failed);
             // Answering is activity too: the idle clock of a stream whose packets took
             // long restarts when the last of them is acknowledged.
             self.activity.touch();

@@ -162,6 +162,7 @@ mod tests {
             replicas: 0,
             active_streams: 0,
             queued_commands: 0,
+            decommission: stampfs_proto::DecommissionState::InService,
         }
     }
 
@@ -172,6 +173,8 @@ mod tests {
             orphan_replicas: 0,
             replications_in_flight: 0,
             masters: None,
+            safe_mode: Default::default(),
+            balancer: Default::default(),
         }
     }
 

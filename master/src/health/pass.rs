@@ -33,7 +33,9 @@
 //! version), and its copies are recounted then. With an unlimited budget, one step
 //! makes exactly the decisions of the one-piece pass [`plan`].
 
-use super::{examine, is_live, settled, Action, DeleteReason, MAX_PENDING_DELETES_PER_SERVER};
+use super::{
+    balance, examine, is_live, settled, Action, DeleteReason, MAX_PENDING_DELETES_PER_SERVER,
+};
 use crate::chunk_table::{ChunkInfo, ReplicaClass};
 use crate::namespace::ROOT;
 use crate::placement::{self, Candidate};
@@ -62,6 +64,8 @@ enum Phase {
         chunk: usize,
     },
     Replicate,
+    /// The balancer's moves, if it runs (`health/balance.rs`).
+    Balance,
     /// Next: orphan `at` of the first live chunkserver with an id from `server`.
     Orphans {
         server: u64,
@@ -90,8 +94,15 @@ struct Queued {
 pub struct Pass {
     phase: Phase,
     queue: BinaryHeap<Reverse<Queued>>,
-    /// Chunks examined so far (for logging).
+    /// Chunks examined so far (for logging, and safe mode).
     pub chunks: u64,
+    /// What the balancer's phase found (`None`: no balancer, or safe mode).
+    pub spread: Option<balance::Spread>,
+    /// Moves the balancer's phase ordered.
+    pub moves: u64,
+    /// Chunks examined so far with a live replica at the master's version (safe
+    /// mode's measure: `safe_mode.rs`).
+    pub reported: u64,
     /// Steps taken so far.
     pub steps: u64,
 }
@@ -111,6 +122,9 @@ impl Pass {
             },
             queue: BinaryHeap::new(),
             chunks: 0,
+            reported: 0,
+            spread: None,
+            moves: 0,
             steps: 0,
         }
     }
@@ -145,6 +159,9 @@ impl Pass {
                 }
                 Phase::Replicate => {
                     self.phase = self.replicate_phase(&mut s, rng);
+                }
+                Phase::Balance => {
+                    self.phase = self.balance_phase(&mut s);
                 }
                 Phase::Orphans { server, at } => {
                     self.phase = orphans_phase(&mut s, server, at);
@@ -184,6 +201,13 @@ impl Pass {
                     continue;
                 };
                 self.chunks += 1;
+                if info
+                    .replicas
+                    .iter()
+                    .any(|r| info.class_of(r) == ReplicaClass::Current && s.live(r.server_id()))
+                {
+                    self.reported += 1;
+                }
                 if let Some(q) = s.chunk(handle, info) {
                     self.queue.push(Reverse(q));
                 }
@@ -195,17 +219,77 @@ impl Pass {
     fn replicate_phase<R: Rng + ?Sized>(&mut self, s: &mut Slice<'_>, rng: &mut R) -> Phase {
         while s.left > 0 {
             let Some(Reverse(q)) = self.queue.pop() else {
-                return Phase::Orphans { server: 0, at: 0 };
+                return Phase::Balance;
             };
             s.spend(1);
             if s.all_busy() {
                 // No copy can start anywhere this pass: the rest wait for the next.
                 self.queue.clear();
-                return Phase::Orphans { server: 0, at: 0 };
+                return Phase::Balance;
             }
             s.replicate(&q, rng);
         }
         Phase::Replicate
+    }
+}
+
+impl Pass {
+    /// The balancer's moves (`health/balance.rs`), in one step: at most
+    /// [`balance::MAX_MOVES_PER_PASS`], and [`balance::SCAN_PER_SOURCE`] replicas looked at
+    /// per source, within the copy stream caps.
+    fn balance_phase(&mut self, s: &mut Slice<'_>) -> Phase {
+        let next = Phase::Orphans { server: 0, at: 0 };
+        let st = s.st;
+        let Some(b) = st.balancer.as_ref().filter(|b| !b.done) else {
+            return next;
+        };
+        if st.safe_mode.is_on() {
+            return next;
+        }
+        let sp = balance::spread(st, s.now_ms, b.threshold_pct);
+        for src in &sp.sources {
+            let Some(cs) = st.registry.get(*src) else {
+                continue;
+            };
+            for h in cs.replicas.iter().take(balance::SCAN_PER_SOURCE) {
+                if self.moves as usize >= balance::MAX_MOVES_PER_PASS || s.is_busy(*src) {
+                    break;
+                }
+                s.spend(1);
+                let Some(info) = st.chunks.get(h) else {
+                    continue;
+                };
+                if !s.quiet(h, info)
+                    || s.in_flight.contains_key(&h)
+                    || st.health.moved_from(h).is_some()
+                {
+                    continue;
+                }
+                let target = sp.targets.iter().copied().find(|t| {
+                    info.replica(*t).is_none()
+                        && !s.is_busy(*t)
+                        && st.registry.get(*t).is_some_and(|c| c.free() >= info.length)
+                });
+                let Some(target) = target.and_then(|t| st.registry.get(t)) else {
+                    continue;
+                };
+                s.add_stream(*src);
+                s.add_stream(target.id);
+                s.in_flight.entry(h).or_default().push(target.id);
+                s.actions.push(Action::Replicate {
+                    handle: h,
+                    version: info.version,
+                    source: *src,
+                    target: target.addr(),
+                    live: info.replicas.len(),
+                    replication: info.replication,
+                    moving_from: Some(*src),
+                });
+                self.moves += 1;
+            }
+        }
+        self.spread = Some(sp);
+        next
     }
 }
 
@@ -331,6 +415,11 @@ impl<'a> Slice<'a> {
                         || !tracker.pending.contains_key(&(r.server_id(), handle)))
             })
             && tracker.corrupt_of(handle).next().is_none()
+            && (self.st.decommissioning.is_empty()
+                || info
+                    .replicas
+                    .iter()
+                    .all(|r| !self.st.decommissioning.contains(&r.server_id())))
     }
 
     /// The rules for one settled chunk: deletions and finalizes now; an
@@ -344,8 +433,9 @@ impl<'a> Slice<'a> {
         let ex = examine(st, handle, info, self.now_ms);
         let replication = usize::from(info.replication.max(1));
         // Stale replicas go only while an up-to-date one is live: the last remnants
-        // of a missing chunk are left for an operator.
-        if !ex.live.is_empty() {
+        // of a missing chunk are left for an operator (and all of them while in safe
+        // mode).
+        if !ex.live.is_empty() && !st.safe_mode.is_on() {
             for (s, v) in &ex.stale {
                 self.delete(*s, handle, *v, DeleteReason::Stale);
             }
@@ -360,14 +450,19 @@ impl<'a> Slice<'a> {
                 });
             }
         }
+        if st.safe_mode.is_on() {
+            // Nothing deleted or copied until enough replicas are reported.
+            return None;
+        }
         let good = self.good(handle, &ex.live);
+        let counted = self.counted(&good);
         let holders = self.holders(handle, info, &ex.corrupt);
         for (s, v, held) in &ex.corrupt {
             if !held || !self.live(*s) {
                 continue;
             }
             let nowhere_else = target_candidates(st, &holders, info.length, self.now_ms).is_empty();
-            if good.len() >= replication || (!good.is_empty() && nowhere_else) {
+            if counted.len() >= replication || (!good.is_empty() && nowhere_else) {
                 self.delete(*s, handle, *v, DeleteReason::Corrupt);
             }
         }
@@ -376,13 +471,13 @@ impl<'a> Slice<'a> {
         // new copy. The bound is their version: a raised replica is kept.
         for (s, v) in &ex.short {
             let nowhere_else = target_candidates(st, &holders, info.length, self.now_ms).is_empty();
-            if good.len() >= replication || (!good.is_empty() && nowhere_else) {
+            if counted.len() >= replication || (!good.is_empty() && nowhere_else) {
                 self.delete(*s, handle, *v, DeleteReason::Short);
             }
         }
         let flying = self.in_flight.get(&handle).map_or(0, Vec::len);
-        if !good.is_empty() && good.len() + flying < replication {
-            let missing = replication - good.len() - flying;
+        if !good.is_empty() && counted.len() + flying < replication {
+            let missing = replication - counted.len() - flying;
             return Some(Queued {
                 not_single: good.len() != 1,
                 missing: Reverse(missing),
@@ -390,14 +485,22 @@ impl<'a> Slice<'a> {
                 version: info.version,
             });
         }
-        if flying == 0 && good.len() > replication {
-            // The fullest servers give up their replica.
-            let mut victims: Vec<(u64, ChunkserverId)> = good
+        if flying == 0 && counted.len() > replication {
+            // The fullest servers give up their replica (never one being
+            // decommissioned: those are not counted, and stay until it stops); the
+            // one a balancer's move came from goes first.
+            let moved = tracker.moved_from(handle);
+            let mut victims: Vec<(bool, u64, ChunkserverId)> = counted
                 .iter()
-                .map(|(s, _)| (st.registry.get(*s).map_or(0, |c| c.free()), *s))
+                .map(|(s, _)| {
+                    let free = st.registry.get(*s).map_or(0, |c| c.free());
+                    (moved != Some(*s), free, *s)
+                })
                 .collect();
             victims.sort();
-            for (_, s) in victims.into_iter().take(good.len() - replication) {
+            let victims: Vec<(u64, ChunkserverId)> =
+                victims.into_iter().map(|(_, f, s)| (f, s)).collect();
+            for (_, s) in victims.into_iter().take(counted.len() - replication) {
                 self.delete(s, handle, info.version, DeleteReason::OverReplicated);
             }
         }
@@ -413,6 +516,19 @@ impl<'a> Slice<'a> {
         live.iter()
             .copied()
             .filter(|(s, _)| !self.st.health.deleting(*s, handle))
+            .collect()
+    }
+
+    /// The replicas of `good` that count toward the replication factor: those not on
+    /// a chunkserver being decommissioned (`state/admin.rs`).
+    fn counted(
+        &self,
+        good: &[(ChunkserverId, ReplicaState)],
+    ) -> Vec<(ChunkserverId, ReplicaState)> {
+        let draining = &self.st.decommissioning;
+        good.iter()
+            .copied()
+            .filter(|(s, _)| draining.is_empty() || !draining.contains(s))
             .collect()
     }
 
@@ -459,9 +575,10 @@ impl<'a> Slice<'a> {
         };
         let ex = examine(st, q.handle, info, self.now_ms);
         let good = self.good(q.handle, &ex.live);
+        let counted = self.counted(&good).len();
         let replication = usize::from(info.replication.max(1));
         let flying = self.in_flight.get(&q.handle).map_or(0, Vec::len);
-        if good.is_empty() || good.len() + flying >= replication {
+        if good.is_empty() || counted + flying >= replication {
             return;
         }
         let sources: Vec<ChunkserverId> = good
@@ -470,7 +587,7 @@ impl<'a> Slice<'a> {
             .map(|(s, _)| *s)
             .collect();
         let mut holders = self.holders(q.handle, info, &ex.corrupt);
-        for _ in 0..replication - good.len() - flying {
+        for _ in 0..replication - counted - flying {
             let Some(source) = sources
                 .iter()
                 .copied()
@@ -502,6 +619,7 @@ impl<'a> Slice<'a> {
                 target: target.addr(),
                 live: good.len(),
                 replication: info.replication,
+                moving_from: None,
             });
         }
     }
@@ -515,8 +633,7 @@ fn target_candidates(
     length: u64,
     now_ms: u64,
 ) -> Vec<Candidate> {
-    st.registry
-        .candidates(now_ms, st.settings.dead_after_ms, length)
+    st.placement_candidates(now_ms, length)
         .into_iter()
         .filter(|c| !holders.contains(&c.id))
         .collect()
@@ -526,6 +643,9 @@ fn target_candidates(
 /// chunkservers in id order.
 fn orphans_phase(s: &mut Slice<'_>, server: u64, mut at: usize) -> Phase {
     let st = s.st;
+    if st.safe_mode.is_on() {
+        return Phase::Trash { after: None };
+    }
     let mut servers: Vec<_> = st
         .registry
         .iter()
@@ -562,7 +682,9 @@ fn orphans_phase(s: &mut Slice<'_>, server: u64, mut at: usize) -> Phase {
     Phase::Trash { after: None }
 }
 
-/// Trash entries past `--trash-for`, in name order.
+/// The trash, in name order: each user's `Current` checkpointed when its newest
+/// checkpoint is older than [`trash::checkpoint_interval`], checkpoints and entries
+/// of the older flat layout purged past `--trash-for`.
 fn trash_phase(s: &mut Slice<'_>, after: Option<String>, wall_ms: u64) -> Phase {
     let st = s.st;
     let Some(dir) = st
@@ -584,12 +706,39 @@ fn trash_phase(s: &mut Slice<'_>, after: Option<String>, wall_ms: u64) -> Phase 
         }
         s.spend(1);
         last = Some(name.to_string());
-        let at = trash::deleted_at(name)
-            .or_else(|| st.ns.get(*ino).map(|i| i.mtime_ms()))
-            .unwrap_or(0);
-        if trash::expired(at, st.settings.trash_ms, wall_ms) {
-            s.actions.push(Action::PurgeTrash {
-                name: name.to_string(),
+        let keep = st.settings.trash_ms;
+        let flat = trash::deleted_at(name).filter(|_| st.user(name).is_none());
+        let user_dir = st.ns.get(*ino).and_then(|i| i.as_dir());
+        let (Some(d), None) = (user_dir, flat) else {
+            // An entry of the flat layout (or anything else put there by hand).
+            let at = flat
+                .or_else(|| st.ns.get(*ino).map(|i| i.mtime_ms()))
+                .unwrap_or(0);
+            if trash::expired(at, keep, wall_ms) {
+                s.actions.push(Action::PurgeTrash {
+                    name: name.to_string(),
+                });
+            }
+            continue;
+        };
+        s.spend(d.children.len());
+        let mut newest: Option<u64> = None;
+        for (bucket, _) in d.children.iter() {
+            let Some(at) = trash::checkpoint_at(bucket) else {
+                continue;
+            };
+            newest = newest.max(Some(at));
+            if trash::expired(at, keep, wall_ms) {
+                s.actions.push(Action::PurgeTrash {
+                    name: format!("{name}/{bucket}"),
+                });
+            }
+        }
+        let due =
+            newest.is_none_or(|n| trash::expired(n, trash::checkpoint_interval(keep), wall_ms));
+        if due && d.children.contains_key(trash::CURRENT) {
+            s.actions.push(Action::CheckpointTrash {
+                user: name.to_string(),
             });
         }
     }

@@ -2,8 +2,7 @@
 //! no sleeps.
 
 use super::*;
-use crate::state::{replay_records, CorruptReport, Settings};
-use crate::trash;
+use crate::state::{CorruptReport, Settings};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use stampfs_proto::{
@@ -143,7 +142,7 @@ fn plan_now(st: &MasterState, now: u64) -> Vec<Action> {
 }
 
 /// One worker pass (prune, plan, record), as the service runs it.
-fn pass(st: &mut MasterState, now: u64) -> Vec<Action> {
+pub(super) fn pass(st: &mut MasterState, now: u64) -> Vec<Action> {
     st.health_pass(now, 0, &mut StdRng::seed_from_u64(7)).1
 }
 
@@ -613,106 +612,6 @@ fn deleted_chunks_replicas_are_ordered_deleted_at_once() {
         );
     }
     assert!(st.health.take_commands(id(3), 10).is_empty());
-}
-
-#[test]
-fn rm_moves_to_the_trash_and_the_worker_purges_it_after_trash_for() {
-    let mut s = settings();
-    s.trash_ms = 60_000;
-    let mut st = servers(s, &[10, 10, 10]);
-    let (ino, hs) = file(&mut st, "/f", 1, true);
-    set(&mut st, hs[0], &[(1, 1, F)]);
-    st.mkdir(
-        &stampfs_proto::Mkdir {
-            path: "/d".into(),
-            parents: false,
-            attr: None,
-            caller: None,
-        },
-        0,
-        1,
-    )
-    .expect("mkdir");
-    let deleted_at = 1_700_000_000_000;
-    st.delete(
-        &Delete {
-            path: "/f".into(),
-            recursive: false,
-            caller: None,
-        },
-        0,
-        deleted_at,
-    )
-    .expect("rm");
-    let entry = format!("{deleted_at}-{}-f", ino.0);
-    assert_eq!(
-        st.resolve_path(&format!("/{}/{entry}", trash::DIR))
-            .expect("in the trash"),
-        ino
-    );
-    let names: Vec<String> = st
-        .list("/")
-        .expect("ls")
-        .into_iter()
-        .map(|s| s.path)
-        .collect();
-    assert_eq!(names, vec!["/d"], "the trash is hidden from /");
-    assert_eq!(st.list("/.trash").expect("ls trash").len(), 1);
-    assert!(
-        st.chunks.get(hs[0]).is_some(),
-        "chunks live on in the trash"
-    );
-    assert!(st.health.take_commands(id(1), 10).is_empty());
-    beat(&mut st, &[1, 2, 3], NOW);
-    let early = plan(&st, NOW, deleted_at + 59_999, &mut StdRng::seed_from_u64(1));
-    assert!(!early.iter().any(|a| matches!(a, Action::PurgeTrash { .. })));
-    let due = plan(&st, NOW, deleted_at + 60_000, &mut StdRng::seed_from_u64(1));
-    assert!(due.contains(&Action::PurgeTrash {
-        name: entry.clone()
-    }));
-    assert!(st
-        .purge_trash(&entry, NOW, deleted_at + 60_000)
-        .expect("purge"));
-    assert!(!st
-        .purge_trash(&entry, NOW, deleted_at + 60_000)
-        .expect("again"));
-    assert!(st.chunks.get(hs[0]).is_none());
-    assert_eq!(
-        st.health.take_commands(id(1), 10),
-        vec![ChunkCommand::Delete {
-            handle: hs[0],
-            max_version: ChunkVersion(1)
-        }]
-    );
-    // Removing something already in the trash deletes it at once.
-    let (_, _) = file(&mut st, "/g", 0, true);
-    st.delete(
-        &Delete {
-            path: "/g".into(),
-            recursive: false,
-            caller: None,
-        },
-        0,
-        deleted_at + 1,
-    )
-    .expect("rm g");
-    let trashed = st.list("/.trash").expect("ls")[0].path.clone();
-    st.delete(
-        &Delete {
-            path: trashed.clone(),
-            recursive: false,
-            caller: None,
-        },
-        0,
-        deleted_at + 2,
-    )
-    .expect("rm from the trash");
-    assert!(st.list("/.trash").expect("ls").is_empty());
-    // All of it replays to the same state.
-    let log = st.take_outbox();
-    let mut back = MasterState::new(st.settings);
-    replay_records(&mut back, log.iter().map(|(l, b)| (*l, b.as_slice())), 0).expect("replay");
-    assert!(back.same_persisted(&st));
 }
 
 #[test]

@@ -64,6 +64,9 @@ pub struct Tracker {
     pub(super) orphans_seen: HashMap<(ChunkserverId, ChunkHandle), u64>,
     /// Commands for each chunkserver's next heartbeat reply.
     pub(super) outbox: HashMap<ChunkserverId, VecDeque<ChunkCommand>>,
+    /// Chunks a balancer's copy was ordered for, and the chunkserver the move came
+    /// from: its replica is the surplus to delete once the copy is reported.
+    moved_from: HashMap<ChunkHandle, ChunkserverId>,
 }
 
 impl Tracker {
@@ -375,6 +378,12 @@ impl Tracker {
         }
     }
 
+    /// The chunkserver a balancer's move of `handle` came from, while its replica
+    /// has not been deleted.
+    pub fn moved_from(&self, handle: ChunkHandle) -> Option<ChunkserverId> {
+        self.moved_from.get(&handle).copied()
+    }
+
     /// Queues the commands of `actions` and tracks them until they are confirmed.
     pub fn record(&mut self, actions: &[Action], now_ms: u64) {
         for a in actions {
@@ -390,15 +399,25 @@ impl Tracker {
                     version,
                     source,
                     target,
+                    moving_from,
                     ..
-                } => self.copies.push(Copy {
-                    handle: *handle,
-                    version: *version,
-                    source: *source,
-                    target: target.id,
-                    started_ms: now_ms,
-                }),
+                } => {
+                    self.copies.push(Copy {
+                        handle: *handle,
+                        version: *version,
+                        source: *source,
+                        target: target.id,
+                        started_ms: now_ms,
+                    });
+                    if let Some(from) = moving_from {
+                        self.moved_from.insert(*handle, *from);
+                    }
+                }
                 Action::Delete { handle, .. } | Action::Finalize { handle, .. } => {
+                    if matches!(a, Action::Delete { server: s, .. } if self.moved_from.get(handle) == Some(s))
+                    {
+                        self.moved_from.remove(handle);
+                    }
                     self.insert_pending(
                         server,
                         *handle,
@@ -408,7 +427,7 @@ impl Tracker {
                         },
                     );
                 }
-                Action::PurgeTrash { .. } => {}
+                Action::PurgeTrash { .. } | Action::CheckpointTrash { .. } => {}
             }
         }
     }

@@ -143,6 +143,7 @@ struct Shared {
     records: AtomicU64,
     bytes_since_rotate: AtomicU64,
     swept: AtomicU64,
+    timings: super::LogTimings,
 }
 
 /// The append side of the operation log, with group commit.
@@ -194,6 +195,7 @@ impl Oplog {
             records: AtomicU64::new(0),
             bytes_since_rotate: AtomicU64::new(0),
             swept: AtomicU64::new(0),
+            timings: super::LogTimings::default(),
         });
         let s = shared.clone();
         let sweeper = std::thread::Builder::new()
@@ -311,6 +313,11 @@ impl Oplog {
             bytes_since_rotate: s.bytes_since_rotate.load(Ordering::Relaxed),
             swept: s.swept.load(Ordering::Relaxed),
         }
+    }
+
+    /// The histograms of its durable writes (shared).
+    pub fn timings(&self) -> super::LogTimings {
+        self.shared.timings.clone()
     }
 
     /// Refuses further appends, stops the sweeper and, under the segment (after any
@@ -470,7 +477,9 @@ impl Shared {
             if *count == 0 {
                 return Ok(());
             }
+            let started = Instant::now();
             segment.write_durably(buf)?;
+            self.timings.observe(*count, started.elapsed());
             self.fsyncs.fetch_add(1, Ordering::Relaxed);
             self.records.fetch_add(*count, Ordering::Relaxed);
             self.bytes_since_rotate

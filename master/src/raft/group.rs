@@ -482,6 +482,11 @@ impl Group {
 
     /// Counters in the operation log's terms: appends (one `fdatasync` each), records
     /// queued, record bytes queued since the last snapshot.
+    /// The histograms of the log's durable appends.
+    pub fn timings(&self) -> crate::oplog::LogTimings {
+        self.log.timings()
+    }
+
     pub fn stats(&self) -> crate::oplog::LogStats {
         crate::oplog::LogStats {
             fsyncs: self.log.appends(),

@@ -72,6 +72,7 @@ pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
     /// Appends written, one `fdatasync` each (kept outside the lock for readers).
     appends: Arc<AtomicU64>,
+    timings: crate::oplog::LogTimings,
 }
 
 impl Debug for LogStore {
@@ -448,6 +449,7 @@ impl LogStore {
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
             appends: Arc::new(AtomicU64::new(0)),
+            timings: crate::oplog::LogTimings::default(),
         })
     }
 }
@@ -477,6 +479,11 @@ impl LogStore {
     }
 
     /// Appends written so far by this process, each with one `fdatasync`.
+    /// The histograms of its durable appends (shared).
+    pub fn timings(&self) -> crate::oplog::LogTimings {
+        self.timings.clone()
+    }
+
     pub fn appends(&self) -> u64 {
         self.appends.load(Ordering::Relaxed)
     }
@@ -570,7 +577,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let res = lock(&self.inner).append(entries.into_iter().collect());
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let count = entries.len() as u64;
+        let started = std::time::Instant::now();
+        let res = lock(&self.inner).append(entries);
+        self.timings.observe(count, started.elapsed());
         match res {
             Ok(()) => {
                 self.appends.fetch_add(1, Ordering::Relaxed);

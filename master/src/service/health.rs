@@ -10,8 +10,9 @@ use crate::health::{Action, CorruptHint, Pass, Pruned, Verified, VerifyRefusal, 
 use crate::lease::wall_ms;
 use crate::state::CorruptReport;
 use stampfs_proto::{
-    ChunkHandle, ChunkserverId, ClusterReport, ClusterReportRequest, Fsck, FsckReport, RemoteError,
-    ReportCorrupt, RpcClient, Verification, VerifyReplica,
+    BalanceAction, BalanceRequest, BalanceStatus, ChunkHandle, ChunkserverId, ClusterReport,
+    ClusterReportRequest, Fsck, FsckReport, RemoteError, ReportCorrupt, RpcClient, SafeModeAction,
+    SafeModeRequest, SafeModeStatus, Verification, VerifyReplica,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +57,15 @@ impl Core {
     #[tracing::instrument(skip_all)]
     pub async fn run_health_pass(&self) -> PassSummary {
         let started = std::time::Instant::now();
+        {
+            // A new lead knows no replica yet: safe mode again.
+            let lead = self.log.led_since_ms();
+            let mut st = self.state();
+            if st.safe_mode.new_lead(lead) {
+                st.safe_mode.enter_auto(lead);
+                tracing::info!("in safe mode until the chunkservers have reported to this leader");
+            }
+        }
         let mut pass = Pass::new();
         let mut summary = PassSummary::default();
         let mut pacer = crate::pacing::Pacer::new();
@@ -92,6 +102,7 @@ impl Core {
         summary.steps = pass.steps;
         summary.chunks = pass.chunks;
         summary.took = started.elapsed();
+        self.after_pass(&pass);
         tracing::debug!(
             chunks = summary.chunks,
             steps = summary.steps,
@@ -103,10 +114,114 @@ impl Core {
         summary
     }
 
+    /// Safe mode's look at a whole pass: it ends once enough chunks have a replica
+    /// reported (`safe_mode.rs`).
+    fn after_pass(&self, pass: &Pass) {
+        use crate::safe_mode::Transition;
+        let now = self.clock.now_ms();
+        let mut st = self.state();
+        if let (Some(b), Some(sp)) = (st.balancer.as_mut(), pass.spread.as_ref()) {
+            b.moves_ordered += pass.moves;
+            if sp.balanced() && !b.done {
+                b.done = true;
+                tracing::info!(
+                    moves = b.moves_ordered,
+                    "the cluster is balanced: every live chunkserver is within the threshold of the average use; the balancer stops"
+                );
+            }
+            b.last = Some(sp.clone());
+        }
+        let t = st.settings.safe_mode;
+        match st.safe_mode.after_pass(pass.chunks, pass.reported, now, t) {
+            Transition::Left => tracing::info!(
+                chunks = pass.chunks,
+                reported = pass.reported,
+                "leaving safe mode: enough chunks have a replica reported; replica deletions and re-replication start"
+            ),
+            Transition::Met => tracing::debug!(
+                chunks = pass.chunks,
+                reported = pass.reported,
+                extension_ms = t.extension_ms,
+                "safe mode threshold met; waiting for the extension"
+            ),
+            Transition::Stay if st.safe_mode.is_on() => tracing::debug!(
+                chunks = pass.chunks,
+                reported = pass.reported,
+                "still in safe mode"
+            ),
+            Transition::Stay => {}
+        }
+    }
+
+    /// `stampfs admin balance` (superusers only: the connection handler checks).
+    #[tracing::instrument(skip_all, fields(action = ?req.action))]
+    pub async fn balance(&self, req: BalanceRequest) -> Result<BalanceStatus> {
+        use crate::health::balance::Balancer;
+        self.log.serving()?;
+        let mut st = self.state();
+        match req.action {
+            BalanceAction::Status => {}
+            BalanceAction::Start { threshold_pct } => {
+                if !(1..=99).contains(&threshold_pct) {
+                    return Err(Error::BadRequest {
+                        reason: format!(
+                            "balance threshold {threshold_pct}% is not between 1% and 99%"
+                        ),
+                    });
+                }
+                st.balancer = Some(Balancer {
+                    threshold_pct,
+                    ..Balancer::default()
+                });
+                tracing::info!(threshold_pct, "balancer started");
+            }
+            BalanceAction::Stop => {
+                if st.balancer.take().is_some() {
+                    tracing::info!("balancer stopped; copies in flight finish");
+                }
+            }
+        }
+        Ok(Balancer::status(st.balancer.as_ref()))
+    }
+
+    /// `stampfs admin safemode` (superusers only: the connection handler checks).
+    #[tracing::instrument(skip_all, fields(action = ?req.action))]
+    pub async fn safe_mode(&self, req: SafeModeRequest) -> Result<SafeModeStatus> {
+        self.log.serving()?;
+        let now = self.clock.now_ms();
+        let mut st = self.state();
+        match req.action {
+            SafeModeAction::Get => {}
+            SafeModeAction::Enter => {
+                st.safe_mode.enter_manual();
+                tracing::info!("safe mode entered by hand: no replica deletions or re-replication until `admin safemode leave`");
+            }
+            SafeModeAction::Leave => {
+                st.safe_mode.leave();
+                tracing::info!("safe mode left by hand");
+            }
+        }
+        Ok(st.safe_mode.status(st.settings.safe_mode, now))
+    }
+
     /// Logs what a slice decided and runs its trash purges (logged records).
     async fn act(&self, actions: &[Action]) {
         for a in actions {
             match a {
+                Action::CheckpointTrash { user } => {
+                    let made = self
+                        .mutate_durable(|st, now, mt| st.checkpoint_trash(user, now, mt))
+                        .await;
+                    match made {
+                        Ok(Some(name)) => {
+                            tracing::info!(user = %user, checkpoint = %name, "trash checkpoint taken")
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(user = %user, error = %e, "cannot take a trash checkpoint")
+                        }
+                    }
+                }
                 Action::PurgeTrash { name } => {
                     let purged = self
                         .mutate_durable(|st, now, mt| st.purge_trash(name, now, mt))
@@ -136,8 +251,19 @@ impl Core {
                     target,
                     live,
                     replication,
+                    moving_from: None,
                 } => {
                     tracing::info!(chunk = %handle, %version, source = %source, target = %target.id, live, replication, "re-replication ordered")
+                }
+                Action::Replicate {
+                    handle,
+                    version,
+                    source,
+                    target,
+                    moving_from: Some(_),
+                    ..
+                } => {
+                    tracing::info!(chunk = %handle, %version, source = %source, target = %target.id, "balancer move ordered")
                 }
                 Action::Finalize {
                     server,

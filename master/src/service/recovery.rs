@@ -284,7 +284,13 @@ impl Core {
             replicas = %id_list(sealed.replicas.iter().map(|(id, _)| id)),
             "lease recovery committed: file closed"
         );
-        self.events.recoveries_committed.inc();
+        self.events.recovered(crate::metrics::RecoveryNote {
+            path: plan.path.clone(),
+            at_ms: crate::lease::wall_ms(),
+            old_version: plan.old_version.0,
+            new_version: plan.version.0,
+            length: outcome.length,
+        });
         Ok(outcome)
     }
 

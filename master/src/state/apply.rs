@@ -592,6 +592,36 @@ impl MasterState {
                     a.ctime_ns = *t;
                 }
             }
+            Record::SetReplication { inode, replication } => {
+                if *replication == 0 || *replication > crate::config::MAX_REPLICATION {
+                    return Err(format!("replication factor {replication} out of range"));
+                }
+                let chunks: Vec<ChunkHandle> = match self.ns.get_mut(*inode) {
+                    Some(Inode {
+                        kind: InodeKind::File(f),
+                        ..
+                    }) => {
+                        f.replication = *replication;
+                        f.chunks.iter().copied().collect()
+                    }
+                    _ => return Err(format!("set the replication of {inode}, not a file")),
+                };
+                for h in chunks {
+                    if let Some(c) = self.chunks.get_mut(h) {
+                        c.replication = *replication;
+                    }
+                }
+            }
+            Record::Decommission { server, on } => {
+                if !self.servers.contains_key(server) {
+                    return Err(format!("decommission of unknown chunkserver {server}"));
+                }
+                if *on {
+                    self.decommissioning.insert(*server);
+                } else {
+                    self.decommissioning.remove(server);
+                }
+            }
         }
         Ok(())
     }

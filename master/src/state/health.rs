@@ -181,23 +181,62 @@ impl MasterState {
         (pruned, actions)
     }
 
-    /// Deletes the trash entry `name` for good; false when it is gone already.
+    /// Deletes the trash entry `/.trash/<name>` (a checkpoint `<user>/<ms>`, or an
+    /// entry of the flat layout) for good; false when it is gone already.
     pub fn purge_trash(&mut self, name: &str, now_ms: u64, mtime_ms: u64) -> Result<bool> {
-        let Some(bin) = self.ns.child(ROOT, trash::DIR) else {
+        let path = format!("/{}/{name}", trash::DIR);
+        let comps = crate::namespace::components(&path)?;
+        let Ok((parent, last)) = self.ns.resolve_parent(&comps) else {
             return Ok(false);
         };
-        if self.ns.child(bin, name).is_none() {
+        if self.ns.child(parent, last).is_none() {
             return Ok(false);
         }
         self.commit(
             Record::Delete {
-                parent: bin,
-                name: name.to_string(),
+                parent,
+                name: last.to_string(),
                 mtime_ms,
             },
             now_ms,
         )?;
         Ok(true)
+    }
+
+    /// Turns `/.trash/<user>/Current` into the checkpoint named by `wall_ms` (the next
+    /// free millisecond); the name, or `None` when there is no `Current`.
+    pub fn checkpoint_trash(
+        &mut self,
+        user: &str,
+        now_ms: u64,
+        wall_ms: u64,
+    ) -> Result<Option<String>> {
+        let Some(dir) = self
+            .ns
+            .child(ROOT, trash::DIR)
+            .and_then(|bin| self.ns.child(bin, user))
+        else {
+            return Ok(None);
+        };
+        if self.ns.child(dir, trash::CURRENT).is_none() {
+            return Ok(None);
+        }
+        let mut at = wall_ms;
+        while self.ns.child(dir, &trash::checkpoint_name(at)).is_some() {
+            at += 1;
+        }
+        let name = trash::checkpoint_name(at);
+        self.commit(
+            Record::Rename {
+                src_parent: dir,
+                src_name: trash::CURRENT.to_string(),
+                dst_parent: dir,
+                dst_name: name.clone(),
+                mtime_ms: wall_ms,
+            },
+            now_ms,
+        )?;
+        Ok(Some(name))
     }
 
     /// Health of one file: its counts and its unhealthy chunks.
@@ -356,6 +395,7 @@ impl MasterState {
                     replicas: (cs.replicas.len() + cs.orphans.len()) as u64,
                     active_streams: cs.active_streams,
                     queued_commands: self.health.queued(id) as u64,
+                    decommission: self.decommission_state(id, now_ms),
                 },
                 None => ChunkserverStatus {
                     id,
@@ -367,6 +407,7 @@ impl MasterState {
                     replicas: 0,
                     active_streams: 0,
                     queued_commands: self.health.queued(id) as u64,
+                    decommission: self.decommission_state(id, now_ms),
                 },
             })
             .collect();
@@ -382,6 +423,8 @@ impl MasterState {
             orphan_replicas: self.orphan_replicas(),
             replications_in_flight: self.health.copies().len() as u64,
             masters: None,
+            safe_mode: self.safe_mode.status(self.settings.safe_mode, now_ms),
+            balancer: crate::health::balance::Balancer::status(self.balancer.as_ref()),
         }
     }
 }

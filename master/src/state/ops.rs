@@ -9,13 +9,17 @@ use crate::lease::Takeover;
 use crate::namespace::{self, join, Inode, InodeKind, ROOT};
 use crate::trash;
 use stampfs_proto::{
-    ClientId, Create, Delete, FileStatus, InodeId, MakeFile, Mkdir, NewAttr, Rename, SetAttr,
-    SetTime, Symlink, MAX_SYMLINK_TARGET, MODE_BITS,
+    Caller, ClientId, Create, Delete, DeleteNow, FileStatus, InodeId, MakeFile, Mkdir, NewAttr,
+    Rename, RestoreTrash, SetAttr, SetTime, Symlink, MAX_SYMLINK_TARGET, MODE_BITS,
 };
 
 /// The trash's mode: root's alone. An entry moved there leaves the directories that
 /// protected it, so nobody else may list or open what it holds.
-const TRASH_MODE: u32 = 0o700;
+/// `/.trash`: root's, passable by everyone to their own directory, listed by root
+/// alone.
+const TRASH_MODE: u32 = 0o711;
+/// A user's directory in the trash and the directories made under it.
+const TRASH_USER_MODE: u32 = 0o700;
 
 /// How old an access time may grow before a read moves it though the entry has not
 /// changed since (Linux's `relatime`: a day).
@@ -414,10 +418,70 @@ impl MasterState {
     }
 
     pub fn rename(&mut self, req: &Rename, now_ms: u64, mtime_ms: u64) -> Result<()> {
+        self.rename_from(req, false, now_ms, mtime_ms)
+    }
+
+    /// `stampfs trash restore`: the entry at `req.path`, inside a bucket of the trash,
+    /// moves to `req.to`, outside the trash (which must not exist). Answers its status
+    /// there.
+    pub fn restore_trash(
+        &mut self,
+        req: &RestoreTrash,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<FileStatus> {
+        let src = namespace::components(&req.path)?;
+        if trash::original(&src).is_none() {
+            return Err(Error::bad_request(format!(
+                "{} is not an entry in the trash (/{}/<user>/{}/<path> or a checkpoint)",
+                join(&src),
+                trash::DIR,
+                trash::CURRENT
+            )));
+        }
+        let to = namespace::components(&req.to)?;
+        if to.first() == Some(&trash::DIR) {
+            return Err(Error::bad_request(format!(
+                "a restore goes out of the trash, not to {}",
+                join(&to)
+            )));
+        }
+        let rename = Rename {
+            src: join(&src),
+            dst: join(&to),
+            replace: false,
+            caller: req.caller.clone(),
+        };
+        self.rename_from(&rename, true, now_ms, mtime_ms)?;
+        let ino = self.ns.resolve(&to)?;
+        self.status(join(&to), ino)
+    }
+
+    /// A rename; one out of the trash only for a restore (`restoring`).
+    fn rename_from(
+        &mut self,
+        req: &Rename,
+        restoring: bool,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<()> {
         let src = namespace::components(&req.src)?;
         let dst = namespace::components(&req.dst)?;
         if src.is_empty() {
             return Err(Error::bad_request("cannot rename /"));
+        }
+        let in_trash = |c: &[&str]| c.first() == Some(&trash::DIR);
+        if src.len() == 1 && in_trash(&src) {
+            return Err(Error::NotPermitted {
+                path: join(&src),
+                reason: "the trash itself cannot be renamed".into(),
+            });
+        }
+        if in_trash(&src) && !in_trash(&dst) && !restoring {
+            return Err(Error::NotPermitted {
+                path: join(&src),
+                reason: "entries leave the trash only by `stampfs trash restore`".into(),
+            });
         }
         let who = req.caller.as_ref();
         self.search(&src, who)?;
@@ -486,16 +550,47 @@ impl MasterState {
         }
     }
 
+    /// `rm`: into the trash when the master keeps one (see [`trash`]), else at once.
     pub fn delete(&mut self, req: &Delete, now_ms: u64, mtime_ms: u64) -> Result<()> {
-        let comps = namespace::components(&req.path)?;
+        self.remove(
+            &req.path,
+            req.recursive,
+            req.caller.as_ref(),
+            true,
+            now_ms,
+            mtime_ms,
+        )
+    }
+
+    /// `rm --skip-trash`: at once.
+    pub fn delete_now(&mut self, req: &DeleteNow, now_ms: u64, mtime_ms: u64) -> Result<()> {
+        self.remove(
+            &req.path,
+            req.recursive,
+            req.caller.as_ref(),
+            false,
+            now_ms,
+            mtime_ms,
+        )
+    }
+
+    fn remove(
+        &mut self,
+        path: &str,
+        recursive: bool,
+        who: Option<&Caller>,
+        to_trash: bool,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<()> {
+        let comps = namespace::components(path)?;
         if comps.is_empty() {
             return Err(Error::bad_request("cannot delete /"));
         }
-        let who = req.caller.as_ref();
         self.search(&comps, who)?;
         let ino = self.ns.resolve(&comps)?;
         if let Some(d) = self.ns.get(ino).and_then(Inode::as_dir) {
-            if !d.children.is_empty() && !req.recursive {
+            if !d.children.is_empty() && !recursive {
                 return Err(Error::DirectoryNotEmpty { path: join(&comps) });
             }
         }
@@ -504,23 +599,20 @@ impl MasterState {
         self.require_removable(parent, &join(&comps[..comps.len() - 1]), ino, &path, who)?;
         self.require_subtree_removable(ino, &path, who)?;
         let in_trash = comps.first() == Some(&trash::DIR);
-        if self.settings.trash_ms > 0 && !in_trash {
-            if let Some(bin) = self.trash_dir(now_ms, mtime_ms)? {
-                let dst_name = trash::entry_name(mtime_ms, ino, name);
-                if self.ns.child(bin, &dst_name).is_none() {
-                    self.commit(
-                        Record::Rename {
-                            src_parent: parent,
-                            src_name: name.to_string(),
-                            dst_parent: bin,
-                            dst_name: dst_name.clone(),
-                            mtime_ms,
-                        },
-                        now_ms,
-                    )?;
-                    tracing::info!(path = %join(&comps), trash = %format!("/{}/{dst_name}", trash::DIR), "moved to the trash");
-                    return Ok(());
-                }
+        if to_trash && self.settings.trash_ms > 0 && !in_trash {
+            if let Some((dst_parent, dst_name)) = self.trash_place(&comps, who, now_ms, mtime_ms)? {
+                self.commit(
+                    Record::Rename {
+                        src_parent: parent,
+                        src_name: name.to_string(),
+                        dst_parent,
+                        dst_name: dst_name.clone(),
+                        mtime_ms,
+                    },
+                    now_ms,
+                )?;
+                tracing::info!(path = %join(&comps), "moved to the trash");
+                return Ok(());
             }
         }
         self.commit(
@@ -532,6 +624,90 @@ impl MasterState {
             now_ms,
         )?;
         Ok(())
+    }
+
+    /// Where the entry at `comps`, removed by `who`, goes in the trash:
+    /// `/.trash/<user>/Current/<comps>`, the directories on the way made (one record)
+    /// and taken names made unique ([`trash::taken_name`]). `None` when `/.trash` is
+    /// taken by a file (then `rm` deletes at once).
+    fn trash_place(
+        &mut self,
+        comps: &[&str],
+        who: Option<&Caller>,
+        now_ms: u64,
+        mtime_ms: u64,
+    ) -> Result<Option<(InodeId, String)>> {
+        let Some(bin) = self.trash_dir(now_ms, mtime_ms)? else {
+            return Ok(None);
+        };
+        let (uid, gid) = who.map_or((0, 0), |c| (c.uid, c.gid));
+        let user = self
+            .users
+            .iter()
+            .find(|(_, u)| u.uid == uid)
+            .map(|(n, _)| n.as_str());
+        let mut dirs: Vec<String> = vec![trash::user_dir(user, uid), trash::CURRENT.to_string()];
+        dirs.extend(comps[..comps.len() - 1].iter().map(|c| c.to_string()));
+        let mut parent = bin;
+        let mut make: Vec<(String, InodeId)> = Vec::new();
+        let mut next = self.ns.next_inode().0;
+        for d in dirs {
+            if !make.is_empty() {
+                make.push((d, InodeId(next)));
+                next += 1;
+                continue;
+            }
+            let is_dir = |st: &Self, ino| st.ns.get(ino).and_then(Inode::as_dir).is_some();
+            let name = match self.ns.child(parent, &d) {
+                Some(c) if is_dir(self, c) => {
+                    parent = c;
+                    continue;
+                }
+                Some(_) => trash::taken_name(&d, mtime_ms),
+                None => d,
+            };
+            match self.ns.child(parent, &name) {
+                Some(c) if is_dir(self, c) => parent = c,
+                Some(_) => {
+                    return Err(Error::AlreadyExists {
+                        path: format!("{} in the trash", name),
+                    })
+                }
+                None => {
+                    make.push((name, InodeId(next)));
+                    next += 1;
+                }
+            }
+        }
+        if let Some(last) = make.last().map(|m| m.1) {
+            self.commit(
+                Record::WithAttr {
+                    record: Box::new(Record::Mkdir {
+                        parent,
+                        dirs: make,
+                        mtime_ms,
+                    }),
+                    attr: NewAttr {
+                        mode: TRASH_USER_MODE,
+                        uid,
+                        gid,
+                    },
+                },
+                now_ms,
+            )?;
+            parent = last;
+        }
+        let name = comps[comps.len() - 1];
+        let name = match self.ns.child(parent, name) {
+            None => name.to_string(),
+            Some(_) => trash::taken_name(name, mtime_ms),
+        };
+        if self.ns.child(parent, &name).is_some() {
+            return Err(Error::AlreadyExists {
+                path: format!("{name} in the trash"),
+            });
+        }
+        Ok(Some((parent, name)))
     }
 
     /// The trash directory, created when missing; `None` when `/.trash` is taken by a
@@ -550,13 +726,24 @@ impl MasterState {
                 );
                 return Ok(None);
             };
-            if (a.mode, a.uid, a.gid) != (TRASH_MODE, 0, 0) {
-                // A trash from before permissions (0755): what it holds left the
-                // protection of its old directories, so only root may look inside.
+            // A trash from an older version (0755 before permissions, 0700 before the
+            // users' own directories) becomes root's, passable, listed by root alone;
+            // but not while it holds entries of the flat layout, which left the
+            // protection of their old directories: root alone reaches them until
+            // they expire (the users' own trash waits for that).
+            let flat = |st: &Self| {
+                st.ns.get(t).and_then(Inode::as_dir).is_some_and(|d| {
+                    d.children
+                        .iter()
+                        .any(|(n, _)| trash::deleted_at(n).is_some() && st.user(n).is_none())
+                })
+            };
+            let mode = if flat(self) { 0o700 } else { TRASH_MODE };
+            if (a.mode, a.uid, a.gid) != (mode, 0, 0) {
                 self.commit(
                     Record::SetAttr {
                         inode: t,
-                        mode: Some(TRASH_MODE),
+                        mode: Some(mode),
                         uid: Some(0),
                         gid: Some(0),
                         atime_ns: None,

@@ -466,7 +466,7 @@ fn a_set_gid_directory_hands_its_group_down() {
 }
 
 #[test]
-fn the_trash_is_roots_alone() {
+fn each_users_trash_is_their_own() {
     let mut settings = Settings::for_tests();
     settings.trash_ms = 3_600_000;
     let mut st = MasterState::new(settings);
@@ -474,17 +474,32 @@ fn the_trash_is_roots_alone() {
     create(&mut st, "/tmp/a", alice()).expect("alice's file");
     delete(&mut st, "/tmp/a", alice()).expect("alice's rm");
     let trash = st.stat("/.trash").expect("trash");
-    assert_eq!((trash.attr.mode, trash.attr.uid), (0o700, 0));
+    assert_eq!((trash.attr.mode, trash.attr.uid), (0o711, 0));
     let entries = st.list("/.trash").expect("root lists");
     assert_eq!(entries.len(), 1);
-    let name = entries[0].path.clone();
+    let mine = entries[0].path.clone();
+    assert_eq!(
+        mine,
+        format!("/.trash/uid-{ALICE}"),
+        "no user has her uid here"
+    );
+    let d = st.stat(&mine).expect("her trash");
+    assert_eq!((d.attr.mode, d.attr.uid, d.attr.gid), (0o700, ALICE, ALICE));
+    let kept = format!("{mine}/Current/tmp/a");
+    assert!(st
+        .check_access(&kept, alice().as_ref(), crate::perm::READ)
+        .is_ok());
+    assert!(st
+        .check_access(&mine, alice().as_ref(), crate::perm::READ)
+        .is_ok());
+    // Nobody else lists the trash or enters her part of it.
     assert!(denied(st.check_access(
         "/.trash",
         bob().as_ref(),
         crate::perm::READ
     )));
-    assert!(denied(st.check_access(&name, bob().as_ref(), 0)));
-    // A trash from before permissions is closed at the next rm.
+    assert!(denied(st.check_access(&kept, bob().as_ref(), 0)));
+    // A trash from before (0755 or 0700) gets its mode at the next rm.
     st.set_attr(
         &SetAttr {
             mode: Some(0o755),
@@ -496,7 +511,7 @@ fn the_trash_is_roots_alone() {
     .expect("open it up");
     create(&mut st, "/tmp/b", bob()).expect("bob's file");
     delete(&mut st, "/tmp/b", bob()).expect("bob's rm");
-    assert_eq!(st.stat("/.trash").expect("trash").attr.mode, 0o700);
+    assert_eq!(st.stat("/.trash").expect("trash").attr.mode, 0o711);
 }
 
 #[test]

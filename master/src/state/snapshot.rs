@@ -17,6 +17,7 @@ impl MasterState {
             &self.open_chunks,
             &self.users,
             &self.owners(),
+            &self.decommissioning,
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -27,6 +28,19 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+            BTreeMap<String, User>,
+            BTreeMap<ClientId, String>,
+            BTreeSet<ChunkserverId>,
+        );
+        type SnapV8 = (
             u32,
             u64,
             Namespace,
@@ -105,10 +119,21 @@ impl MasterState {
         // open file was written in its last chunk.
         let mut users = BTreeMap::new();
         let mut owners = BTreeMap::new();
+        let mut decommissioning = BTreeSet::new();
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
             SNAPSHOT_FORMAT => {
-                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o), _): (
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o, d), _): (
                     Snap,
+                    usize,
+                ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                users = u;
+                owners = o;
+                decommissioning = d;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            8 => {
+                let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o), _): (
+                    SnapV8,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 users = u;
@@ -201,6 +226,7 @@ impl MasterState {
         st.open_chunks = open_chunks;
         st.users = users;
         st.owners = owners;
+        st.decommissioning = decommissioning;
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()

@@ -222,9 +222,7 @@ impl MasterState {
         let replication = f.replication;
         let chunk_size = f.chunk_size;
         let needed = self.settings.needed(replication);
-        let candidates = self
-            .registry
-            .candidates(now_ms, self.settings.dead_after_ms, chunk_size);
+        let candidates = self.placement_candidates(now_ms, chunk_size);
         let placed = placement::choose(
             &candidates,
             usize::from(replication),

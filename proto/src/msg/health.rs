@@ -1,5 +1,6 @@
 //! Replica health: fsck and the cluster report.
 
+use super::admin::{BalanceStatus, DecommissionState, SafeModeStatus};
 use super::shared::FileState;
 use crate::ids::{ChunkHandle, ChunkVersion, ChunkserverId};
 use bincode::{Decode, Encode};
@@ -117,6 +118,8 @@ pub struct ChunkserverStatus {
     pub active_streams: u32,
     /// Commands queued for its next heartbeat reply.
     pub queued_commands: u64,
+    /// Its decommission. After every older field, so that each keeps its place.
+    pub decommission: DecommissionState,
 }
 
 /// What `ClusterReportRequest` returns.
@@ -130,6 +133,11 @@ pub struct ClusterReport {
     /// The master group, as its leader sees it (`None`: a master that keeps an
     /// operation log). After every older field, so that each keeps its place.
     pub masters: Option<GroupStatus>,
+    /// Safe mode (see `SafeModeStatus`). After every older field, so that each keeps
+    /// its place.
+    pub safe_mode: SafeModeStatus,
+    /// The balancer. After every older field, so that each keeps its place.
+    pub balancer: BalanceStatus,
 }
 
 /// A master group's state, from its leader (openraft's metrics).

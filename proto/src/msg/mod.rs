@@ -15,20 +15,24 @@
 //! Bulk bytes (packet payloads, read results) never appear here: they travel as the
 //! frame's raw data section.
 
+mod admin;
 mod chunk;
 mod chunkserver;
 mod client;
 mod health;
 mod peer;
 mod shared;
+mod trash;
 mod users;
 
+pub use admin::*;
 pub use chunk::*;
 pub use chunkserver::*;
 pub use client::*;
 pub use health::*;
 pub use peer::*;
 pub use shared::*;
+pub use trash::*;
 pub use users::*;
 
 use crate::ids::ClientId;
@@ -103,6 +107,18 @@ pub enum MasterRequest {
     TransferLeader(TransferLeader),
     /// After every older variant, so that each keeps its wire index.
     Once(OnceCall),
+    /// After every older variant, so that each keeps its wire index.
+    SetReplication(SetReplication),
+    /// After every older variant, so that each keeps its wire index.
+    Decommission(Decommission),
+    /// After every older variant, so that each keeps its wire index.
+    SafeMode(SafeModeRequest),
+    /// After every older variant, so that each keeps its wire index.
+    DeleteNow(DeleteNow),
+    /// After every older variant, so that each keeps its wire index.
+    RestoreTrash(RestoreTrash),
+    /// After every older variant, so that each keeps its wire index.
+    Balance(BalanceRequest),
 }
 
 /// A client's namespace request under a call id of its own, so that the master of a
@@ -218,6 +234,12 @@ impl MasterRequest {
             R::RemoveMaster(_) => "remove_master",
             R::TransferLeader(_) => "transfer_leader",
             R::Once(_) => "once",
+            R::SetReplication(_) => "set_replication",
+            R::Decommission(_) => "decommission",
+            R::SafeMode(_) => "safe_mode",
+            R::DeleteNow(_) => "delete_now",
+            R::RestoreTrash(_) => "restore_trash",
+            R::Balance(_) => "balance",
         }
     }
 
@@ -240,7 +262,10 @@ impl MasterRequest {
             | R::RemoveUser(_)
             | R::AddMaster(_)
             | R::RemoveMaster(_)
-            | R::TransferLeader(_) => RequestClass::Admin,
+            | R::TransferLeader(_)
+            | R::Decommission(_)
+            | R::SafeMode(_)
+            | R::Balance(_) => RequestClass::Admin,
             R::Mkdir(_)
             | R::Create(_)
             | R::Append(_)
@@ -263,7 +288,10 @@ impl MasterRequest {
             | R::SetAttr(_)
             | R::GetXattr(_)
             | R::ListXattr(_)
-            | R::SetXattr(_) => RequestClass::Client,
+            | R::SetXattr(_)
+            | R::SetReplication(_)
+            | R::DeleteNow(_)
+            | R::RestoreTrash(_) => RequestClass::Client,
             // The master refuses to wrap anything but a client's request.
             R::Once(o) => match o.request.class() {
                 RequestClass::Client => RequestClass::Client,
@@ -293,6 +321,9 @@ impl MasterRequest {
             R::GetXattr(r) => &mut r.caller,
             R::ListXattr(r) => &mut r.caller,
             R::SetXattr(r) => &mut r.caller,
+            R::SetReplication(r) => &mut r.caller,
+            R::DeleteNow(r) => &mut r.caller,
+            R::RestoreTrash(r) => &mut r.caller,
             R::Once(o) => return o.request.caller_mut(),
             _ => return None,
         })

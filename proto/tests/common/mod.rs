@@ -682,20 +682,53 @@ prop_compose! {
                                     last_heartbeat_ms_ago in prop::option::of(arb_u64()),
                                     capacity in arb_u64(), used in arb_u64(),
                                     replicas in arb_u64(), active_streams in arb_u32(),
-                                    queued_commands in arb_u64()) -> ChunkserverStatus {
+                                    queued_commands in arb_u64(),
+                                    decommission in arb_decommission_state()) -> ChunkserverStatus {
         ChunkserverStatus {
             id, addr, state, last_heartbeat_ms_ago, capacity, used, replicas,
-            active_streams, queued_commands,
+            active_streams, queued_commands, decommission,
         }
     }
+}
+
+pub fn arb_decommission_state() -> impl Strategy<Value = DecommissionState> {
+    prop_oneof![
+        Just(DecommissionState::InService),
+        arb_u64().prop_map(|waiting| DecommissionState::Decommissioning { waiting }),
+        Just(DecommissionState::Decommissioned),
+    ]
 }
 
 prop_compose! {
     pub fn arb_cluster_report()(chunkservers in small_vec(arb_chunkserver_status()),
                                 chunks in arb_health_counts(), orphan_replicas in arb_u64(),
                                 replications_in_flight in arb_u64(),
-                                masters in proptest::option::of(arb_group_status())) -> ClusterReport {
-        ClusterReport { chunkservers, chunks, orphan_replicas, replications_in_flight, masters }
+                                masters in proptest::option::of(arb_group_status()),
+                                safe_mode in arb_safe_mode_status(),
+                                balancer in arb_balance_status()) -> ClusterReport {
+        ClusterReport {
+            chunkservers, chunks, orphan_replicas, replications_in_flight, masters, safe_mode,
+            balancer,
+        }
+    }
+}
+
+prop_compose! {
+    pub fn arb_balance_status()(running in any::<bool>(), threshold_pct in any::<u8>(),
+                                moves_ordered in arb_u64(), average_ppm in arb_u32(),
+                                over in arb_u32(), under in arb_u32(), balanced in any::<bool>())
+        -> BalanceStatus {
+        BalanceStatus { running, threshold_pct, moves_ordered, average_ppm, over, under, balanced }
+    }
+}
+
+prop_compose! {
+    pub fn arb_safe_mode_status()(on in any::<bool>(), manual in any::<bool>(),
+                                  chunks in arb_u64(), reported in arb_u64(),
+                                  threshold_ppm in arb_u32(),
+                                  extension_left_ms in proptest::option::of(arb_u64()))
+        -> SafeModeStatus {
+        SafeModeStatus { on, manual, chunks, reported, threshold_ppm, extension_left_ms }
     }
 }
 
@@ -900,6 +933,46 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         any::<u64>()
             .prop_map(|to| MasterRequest::TransferLeader(TransferLeader { to }))
             .boxed(),
+        (arb_string(), any::<u8>(), prop::option::of(arb_caller()))
+            .prop_map(|(path, replication, caller)| {
+                MasterRequest::SetReplication(SetReplication {
+                    path,
+                    replication,
+                    caller,
+                })
+            })
+            .boxed(),
+        (arb_cs(), any::<bool>())
+            .prop_map(|(server, on)| MasterRequest::Decommission(Decommission { server, on }))
+            .boxed(),
+        prop_oneof![
+            Just(SafeModeAction::Get),
+            Just(SafeModeAction::Enter),
+            Just(SafeModeAction::Leave)
+        ]
+        .prop_map(|action| MasterRequest::SafeMode(SafeModeRequest { action }))
+        .boxed(),
+        (arb_string(), any::<bool>(), prop::option::of(arb_caller()))
+            .prop_map(
+                |(path, recursive, caller)| MasterRequest::DeleteNow(DeleteNow {
+                    path,
+                    recursive,
+                    caller,
+                })
+            )
+            .boxed(),
+        (arb_string(), arb_string(), prop::option::of(arb_caller()))
+            .prop_map(
+                |(path, to, caller)| MasterRequest::RestoreTrash(RestoreTrash { path, to, caller })
+            )
+            .boxed(),
+        prop_oneof![
+            Just(BalanceAction::Status),
+            Just(BalanceAction::Stop),
+            any::<u8>().prop_map(|threshold_pct| BalanceAction::Start { threshold_pct }),
+        ]
+        .prop_map(|action| MasterRequest::Balance(BalanceRequest { action }))
+        .boxed(),
         (any::<u64>(), any::<u64>(), arb_mkdir())
             .prop_map(|(client, call, m)| MasterRequest::Once(OnceCall {
                 client: ClientId(client),
@@ -965,6 +1038,12 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::RemoveMaster(_) => "RemoveMaster",
         MasterRequest::TransferLeader(_) => "TransferLeader",
         MasterRequest::Once(_) => "Once",
+        MasterRequest::SetReplication(_) => "SetReplication",
+        MasterRequest::Decommission(_) => "Decommission",
+        MasterRequest::SafeMode(_) => "SafeMode",
+        MasterRequest::DeleteNow(_) => "DeleteNow",
+        MasterRequest::RestoreTrash(_) => "RestoreTrash",
+        MasterRequest::Balance(_) => "Balance",
     }
 }
 

@@ -1,0 +1,35 @@
+//! Administration of the data, as methods of [`Core`]: `stampfs setrep` and the
+//! decommission of chunkservers (decisions in `state/admin.rs`; the health worker
+//! does the copying and trimming).
+
+use super::Core;
+use crate::error::Result;
+use stampfs_proto::{Decommission, DecommissionState, FileStatus, SetReplication};
+
+impl Core {
+    #[tracing::instrument(skip_all, fields(path = %req.path, replication = req.replication))]
+    pub async fn set_replication(&self, req: SetReplication) -> Result<FileStatus> {
+        let status = self
+            .mutate_durable(|st, now, _| st.set_replication(&req, now))
+            .await?;
+        tracing::info!("replication factor set");
+        Ok(status)
+    }
+
+    /// Starts or ends a decommission (superusers only: the connection handler checks).
+    #[tracing::instrument(skip_all, fields(chunkserver = %req.server, on = req.on))]
+    pub async fn decommission(&self, req: Decommission) -> Result<DecommissionState> {
+        let state = self
+            .mutate_durable(|st, now, _| st.decommission(req.server, req.on, now))
+            .await?;
+        if req.on {
+            tracing::info!(
+                state = state.word(),
+                "chunkserver decommission started: its chunks are copied elsewhere"
+            );
+        } else {
+            tracing::info!("chunkserver recommissioned: it takes new replicas again");
+        }
+        Ok(state)
+    }
+}
