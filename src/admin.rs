@@ -2,7 +2,7 @@
 //! of the data (the decisions are the master's: `master/src/state/admin.rs`,
 //! `master/src/safe_mode.rs`, `master/src/health/balance.rs`).
 
-use crate::cli::{AdminCommand, MasterAddr, SafemodeArg};
+use crate::cli::{MasterAddr, SafemodeArg};
 use crate::users::ask;
 use crate::{EXIT_ERROR, EXIT_OK};
 use anyhow::{anyhow, Result};
@@ -15,16 +15,10 @@ use std::time::Duration;
 /// How often a command that waits asks again.
 const POLL: Duration = Duration::from_secs(1);
 
-/// Runs one of the commands above; its exit status.
-pub async fn run(cmd: AdminCommand) -> u8 {
-    let what = match &cmd {
-        AdminCommand::Decommission { .. } => "admin decommission",
-        AdminCommand::Recommission { .. } => "admin recommission",
-        AdminCommand::Safemode { .. } => "admin safemode",
-        AdminCommand::Balance { .. } => "admin balance",
-        _ => "admin",
-    };
-    match dispatch(cmd).await {
+/// The exit status of an admin command that ended with `result`, saying why on a
+/// failure.
+fn finish(what: &str, result: Result<()>) -> u8 {
+    match result {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("stampfs: error: {what}: {e:#}");
@@ -33,26 +27,33 @@ pub async fn run(cmd: AdminCommand) -> u8 {
     }
 }
 
-async fn dispatch(cmd: AdminCommand) -> Result<()> {
-    match cmd {
-        AdminCommand::Decommission {
-            master,
-            server,
-            wait,
-        } => decommission(&master, &server, true, wait).await,
-        AdminCommand::Recommission { master, server } => {
-            decommission(&master, &server, false, false).await
-        }
-        AdminCommand::Safemode { master, action } => safemode(&master, action).await,
-        AdminCommand::Balance {
-            master,
-            threshold,
-            stop,
-            status,
-            no_wait,
-        } => balance(&master, threshold, stop, status, no_wait).await,
-        other => Err(anyhow!("{other:?} is not handled here")),
-    }
+/// `stampfs admin decommission` (`on`) or `recommission`.
+pub async fn run_decommission(master: MasterAddr, server: String, on: bool, wait: bool) -> u8 {
+    let what = if on {
+        "admin decommission"
+    } else {
+        "admin recommission"
+    };
+    finish(what, decommission(&master, &server, on, wait).await)
+}
+
+/// `stampfs admin safemode`.
+pub async fn run_safemode(master: MasterAddr, action: SafemodeArg) -> u8 {
+    finish("admin safemode", safemode(&master, action).await)
+}
+
+/// `stampfs admin balance`.
+pub async fn run_balance(
+    master: MasterAddr,
+    threshold_pct: u8,
+    stop: bool,
+    status: bool,
+    no_wait: bool,
+) -> u8 {
+    finish(
+        "admin balance",
+        balance(&master, threshold_pct, stop, status, no_wait).await,
+    )
 }
 
 /// The chunkserver `name` names: its id, or an address the master knows it by.
@@ -81,6 +82,9 @@ fn decommission_text(id: ChunkserverId, s: &DecommissionState) -> String {
         ),
         DecommissionState::Decommissioned => format!(
             "chunkserver {id}: decommissioned; every chunk it holds has its replication factor elsewhere, so it can be stopped"
+        ),
+        DecommissionState::Unreported => format!(
+            "chunkserver {id}: decommissioning; the master has not heard from it since it started, so which chunks it holds is not known (not safe to stop yet)"
         ),
     }
 }
@@ -147,6 +151,12 @@ async fn safemode(master: &MasterAddr, action: SafemodeArg) -> Result<()> {
 /// One line about the balancer.
 pub fn balance_text(b: &BalanceStatus) -> String {
     let avg = f64::from(b.average_ppm) / 10_000.0;
+    if b.stuck {
+        return format!(
+            "Balancer: gave up after {} moves: no replica it may move would help (every target holds the chunks, or none is quiet); average use {avg:.1}%",
+            b.moves_ordered
+        );
+    }
     if !b.running && !b.balanced {
         return "Balancer: not running".into();
     }
@@ -199,6 +209,11 @@ async fn balance(
         if now != said {
             println!("{now}");
             said = now;
+        }
+        if b.stuck {
+            return Err(anyhow!(
+                "the balancer gave up before the cluster was balanced"
+            ));
         }
         if !b.running && !b.balanced {
             return Err(anyhow!(

@@ -436,7 +436,9 @@ pub enum TrashCommand {
         json: bool,
     },
     /// Put an entry back where it was removed from: PATH is its original path (the
-    /// newest one kept is restored) or its path in the trash.
+    /// entry at that path in Current, else in the newest checkpoint that holds one;
+    /// one kept under a second name, `name.<ms>`, is restored by its trash path) or
+    /// its path in the trash.
     Restore {
         #[command(flatten)]
         master: MasterAddr,

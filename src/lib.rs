@@ -156,7 +156,24 @@ async fn dispatch(command: Command) -> u8 {
         }
         Command::Admin(AdminCommand::User(cmd)) => users::run(cmd).await,
         Command::Admin(AdminCommand::Masters(cmd)) => users::masters(cmd).await,
-        Command::Admin(cmd) => admin::run(cmd).await,
+        Command::Admin(AdminCommand::Decommission {
+            master,
+            server,
+            wait,
+        }) => admin::run_decommission(master, server, true, wait).await,
+        Command::Admin(AdminCommand::Recommission { master, server }) => {
+            admin::run_decommission(master, server, false, false).await
+        }
+        Command::Admin(AdminCommand::Safemode { master, action }) => {
+            admin::run_safemode(master, action).await
+        }
+        Command::Admin(AdminCommand::Balance {
+            master,
+            threshold,
+            stop,
+            status,
+            no_wait,
+        }) => admin::run_balance(master, threshold, stop, status, no_wait).await,
         Command::Setrep(args) => commands::report(commands::setrep(args).await),
         Command::Trash(cmd) => commands::report(commands::trash(cmd).await),
         Command::Mount(args) => mount::run(args).await,

@@ -345,3 +345,62 @@ fn the_balancer_fills_new_chunkservers_until_the_cluster_is_balanced() {
     let (code, fsck) = common::fsck_json(&c, &[]);
     assert_eq!(code, Some(0), "{fsck}");
 }
+
+#[test]
+fn each_users_trash_is_their_own() {
+    let c = cluster(3);
+    let user = |name: &str, uid: u32| {
+        let path = c.dir.path().join(format!("{name}.credentials"));
+        let (uid, p) = (uid.to_string(), path.display().to_string());
+        c.ok(&["admin", "user", "add", name, "--uid", &uid, "-o", &p]);
+        path
+    };
+    let as_user = |creds: &std::path::Path, args: &[&str]| {
+        c.cmd(args)
+            .env(stampfs_proto::credentials::CREDENTIALS_ENV, creds)
+            .output()
+            .expect("run stampfs")
+    };
+    let alice = user("alice", 1000);
+    let bob = user("bob", 1001);
+    c.ok(&["mkdir", "/tmp"]);
+    c.ok(&["chmod", "1777", "/tmp"]);
+    assert!(as_user(&alice, &["touchz", "/tmp/a"]).status.success());
+    assert!(as_user(&alice, &["rm", "/tmp/a"]).status.success());
+    let mine = as_user(&alice, &["trash", "list"]);
+    assert!(
+        text(&mine).contains("/tmp/a\t0\tCurrent"),
+        "{}",
+        text(&mine)
+    );
+    let hers = as_user(&bob, &["trash", "list"]);
+    assert!(
+        text(&hers).contains("The trash of bob is empty"),
+        "{}",
+        text(&hers)
+    );
+    // Bob reaches none of it.
+    for args in [
+        &["trash", "list", "--user", "alice"][..],
+        &[
+            "trash",
+            "restore",
+            "/.trash/alice/Current/tmp/a",
+            "--to",
+            "/tmp/b",
+        ],
+        &["ls", "/.trash"],
+        &["cat", "/.trash/alice/Current/tmp/a"],
+    ] {
+        let out = as_user(&bob, args);
+        assert!(!out.status.success(), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("ermission denied"),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
+    let back = as_user(&alice, &["trash", "restore", "/tmp/a"]);
+    assert!(back.status.success(), "{}", text(&back));
+    assert!(c.run(&["stat", "/tmp/a"]).status.success());
+}

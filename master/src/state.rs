@@ -801,6 +801,7 @@ impl MasterState {
             && self.pipelines == other.pipelines
             && self.open_chunks == other.open_chunks
             && self.owners() == other.owners()
+            && self.decommissioning == other.decommissioning
     }
 
     /// The servers of the granted pipeline of `inode`'s last chunk `handle` at

@@ -58,10 +58,15 @@ pub fn user_dir(user: Option<&str>, uid: u32) -> String {
     }
 }
 
-/// `name` made unique with the removal's millisecond, as HDFS does (`name.<ms>`);
-/// a long name is cut (at a character boundary) so the result fits a component.
-pub fn taken_name(name: &str, deleted_at_ms: u64) -> String {
-    let suffix = format!(".{deleted_at_ms}");
+/// `name` made unique with the removal's millisecond, as HDFS does (`name.<ms>`,
+/// then `name.<ms>.<n>` for the `n`th more in the same millisecond); a long name is
+/// cut (at a character boundary) so the result fits a component.
+pub fn taken_name(name: &str, deleted_at_ms: u64, n: u32) -> String {
+    let suffix = if n == 0 {
+        format!(".{deleted_at_ms}")
+    } else {
+        format!(".{deleted_at_ms}.{n}")
+    };
     let room = MAX_COMPONENT_LEN.saturating_sub(suffix.len());
     let mut cut = name.len().min(room);
     while !name.is_char_boundary(cut) {
@@ -127,9 +132,10 @@ mod tests {
 
     #[test]
     fn taken_names_get_the_time_and_fit_a_component() {
-        assert_eq!(taken_name("report.csv", 17), "report.csv.17");
+        assert_eq!(taken_name("report.csv", 17, 0), "report.csv.17");
+        assert_eq!(taken_name("report.csv", 17, 2), "report.csv.17.2");
         let long = "é".repeat(200);
-        let n = taken_name(&long, 1_700_000_000_000);
+        let n = taken_name(&long, 1_700_000_000_000, 0);
         assert!(n.len() <= MAX_COMPONENT_LEN);
         assert!(n.ends_with(".1700000000000"));
         stampfs_proto::path::components(&format!("/{DIR}/u/{CURRENT}/{n}")).expect("valid");

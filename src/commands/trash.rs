@@ -153,11 +153,16 @@ async fn walk(client: &Client, dir: &str) -> Result<Vec<FileStatus>> {
 }
 
 /// The user whose trash a command looks at: `--user`, else the credentials' user.
+/// One path component (a user's name, or `uid-<n>` for a uid no user has).
 fn trash_user(master: &crate::cli::MasterAddr, user: Option<String>) -> Result<String> {
-    match user {
-        Some(u) => Ok(u),
-        None => Ok(crate::users::credentials(master)?.user),
+    let user = match user {
+        Some(u) => u,
+        None => crate::users::credentials(master)?.user,
+    };
+    if user.is_empty() || user.contains('/') || user == "." || user == ".." {
+        return Err(anyhow!("{user:?} is not a user's name"));
     }
+    Ok(user)
 }
 
 /// A time for people: `YYYY-MM-DD HH:MM:SS` UTC.
@@ -181,8 +186,11 @@ pub async fn trash(cmd: TrashCommand) -> Result<()> {
             for (bucket, at) in buckets(&client, &user).await? {
                 let root = format!("{TRASH}/{user}/{bucket}");
                 for e in walk(&client, &root).await? {
+                    let Some(original) = e.path.strip_prefix(&root) else {
+                        continue;
+                    };
                     kept.push(Kept {
-                        original: e.path[root.len()..].to_string(),
+                        original: original.to_string(),
                         bucket: bucket.clone(),
                         checkpoint_ms: at,
                         trash_path: e.path,

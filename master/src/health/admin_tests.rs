@@ -251,11 +251,125 @@ fn the_balancer_moves_replicas_from_the_most_used_and_deletes_the_moved_one() {
         "{d:?}"
     );
 
-    // Evenly used: balanced, and the balancer stops ordering.
+    // Evenly used: nothing to move (`Balancer::after_pass` then stops it: see the
+    // test below).
     for s in 1..=4 {
         used(&mut st, s, 60, NOW + 1_000);
     }
     assert!(spread(&st, NOW + 1_000, 10).balanced());
-    let status = Balancer::status(st.balancer.as_ref());
-    assert!(status.running && status.threshold_pct == 10);
+}
+
+#[test]
+fn decommission_counts_only_replicas_the_pass_would_keep() {
+    let mut st = servers(settings(), &[10, 10, 10]);
+    let (_, hs) = file(&mut st, "/f", 1, true);
+    let h = hs[0];
+    // Replication 1: replicas on 1 and 2, one of them surplus.
+    setrep(&mut st, "/f", 1).expect("setrep");
+    set(&mut st, h, &[(1, 1, F), (2, 1, F)]);
+    super::tests::beat(&mut st, &[1, 2, 3], NOW);
+    let d = deletes(&pass(&mut st, NOW));
+    assert_eq!(d.len(), 1, "{d:?}");
+    let doomed = d[0].0;
+    let other = if doomed == id(1) { id(2) } else { id(1) };
+    // The one kept is decommissioned: the doomed one does not count as elsewhere.
+    let s = st.decommission(other, true, NOW).expect("decommission");
+    assert_eq!(s, DecommissionState::Decommissioning { waiting: 1 });
+    // Never heard from since the start: not known to be safe.
+    let mut fresh = MasterState::new(settings());
+    fresh.servers.insert(id(9), "127.0.0.1:1".into());
+    assert_eq!(
+        fresh.decommission(id(9), true, NOW).expect("known id"),
+        DecommissionState::Unreported
+    );
+}
+
+#[test]
+fn the_balancer_stops_when_balanced_or_after_idle_passes() {
+    use crate::health::balance::{Balancer, Outcome, Spread, Step, IDLE_PASSES};
+    let unbalanced = Spread {
+        average_ppm: 500_000,
+        sources: vec![id(1)],
+        targets: vec![id(2)],
+        over: 1,
+        under: 1,
+    };
+    let mut b = Balancer {
+        threshold_pct: 10,
+        ..Balancer::default()
+    };
+    let moved = Step {
+        spread: unbalanced.clone(),
+        moves: 3,
+        cursors: vec![(id(1), 42)],
+        copies_in_flight: false,
+    };
+    assert_eq!(b.after_pass(&moved), Outcome::Running);
+    assert_eq!(
+        (b.moves_ordered, b.after.get(&id(1)).copied()),
+        (3, Some(42))
+    );
+    // Copies in flight are progress; passes with neither are idle.
+    let waiting = Step {
+        moves: 0,
+        copies_in_flight: true,
+        ..moved.clone()
+    };
+    for _ in 0..IDLE_PASSES + 1 {
+        assert_eq!(b.after_pass(&waiting), Outcome::Running);
+    }
+    let idle = Step {
+        moves: 0,
+        copies_in_flight: false,
+        ..moved.clone()
+    };
+    for _ in 1..IDLE_PASSES {
+        assert_eq!(b.after_pass(&idle), Outcome::Running);
+    }
+    assert_eq!(b.after_pass(&idle), Outcome::Stuck);
+    let s = Balancer::status(Some(&b));
+    assert!(!s.running && s.stuck && !s.balanced);
+
+    let mut b = Balancer::default();
+    let balanced = Step {
+        spread: Spread {
+            average_ppm: 500_000,
+            ..Spread::default()
+        },
+        ..Step::default()
+    };
+    assert_eq!(b.after_pass(&balanced), Outcome::Balanced);
+    let s = Balancer::status(Some(&b));
+    assert!(!s.running && s.balanced && !s.stuck);
+}
+
+#[test]
+fn a_format_8_checkpoint_is_read_with_nobody_decommissioned() {
+    let mut st = servers(settings(), &[10, 10]);
+    file(&mut st, "/f", 1, true);
+    let v8 = bincode::encode_to_vec(
+        (
+            8u32,
+            st.last_lsn,
+            &st.ns,
+            &st.chunks,
+            &st.servers,
+            1u64 + st.servers.len() as u64,
+            &st.pipelines,
+            &st.open_chunks,
+            std::collections::BTreeMap::<String, crate::state::User>::new(),
+            std::collections::BTreeMap::<stampfs_proto::ClientId, String>::new(),
+        ),
+        bincode::config::standard(),
+    )
+    .expect("encode");
+    let back = MasterState::decode_snapshot(settings(), &v8, 0).expect("decode");
+    assert_eq!(back.ns, st.ns);
+    assert_eq!(back.servers, st.servers);
+    assert!(back.decommissioning.is_empty());
+    // And format 9 keeps it.
+    st.decommission(id(1), true, NOW).expect("decommission");
+    let v9 = st.encode_snapshot().expect("encode");
+    let back = MasterState::decode_snapshot(settings(), &v9, 0).expect("decode");
+    assert!(back.same_persisted(&st));
 }

@@ -23,16 +23,27 @@ use stampfs_proto::{BalanceStatus, ChunkserverId};
 
 /// Most moves one pass orders (besides the stream caps).
 pub const MAX_MOVES_PER_PASS: usize = 64;
-/// Replicas of one source looked at per pass for a chunk that can move.
-pub const SCAN_PER_SOURCE: usize = 4096;
+/// Replicas looked at per pass for chunks that can move (all sources together; each
+/// source's scan goes on where the last pass left it).
+pub const SCAN_PER_PASS: usize = 4096;
+/// Passes in a row that moved nothing, with no copy in flight and the cluster not
+/// balanced, after which the balancer gives up (nothing it may move would help).
+pub const IDLE_PASSES: u32 = 5;
 
 /// A running balancer (soft state in [`MasterState::balancer`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Balancer {
     pub threshold_pct: u8,
     pub moves_ordered: u64,
-    /// A pass found nothing to move: it orders no more (copies in flight finish).
+    /// It orders no more (copies in flight finish): the cluster is balanced, or it
+    /// gave up (`stuck`).
     pub done: bool,
+    /// It gave up: [`IDLE_PASSES`] passes in a row could move nothing.
+    pub stuck: bool,
+    /// Passes in a row that moved nothing.
+    pub idle: u32,
+    /// Where each source's next scan starts: after this handle (0: from its first).
+    pub after: std::collections::BTreeMap<ChunkserverId, u64>,
     /// What the last pass found.
     pub last: Option<Spread>,
 }
@@ -61,7 +72,9 @@ fn use_ppm(c: &Chunkserver) -> u64 {
     if c.capacity == 0 {
         return 0;
     }
-    (u128::from(c.used) * 1_000_000 / u128::from(c.capacity)) as u64
+    // More used than its capacity (a report of an overfull disk) is full.
+    let used = c.used.min(c.capacity);
+    u64::try_from(u128::from(used) * 1_000_000 / u128::from(c.capacity)).unwrap_or(1_000_000)
 }
 
 /// Where replicas should move from and to, with `threshold_pct` points of slack.
@@ -75,12 +88,15 @@ pub fn spread(st: &MasterState, now_ms: u64, threshold_pct: u8) -> Spread {
         .filter(|c| c.capacity > 0 && c.is_live(now_ms, dead_after))
         .filter(|c| !st.decommissioning.contains(&c.id))
         .collect();
-    let used: u128 = servers.iter().map(|c| u128::from(c.used)).sum();
+    let used: u128 = servers
+        .iter()
+        .map(|c| u128::from(c.used.min(c.capacity)))
+        .sum();
     let capacity: u128 = servers.iter().map(|c| u128::from(c.capacity)).sum();
     if capacity == 0 {
         return Spread::default();
     }
-    let average = (used * 1_000_000 / capacity) as u64;
+    let average = u64::try_from(used * 1_000_000 / capacity).unwrap_or(1_000_000);
     let slack = u64::from(threshold_pct) * 10_000;
     let mut above: Vec<(u64, ChunkserverId)> = Vec::new();
     let mut below: Vec<(u64, ChunkserverId)> = Vec::new();
@@ -101,7 +117,7 @@ pub fn spread(st: &MasterState, now_ms: u64, threshold_pct: u8) -> Spread {
     }
     if over == 0 && under == 0 {
         return Spread {
-            average_ppm: average as u32,
+            average_ppm: u32::try_from(average).unwrap_or(1_000_000),
             ..Spread::default()
         };
     }
@@ -120,7 +136,7 @@ pub fn spread(st: &MasterState, now_ms: u64, threshold_pct: u8) -> Spread {
         .map(|(_, id)| *id)
         .collect();
     Spread {
-        average_ppm: average as u32,
+        average_ppm: u32::try_from(average).unwrap_or(1_000_000),
         sources,
         targets,
         over,
@@ -128,7 +144,51 @@ pub fn spread(st: &MasterState, now_ms: u64, threshold_pct: u8) -> Spread {
     }
 }
 
+/// What one pass's balancing phase found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub spread: Spread,
+    /// Moves ordered.
+    pub moves: u64,
+    /// Where each source's next scan starts (see [`Balancer::after`]).
+    pub cursors: Vec<(ChunkserverId, u64)>,
+    /// Copies (any) were in flight when the phase began.
+    pub copies_in_flight: bool,
+}
+
+/// What [`Balancer::after_pass`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Running,
+    Balanced,
+    Stuck,
+}
+
 impl Balancer {
+    /// Takes in what a pass's balancing phase did. Pure.
+    pub fn after_pass(&mut self, step: &Step) -> Outcome {
+        self.moves_ordered += step.moves;
+        for (src, after) in &step.cursors {
+            self.after.insert(*src, *after);
+        }
+        self.last = Some(step.spread.clone());
+        if step.spread.balanced() {
+            self.done = true;
+            return Outcome::Balanced;
+        }
+        if step.moves == 0 && !step.copies_in_flight {
+            self.idle += 1;
+        } else {
+            self.idle = 0;
+        }
+        if self.idle >= IDLE_PASSES {
+            self.done = true;
+            self.stuck = true;
+            return Outcome::Stuck;
+        }
+        Outcome::Running
+    }
+
     /// For `admin balance` and the report (`None`: not running).
     pub fn status(b: Option<&Balancer>) -> BalanceStatus {
         match b {
@@ -143,6 +203,7 @@ impl Balancer {
                     over: last.over,
                     under: last.under,
                     balanced: b.last.as_ref().is_some_and(Spread::balanced),
+                    stuck: b.stuck,
                 }
             }
         }

@@ -15,10 +15,16 @@
 //!         │                 under-replicated chunks go to a priority queue)
 //!  Replicate                the queue, most urgent first: each need re-examined on
 //!         │                 the state of its slice, then copies ordered
+//!  Balance                  while a balancer runs: moves from the most used
+//!         │                 chunkservers to the least used (`health/balance.rs`)
 //!  Orphans { server, at }   replicas of unknown chunks past the grace
-//!  Trash { after }          entries past `--trash-for`
+//!  Trash { after }          each user's Current checkpointed, checkpoints (and
+//!         │                 entries of the older flat layout) past `--trash-for`
 //!  Done
 //! ```
+//!
+//! In safe mode (`safe_mode.rs`) the chunk phase only finalizes and counts the chunks
+//! with a replica reported; no deletion, copy or move is decided.
 //!
 //! **What a sliced pass guarantees.** Inode numbers only grow (the namespace hands
 //! them out from a counter) and a file's chunk list only changes at its end (a new
@@ -96,10 +102,8 @@ pub struct Pass {
     queue: BinaryHeap<Reverse<Queued>>,
     /// Chunks examined so far (for logging, and safe mode).
     pub chunks: u64,
-    /// What the balancer's phase found (`None`: no balancer, or safe mode).
-    pub spread: Option<balance::Spread>,
-    /// Moves the balancer's phase ordered.
-    pub moves: u64,
+    /// What the balancer's phase found and did (`None`: no balancer, or safe mode).
+    pub balance: Option<balance::Step>,
     /// Chunks examined so far with a live replica at the master's version (safe
     /// mode's measure: `safe_mode.rs`).
     pub reported: u64,
@@ -123,8 +127,7 @@ impl Pass {
             queue: BinaryHeap::new(),
             chunks: 0,
             reported: 0,
-            spread: None,
-            moves: 0,
+            balance: None,
             steps: 0,
         }
     }
@@ -235,8 +238,10 @@ impl Pass {
 
 impl Pass {
     /// The balancer's moves (`health/balance.rs`), in one step: at most
-    /// [`balance::MAX_MOVES_PER_PASS`], and [`balance::SCAN_PER_SOURCE`] replicas looked at
-    /// per source, within the copy stream caps.
+    /// [`balance::MAX_MOVES_PER_PASS`] moves and [`balance::SCAN_PER_PASS`] replicas
+    /// looked at, each source's from where the last pass stopped, within the copy
+    /// stream caps. Only quiet chunks of closed files (or complete chunks of open
+    /// ones) move.
     fn balance_phase(&mut self, s: &mut Slice<'_>) -> Phase {
         let next = Phase::Orphans { server: 0, at: 0 };
         let st = s.st;
@@ -247,19 +252,49 @@ impl Pass {
             return next;
         }
         let sp = balance::spread(st, s.now_ms, b.threshold_pct);
+        // The chunks being written (or recovered) belong to their writer.
+        let unsettled: HashSet<ChunkHandle> = st
+            .leases
+            .iter()
+            .map(|(ino, _)| ino)
+            .chain(st.recovering.iter().copied())
+            .filter_map(|ino| st.ns.file(ino).and_then(|f| st.open_chunk_of(ino, f)))
+            .collect();
+        let mut step = balance::Step {
+            copies_in_flight: !s.in_flight.is_empty(),
+            ..balance::Step::default()
+        };
+        let mut scanned = 0usize;
         for src in &sp.sources {
             let Some(cs) = st.registry.get(*src) else {
                 continue;
             };
-            for h in cs.replicas.iter().take(balance::SCAN_PER_SOURCE) {
-                if self.moves as usize >= balance::MAX_MOVES_PER_PASS || s.is_busy(*src) {
+            if sp.targets.iter().all(|t| s.is_busy(*t)) {
+                break;
+            }
+            let after = b.after.get(src).copied().unwrap_or(0);
+            let mut last = None;
+            let mut ended = true;
+            for h in cs
+                .replicas
+                .iter()
+                .skip_while(|h| h.0 <= after && after != 0)
+            {
+                if step.moves as usize >= balance::MAX_MOVES_PER_PASS
+                    || scanned >= balance::SCAN_PER_PASS
+                    || s.is_busy(*src)
+                {
+                    ended = false;
                     break;
                 }
+                scanned += 1;
                 s.spend(1);
+                last = Some(h.0);
                 let Some(info) = st.chunks.get(h) else {
                     continue;
                 };
-                if !s.quiet(h, info)
+                if unsettled.contains(&h)
+                    || !s.quiet(h, info)
                     || s.in_flight.contains_key(&h)
                     || st.health.moved_from(h).is_some()
                 {
@@ -285,10 +320,15 @@ impl Pass {
                     replication: info.replication,
                     moving_from: Some(*src),
                 });
-                self.moves += 1;
+                step.moves += 1;
             }
+            // Where this source's next scan starts: after the last replica looked
+            // at, or from its first again once the scan reached its end.
+            let resume = if ended { 0 } else { last.unwrap_or(after) };
+            step.cursors.push((*src, resume));
         }
-        self.spread = Some(sp);
+        step.spread = sp;
+        self.balance = Some(step);
         next
     }
 }
@@ -570,6 +610,10 @@ impl<'a> Slice<'a> {
     /// per-server stream cap.
     fn replicate<R: Rng + ?Sized>(&mut self, q: &Queued, rng: &mut R) {
         let st = self.st;
+        if st.safe_mode.is_on() {
+            // Entered (by hand) while the pass was queueing.
+            return;
+        }
         let Some(info) = st.chunks.get(q.handle).filter(|i| i.version == q.version) else {
             return;
         };
@@ -727,7 +771,11 @@ fn trash_phase(s: &mut Slice<'_>, after: Option<String>, wall_ms: u64) -> Phase 
             let Some(at) = trash::checkpoint_at(bucket) else {
                 continue;
             };
-            newest = newest.max(Some(at));
+            // A checkpoint named later than now (the clock went back) does not
+            // hold the next one back.
+            if at <= wall_ms {
+                newest = newest.max(Some(at));
+            }
             if trash::expired(at, keep, wall_ms) {
                 s.actions.push(Action::PurgeTrash {
                     name: format!("{name}/{bucket}"),

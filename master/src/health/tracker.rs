@@ -210,6 +210,7 @@ impl Tracker {
         max_version: ChunkVersion,
         replicas: &[ChunkserverId],
     ) {
+        self.moved_from.remove(&handle);
         let marked: Vec<ChunkserverId> = self.corrupt_of(handle).map(|(s, _)| s).collect();
         for s in &marked {
             self.corrupt.remove(&(handle, *s));
@@ -275,6 +276,9 @@ impl Tracker {
             .collect();
         for c in lost {
             self.drop_copy(&c);
+            // A balancer's move that failed moves nothing: its source's replica
+            // stays like any other.
+            self.moved_from.remove(&c.handle);
         }
     }
 
@@ -480,7 +484,10 @@ pub fn prune_copies(
         tracker.drop_copy(&c);
         match why {
             None => out.copied.push(c),
-            Some(why) => out.lost.push((c, why)),
+            Some(why) => {
+                tracker.moved_from.remove(&c.handle);
+                out.lost.push((c, why))
+            }
         }
     }
     out

@@ -6,7 +6,6 @@ use super::tests::{beat, file, id, servers, set, settings, NOW};
 use super::*;
 use crate::error::Error;
 use crate::state::replay_records;
-use crate::trash;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use stampfs_proto::{ChunkCommand, Delete, DeleteNow, Mkdir, Rename, RestoreTrash};
@@ -227,17 +226,7 @@ fn skip_trash_and_rm_in_the_trash_delete_at_once_and_flat_entries_still_expire()
     // An entry of the flat layout an older version left behind.
     file(&mut st, "/old", 0, true);
     let flat = format!("{T0}-77-old");
-    st.rename(
-        &Rename {
-            src: "/old".into(),
-            dst: format!("/.trash/{flat}"),
-            replace: false,
-            caller: None,
-        },
-        0,
-        1,
-    )
-    .expect("as an older version left it");
+    as_flat_entry(&mut st, "/old", &flat);
     beat(&mut st, &[1, 2, 3], NOW);
     assert!(trash_actions(&st, T0 + KEEP).contains(&Action::PurgeTrash { name: flat }));
 }
@@ -252,11 +241,148 @@ fn a_path_taken_by_a_file_in_the_trash_gets_a_second_name() {
     mkdir(&mut st, "/a");
     file(&mut st, "/a/f", 0, true);
     rm(&mut st, "/a/f", T0 + 1).expect("rm /a/f");
-    assert!(st
-        .resolve_path(&format!("/.trash/uid-0/Current/a.{}/f", T0 + 1))
-        .is_ok());
-    assert_eq!(
-        trash::original(&[".trash", "uid-0", "Current", "a", "f"]),
-        Some(vec!["a", "f"])
+    let kept = format!("/.trash/uid-0/Current/a.{}/f", T0 + 1);
+    assert!(st.resolve_path(&kept).is_ok());
+    assert!(
+        st.resolve_path("/.trash/uid-0/Current/a").is_ok(),
+        "the file /a"
     );
+    // Three removals of one path in one millisecond: three names.
+    for _ in 0..3 {
+        file(&mut st, "/g", 0, true);
+        rm(&mut st, "/g", T0 + 2).expect("rm /g");
+    }
+    for name in [
+        "g".to_string(),
+        format!("g.{}", T0 + 2),
+        format!("g.{}.1", T0 + 2),
+    ] {
+        assert!(
+            st.resolve_path(&format!("/.trash/uid-0/Current/{name}"))
+                .is_ok(),
+            "{name}"
+        );
+    }
+    // The trash's own directories are not renamed, not even within it.
+    let rename = |src: &str, dst: &str| Rename {
+        src: src.into(),
+        dst: dst.into(),
+        replace: false,
+        caller: None,
+    };
+    for (src, dst) in [
+        ("/.trash/uid-0/Current", "/.trash/uid-0/99999999999999"),
+        ("/.trash/uid-0/Current/g", "/.trash/uid-0/1"),
+    ] {
+        assert!(
+            matches!(
+                st.rename(&rename(src, dst), 0, 1),
+                Err(Error::NotPermitted { .. })
+            ),
+            "{src} -> {dst}"
+        );
+    }
+    // A purge asked for before its time does nothing.
+    let ckpt = st
+        .checkpoint_trash("uid-0", NOW, T0 + 10)
+        .expect("checkpoint")
+        .expect("taken");
+    assert!(!st
+        .purge_trash(&format!("uid-0/{ckpt}"), NOW, T0 + 11)
+        .expect("early"));
+    assert!(st.resolve_path(&format!("/.trash/uid-0/{ckpt}")).is_ok());
+}
+
+/// Puts `path` into the trash as an older version did (`/.trash/<ms>-<ino>-<name>`).
+fn as_flat_entry(st: &mut MasterState, path: &str, name: &str) {
+    let comps = crate::namespace::components(path).expect("path");
+    let (parent, last) = st.ns.resolve_parent(&comps).expect("parent");
+    let bin = st.resolve_path("/.trash").expect("the trash");
+    st.commit(
+        crate::state::Record::Rename {
+            src_parent: parent,
+            src_name: last.to_string(),
+            dst_parent: bin,
+            dst_name: name.to_string(),
+            mtime_ms: 1,
+        },
+        0,
+    )
+    .expect("as an older version left it");
+}
+
+#[test]
+fn a_user_dir_owned_by_another_uid_is_not_used_and_flat_entries_restore() {
+    use stampfs_proto::Caller;
+    let mut st = trashing();
+    let alice = Caller {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    };
+    // Someone else's directory took the name of the one uid 1000 would get.
+    mkdir(&mut st, "/.trash/uid-1000");
+    st.mkdir(
+        &Mkdir {
+            path: "/tmp".into(),
+            parents: false,
+            attr: Some(stampfs_proto::NewAttr {
+                mode: 0o1777,
+                uid: 0,
+                gid: 0,
+            }),
+            caller: None,
+        },
+        0,
+        1,
+    )
+    .expect("tmp");
+    st.make_file(
+        &stampfs_proto::MakeFile {
+            path: "/tmp/a".into(),
+            client: stampfs_proto::ClientId(1),
+            replication: None,
+            chunk_size: None,
+            attr: Some(stampfs_proto::NewAttr {
+                mode: 0o644,
+                uid: 1000,
+                gid: 1000,
+            }),
+            caller: Some(alice.clone()),
+        },
+        0,
+        1,
+    )
+    .expect("alice's file");
+    st.delete(
+        &Delete {
+            path: "/tmp/a".into(),
+            recursive: false,
+            caller: Some(alice.clone()),
+        },
+        0,
+        T0,
+    )
+    .expect("alice's rm");
+    let d = st.stat("/.trash/uid-1000.1000").expect("her own");
+    assert_eq!((d.attr.uid, d.attr.mode), (1000, 0o700));
+    assert!(st
+        .resolve_path("/.trash/uid-1000.1000/Current/tmp/a")
+        .is_ok());
+
+    // An entry of the older flat layout comes back by its path.
+    file(&mut st, "/old", 0, true);
+    let flat = format!("{T0}-77-old");
+    as_flat_entry(&mut st, "/old", &flat);
+    st.restore_trash(
+        &RestoreTrash {
+            path: format!("/.trash/{flat}"),
+            to: "/old".into(),
+            caller: None,
+        },
+        0,
+        1,
+    )
+    .expect("restored");
+    assert!(st.resolve_path("/old").is_ok());
 }

@@ -480,13 +480,13 @@ impl Group {
         Ok(self.sm.snapshot_lsn().load(Ordering::Acquire))
     }
 
-    /// Counters in the operation log's terms: appends (one `fdatasync` each), records
-    /// queued, record bytes queued since the last snapshot.
     /// The histograms of the log's durable appends.
     pub fn timings(&self) -> crate::oplog::LogTimings {
         self.log.timings()
     }
 
+    /// Counters in the operation log's terms: appends (one `fdatasync` each), records
+    /// queued, record bytes queued since the last snapshot.
     pub fn stats(&self) -> crate::oplog::LogStats {
         crate::oplog::LogStats {
             fsyncs: self.log.appends(),

@@ -478,12 +478,12 @@ impl LogStore {
         lock(&self.inner).halted = true;
     }
 
-    /// Appends written so far by this process, each with one `fdatasync`.
     /// The histograms of its durable appends (shared).
     pub fn timings(&self) -> crate::oplog::LogTimings {
         self.timings.clone()
     }
 
+    /// Appends written so far by this process, each with one `fdatasync`.
     pub fn appends(&self) -> u64 {
         self.appends.load(Ordering::Relaxed)
     }

@@ -34,15 +34,18 @@ pub struct PassSummary {
 
 impl Core {
     /// One pass of the replica-health worker. Nothing happens until the chunkservers
-    /// had `dead_after` to register after a master start (before that, every chunk
-    /// looks under-replicated), nor within [`crate::lease::RESUME_SETTLE`] of the
-    /// master resuming from a pause (heartbeats queued meanwhile are read first).
+    /// had `dead_after` to register after a master start or after this member took
+    /// the lead of its group (before that, every chunk looks under-replicated), nor
+    /// within [`crate::lease::RESUME_SETTLE`] of the master resuming from a pause
+    /// (heartbeats queued meanwhile are read first).
     pub async fn health_pass(&self) {
         if self.check_running().is_err() || !self.clock.settled(crate::lease::RESUME_SETTLE) {
             return;
         }
         let now = self.clock.now_ms();
-        if now < self.state().settings.dead_after_ms {
+        let dead_after = self.state().settings.dead_after_ms;
+        let led_since = self.log.led_since_ms().unwrap_or(0);
+        if now < dead_after || now.saturating_sub(led_since) < dead_after {
             return;
         }
         self.run_health_pass().await;
@@ -120,16 +123,20 @@ impl Core {
         use crate::safe_mode::Transition;
         let now = self.clock.now_ms();
         let mut st = self.state();
-        if let (Some(b), Some(sp)) = (st.balancer.as_mut(), pass.spread.as_ref()) {
-            b.moves_ordered += pass.moves;
-            if sp.balanced() && !b.done {
-                b.done = true;
-                tracing::info!(
+        if let (Some(b), Some(step)) = (st.balancer.as_mut(), pass.balance.as_ref()) {
+            use crate::health::balance::Outcome;
+            match b.after_pass(step) {
+                Outcome::Running => {}
+                Outcome::Balanced => tracing::info!(
                     moves = b.moves_ordered,
                     "the cluster is balanced: every live chunkserver is within the threshold of the average use; the balancer stops"
-                );
+                ),
+                Outcome::Stuck => tracing::warn!(
+                    moves = b.moves_ordered,
+                    passes = crate::health::balance::IDLE_PASSES,
+                    "the balancer gives up: no replica it may move would help (every target holds the chunks, or none is quiet)"
+                ),
             }
-            b.last = Some(sp.clone());
         }
         let t = st.settings.safe_mode;
         match st.safe_mode.after_pass(pass.chunks, pass.reported, now, t) {

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::health::is_live;
 use crate::namespace;
 use crate::placement::Candidate;
-use stampfs_proto::{ChunkserverId, DecommissionState, FileStatus, SetReplication};
+use stampfs_proto::{ChunkserverId, DecommissionState, FileStatus, ReplicaState, SetReplication};
 
 impl MasterState {
     /// `stampfs setrep`: the replication factor of the file at `req.path` (and of its
@@ -96,17 +96,20 @@ impl MasterState {
         c
     }
 
-    /// Where chunkserver `server` stands in its decommission. Walks its replicas:
-    /// a chunk counts as waiting while fewer than its factor of current replicas sit
-    /// on other live chunkservers that are not being decommissioned.
+    /// Where chunkserver `server` stands in its decommission. Walks its replicas
+    /// (under the state lock: O(its replicas), paid by each report and status page
+    /// while it is being decommissioned): a chunk counts as waiting while fewer than
+    /// its factor of good replicas sit on other live chunkservers that are not being
+    /// decommissioned, good as the health pass counts them (current, finalized, no
+    /// deletion in flight, no corrupt mark).
     pub fn decommission_state(&self, server: ChunkserverId, now_ms: u64) -> DecommissionState {
         if !self.decommissioning.contains(&server) {
             return DecommissionState::InService;
         }
         let Some(cs) = self.registry.get(server) else {
-            // Not heard from since this master started: no replica of it is known,
-            // so no chunk's replication depends on it.
-            return DecommissionState::Decommissioned;
+            // Not heard from since this master started: which chunks it holds is not
+            // known, so it cannot be called safe to stop.
+            return DecommissionState::Unreported;
         };
         let dead_after = self.settings.dead_after_ms;
         let mut waiting = 0u64;
@@ -122,7 +125,10 @@ impl MasterState {
                     id != server
                         && !self.decommissioning.contains(&id)
                         && info.class_of(r) == ReplicaClass::Current
+                        && r.state == ReplicaState::Finalized
                         && is_live(&self.registry, id, now_ms, dead_after)
+                        && !self.health.deleting(id, h)
+                        && !self.health.is_corrupt(h, id, r.version)
                 })
                 .count();
             if elsewhere < usize::from(info.replication.max(1)) {

@@ -182,14 +182,25 @@ impl MasterState {
     }
 
     /// Deletes the trash entry `/.trash/<name>` (a checkpoint `<user>/<ms>`, or an
-    /// entry of the flat layout) for good; false when it is gone already.
+    /// entry of the flat layout) for good, if it expired by `mtime_ms` (the wall
+    /// clock); false when it is gone already or not due.
     pub fn purge_trash(&mut self, name: &str, now_ms: u64, mtime_ms: u64) -> Result<bool> {
         let path = format!("/{}/{name}", trash::DIR);
         let comps = crate::namespace::components(&path)?;
         let Ok((parent, last)) = self.ns.resolve_parent(&comps) else {
             return Ok(false);
         };
-        if self.ns.child(parent, last).is_none() {
+        let Some(ino) = self.ns.child(parent, last) else {
+            return Ok(false);
+        };
+        let at = match comps.as_slice() {
+            [_, _, bucket] => trash::checkpoint_at(bucket),
+            [_, entry] => {
+                trash::deleted_at(entry).or_else(|| self.ns.get(ino).map(|i| i.mtime_ms()))
+            }
+            _ => None,
+        };
+        if !at.is_some_and(|at| trash::expired(at, self.settings.trash_ms, mtime_ms)) {
             return Ok(false);
         }
         self.commit(
@@ -211,6 +222,8 @@ impl MasterState {
         now_ms: u64,
         wall_ms: u64,
     ) -> Result<Option<String>> {
+        // The trash's own mode first (it opens once the older flat entries expired).
+        self.trash_dir(now_ms, wall_ms)?;
         let Some(dir) = self
             .ns
             .child(ROOT, trash::DIR)

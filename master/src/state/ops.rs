@@ -13,13 +13,22 @@ use stampfs_proto::{
     Rename, RestoreTrash, SetAttr, SetTime, Symlink, MAX_SYMLINK_TARGET, MODE_BITS,
 };
 
-/// The trash's mode: root's alone. An entry moved there leaves the directories that
-/// protected it, so nobody else may list or open what it holds.
-/// `/.trash`: root's, passable by everyone to their own directory, listed by root
-/// alone.
+/// `/.trash`: root's, passable by everyone to their own directory (each user's is
+/// theirs, 0700: an entry moved there left the directories that protected it, so
+/// nobody else may reach it), listed by root alone.
 const TRASH_MODE: u32 = 0o711;
 /// A user's directory in the trash and the directories made under it.
 const TRASH_USER_MODE: u32 = 0o700;
+/// Names tried for an entry whose name is taken in the trash (`name`, `name.<ms>`,
+/// `name.<ms>.1`, ...).
+const MAX_TAKEN: u32 = 64;
+
+/// The error of an entry the trash has no free name for.
+fn taken(name: &str) -> Error {
+    Error::AlreadyExists {
+        path: format!("{name} (in the trash, under {MAX_TAKEN} names)"),
+    }
+}
 
 /// How old an access time may grow before a read moves it though the entry has not
 /// changed since (Linux's `relatime`: a day).
@@ -431,7 +440,10 @@ impl MasterState {
         mtime_ms: u64,
     ) -> Result<FileStatus> {
         let src = namespace::components(&req.path)?;
-        if trash::original(&src).is_none() {
+        // An entry of the older flat layout (`/.trash/<ms>-<inode>-<name>`), which
+        // only root reaches, is restored by its path too.
+        let flat = matches!(src.as_slice(), [dir, name] if *dir == trash::DIR && trash::deleted_at(name).is_some());
+        if trash::original(&src).is_none() && !flat {
             return Err(Error::bad_request(format!(
                 "{} is not an entry in the trash (/{}/<user>/{}/<path> or a checkpoint)",
                 join(&src),
@@ -481,6 +493,24 @@ impl MasterState {
             return Err(Error::NotPermitted {
                 path: join(&src),
                 reason: "entries leave the trash only by `stampfs trash restore`".into(),
+            });
+        }
+        // A user's directory and its buckets (`Current`, the checkpoints named by
+        // their time) are the master's to make, rename and expire; nothing else goes
+        // at their level. (An entry of the older flat layout may leave.)
+        let own_level = |c: &[&str]| in_trash(c) && c.len() <= 3;
+        let flat = src.len() == 2 && trash::deleted_at(src[1]).is_some();
+        let refused = if own_level(&src) && !flat {
+            Some(&src)
+        } else if own_level(&dst) {
+            Some(&dst)
+        } else {
+            None
+        };
+        if let Some(c) = refused {
+            return Err(Error::NotPermitted {
+                path: join(c),
+                reason: "the trash's own directories are not renamed (only entries in them)".into(),
             });
         }
         let who = req.caller.as_ref();
@@ -646,8 +676,27 @@ impl MasterState {
             .iter()
             .find(|(_, u)| u.uid == uid)
             .map(|(n, _)| n.as_str());
-        let mut dirs: Vec<String> = vec![trash::user_dir(user, uid), trash::CURRENT.to_string()];
+        // The user's own directory: one they own. A name taken by another uid's
+        // (a user removed and added again, a user called `uid-<n>`) gets the uid
+        // appended.
+        let mut udir = trash::user_dir(user, uid);
+        for attempt in 0..2 {
+            match self.ns.child(bin, &udir).and_then(|c| self.ns.get(c)) {
+                Some(i) if i.as_dir().is_none() || i.attr.uid != uid => {
+                    if attempt == 1 {
+                        return Err(Error::NotPermitted {
+                            path: format!("/{}/{udir}", trash::DIR),
+                            reason: format!("taken by uid {}, not this user's", i.attr.uid),
+                        });
+                    }
+                    udir = format!("{udir}.{uid}");
+                }
+                _ => break,
+            }
+        }
+        let mut dirs: Vec<String> = vec![udir, trash::CURRENT.to_string()];
         dirs.extend(comps[..comps.len() - 1].iter().map(|c| c.to_string()));
+        let is_dir = |st: &Self, ino| st.ns.get(ino).and_then(Inode::as_dir).is_some();
         let mut parent = bin;
         let mut make: Vec<(String, InodeId)> = Vec::new();
         let mut next = self.ns.next_inode().0;
@@ -657,26 +706,27 @@ impl MasterState {
                 next += 1;
                 continue;
             }
-            let is_dir = |st: &Self, ino| st.ns.get(ino).and_then(Inode::as_dir).is_some();
-            let name = match self.ns.child(parent, &d) {
-                Some(c) if is_dir(self, c) => {
-                    parent = c;
-                    continue;
+            // The directory itself, or a second name for it when something that is
+            // not a directory took its name.
+            let found = (0..MAX_TAKEN).find_map(|n| {
+                let name = if n == 0 {
+                    d.clone()
+                } else {
+                    trash::taken_name(&d, mtime_ms, n - 1)
+                };
+                match self.ns.child(parent, &name) {
+                    Some(c) if is_dir(self, c) => Some(Ok(c)),
+                    Some(_) => None,
+                    None => Some(Err(name)),
                 }
-                Some(_) => trash::taken_name(&d, mtime_ms),
-                None => d,
-            };
-            match self.ns.child(parent, &name) {
-                Some(c) if is_dir(self, c) => parent = c,
-                Some(_) => {
-                    return Err(Error::AlreadyExists {
-                        path: format!("{} in the trash", name),
-                    })
-                }
-                None => {
+            });
+            match found {
+                Some(Ok(c)) => parent = c,
+                Some(Err(name)) => {
                     make.push((name, InodeId(next)));
                     next += 1;
                 }
+                None => return Err(taken(&d)),
             }
         }
         if let Some(last) = make.last().map(|m| m.1) {
@@ -697,22 +747,23 @@ impl MasterState {
             )?;
             parent = last;
         }
-        let name = comps[comps.len() - 1];
-        let name = match self.ns.child(parent, name) {
-            None => name.to_string(),
-            Some(_) => trash::taken_name(name, mtime_ms),
-        };
-        if self.ns.child(parent, &name).is_some() {
-            return Err(Error::AlreadyExists {
-                path: format!("{name} in the trash"),
-            });
-        }
+        let base = comps[comps.len() - 1];
+        let name = (0..MAX_TAKEN)
+            .map(|n| {
+                if n == 0 {
+                    base.to_string()
+                } else {
+                    trash::taken_name(base, mtime_ms, n - 1)
+                }
+            })
+            .find(|name| self.ns.child(parent, name).is_none())
+            .ok_or_else(|| taken(base))?;
         Ok(Some((parent, name)))
     }
 
     /// The trash directory, created when missing; `None` when `/.trash` is taken by a
     /// file (then `rm` deletes at once).
-    fn trash_dir(&mut self, now_ms: u64, mtime_ms: u64) -> Result<Option<InodeId>> {
+    pub(super) fn trash_dir(&mut self, now_ms: u64, mtime_ms: u64) -> Result<Option<InodeId>> {
         if let Some(t) = self.ns.child(ROOT, trash::DIR) {
             let Some(a) = self
                 .ns

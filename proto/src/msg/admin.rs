@@ -41,6 +41,10 @@ pub enum DecommissionState {
     /// Every chunk it holds has its replication factor elsewhere: it can be stopped
     /// without lowering any chunk's replication.
     Decommissioned,
+    /// Being decommissioned, but the master has not heard from it since it started:
+    /// which chunks it holds is not known, so it is not safe to stop yet. After every
+    /// older variant, so that each keeps its wire index.
+    Unreported,
 }
 
 impl DecommissionState {
@@ -50,6 +54,7 @@ impl DecommissionState {
             DecommissionState::InService => "in-service",
             DecommissionState::Decommissioning { .. } => "decommissioning",
             DecommissionState::Decommissioned => "decommissioned",
+            DecommissionState::Unreported => "decommissioning (not reported)",
         }
     }
 }
@@ -165,4 +170,7 @@ pub struct BalanceStatus {
     /// The last pass found nothing to move: every live chunkserver within the
     /// threshold.
     pub balanced: bool,
+    /// It gave up before the cluster was balanced: several passes in a row could
+    /// move nothing.
+    pub stuck: bool,
 }

@@ -696,6 +696,7 @@ pub fn arb_decommission_state() -> impl Strategy<Value = DecommissionState> {
         Just(DecommissionState::InService),
         arb_u64().prop_map(|waiting| DecommissionState::Decommissioning { waiting }),
         Just(DecommissionState::Decommissioned),
+        Just(DecommissionState::Unreported),
     ]
 }
 
@@ -716,9 +717,12 @@ prop_compose! {
 prop_compose! {
     pub fn arb_balance_status()(running in any::<bool>(), threshold_pct in any::<u8>(),
                                 moves_ordered in arb_u64(), average_ppm in arb_u32(),
-                                over in arb_u32(), under in arb_u32(), balanced in any::<bool>())
+                                over in arb_u32(), under in arb_u32(), balanced in any::<bool>(),
+                                stuck in any::<bool>())
         -> BalanceStatus {
-        BalanceStatus { running, threshold_pct, moves_ordered, average_ppm, over, under, balanced }
+        BalanceStatus {
+            running, threshold_pct, moves_ordered, average_ppm, over, under, balanced, stuck,
+        }
     }
 }
 
