@@ -14,8 +14,8 @@ use std::time::Duration;
 const TRASH: &str = "/.trash";
 const CURRENT: &str = "Current";
 
-/// Every file under `path` (itself when it is a file), depth first in name order;
-/// links are not followed.
+/// Every file under `path` (itself when it is a file), in name order; links are not
+/// followed.
 async fn files_under(client: &Client, path: &str) -> Result<Vec<String>> {
     let st = client
         .stat(path)
@@ -30,24 +30,12 @@ async fn files_under(client: &Client, path: &str) -> Result<Vec<String>> {
             ))
         }
     }
-    let mut out = Vec::new();
-    let mut dirs = vec![st.path];
-    while let Some(d) = dirs.pop() {
-        let mut entries = client
-            .list(&d)
-            .await
-            .with_context(|| format!("cannot list {d}"))?;
-        entries.sort_by(|a, b| b.path.cmp(&a.path));
-        for e in entries {
-            match e.kind {
-                FileKind::File => out.push(e.path),
-                FileKind::Directory => dirs.push(e.path),
-                _ => {}
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+    Ok(walk(client, &st.path)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == FileKind::File)
+        .map(|e| e.path)
+        .collect())
 }
 
 /// `stampfs setrep [-R] [-w] N PATH`.
