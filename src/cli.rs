@@ -948,6 +948,11 @@ pub struct NemesisArgs {
     /// filled up (root only; `0` to keep them on the run's dir; default 512MiB as root).
     #[arg(long, value_parser = stampfs_proto::units::parse_size)]
     pub small_disks: Option<u64>,
+    /// Administration under the faults too: setrep of the shared files, the balancer,
+    /// a chunkserver decommissioned and recommissioned, safe mode entered and left,
+    /// every few seconds (all undone before the final checks).
+    #[arg(long)]
+    pub admin: bool,
 }
 
 /// `--masters`: 1, 3 or 5.

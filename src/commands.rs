@@ -869,6 +869,7 @@ pub async fn nemesis(args: NemesisArgs) -> u8 {
         },
         net,
         crash_points: stampfs_proto::crash::CRASH_POINTS,
+        admin: args.admin,
     };
     say!(
         "nemesis: {} run(s) from seed {seed}, {} of faults each, {}, {} clients ({mounts} through FUSE), network: {}, disks: {}",

@@ -16,12 +16,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_stampfs");
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run_seed(seed: u64, duration: &str) {
-    run(seed, duration, 1);
+    run(seed, duration, 1, false);
 }
 
 /// A run of `seed` with `masters` masters (3: a master group, whose members are
-/// killed, stopped, partitioned and crashed like the other processes).
-fn run(seed: u64, duration: &str, masters: usize) {
+/// killed, stopped, partitioned and crashed like the other processes), with the
+/// administration's churn (`--admin`) or without.
+fn run(seed: u64, duration: &str, masters: usize, admin: bool) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("report.json");
@@ -37,6 +38,7 @@ fn run(seed: u64, duration: &str, masters: usize) {
             "--json",
         ])
         .arg(&json)
+        .args(admin.then_some("--admin"))
         .env("RUST_LOG", "warn")
         .output()
         .expect("run stampfs nemesis");
@@ -67,6 +69,18 @@ fn run(seed: u64, duration: &str, masters: usize) {
     assert_eq!(run["fsck_healthy"], true, "{stdout}");
     assert!(run["reads_checked"].as_u64().unwrap_or(0) > 0, "{stdout}");
     assert_eq!(run["masters"], masters as u64, "{stdout}");
+    if admin {
+        let acts: u64 = run["faults"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| k.starts_with("admin_"))
+                    .filter_map(|(_, v)| v.as_u64())
+                    .sum()
+            })
+            .unwrap_or(0);
+        assert!(acts > 0, "seed {seed}: no administrative action:\n{stdout}");
+    }
     if masters > 1 {
         let hit = ["kill_master", "stop_master"]
             .iter()
@@ -118,7 +132,12 @@ fn nemesis_seed_21_finds_no_violation() {
 
 #[test]
 fn nemesis_on_a_group_of_three_masters_seed_100_finds_no_violation() {
-    run(100, "20s", 3);
+    run(100, "20s", 3, false);
+}
+
+#[test]
+fn nemesis_with_setrep_balance_decommission_and_safe_mode_seed_600_finds_no_violation() {
+    run(600, "15s", 1, true);
 }
 
 /// The processes whose command line names `dir`.

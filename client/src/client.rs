@@ -631,6 +631,31 @@ impl Client {
         self.call(ClusterReportRequest {}).await
     }
 
+    /// Starts (`on`) or ends the decommission of chunkserver `server` (superusers).
+    pub async fn decommission(
+        &self,
+        server: stampfs_proto::ChunkserverId,
+        on: bool,
+    ) -> Result<stampfs_proto::DecommissionState> {
+        self.call(stampfs_proto::Decommission { server, on }).await
+    }
+
+    /// Asks the balancer (superusers).
+    pub async fn balance(
+        &self,
+        action: stampfs_proto::BalanceAction,
+    ) -> Result<stampfs_proto::BalanceStatus> {
+        self.call(stampfs_proto::BalanceRequest { action }).await
+    }
+
+    /// Asks about, enters or leaves safe mode (superusers).
+    pub async fn safe_mode(
+        &self,
+        action: stampfs_proto::SafeModeAction,
+    ) -> Result<stampfs_proto::SafeModeStatus> {
+        self.call(stampfs_proto::SafeModeRequest { action }).await
+    }
+
     /// Registers a held lease and makes sure the renewal task runs.
     pub(crate) fn hold_lease(&self, path: &str) {
         if let Ok(mut l) = self.inner.leases.lock() {

@@ -27,6 +27,10 @@
 //! payload length, a payload derived from the header, and a CRC32 of all of it, so the
 //! checker can parse a file without trusting anything else.
 //!
+//! With `--admin`, [`admin_churn`] also changes replication factors, balances,
+//! decommissions and enters safe mode while the faults run, and undoes it all after
+//! the heal.
+//!
 //! In a binary built with crash points (`fault-injection`), the servers are also
 //! started with seeded [`crash`] points armed: they kill themselves in the middle of
 //! lease recovery, version bumps and replica copies.
@@ -37,6 +41,7 @@
 //! in its place, torn bytes only after an unacknowledged write). The slot file is four
 //! small chunks, so writers move between chunks under the faults too.
 
+pub mod admin_churn;
 pub mod checker;
 pub mod clients;
 pub mod cluster;

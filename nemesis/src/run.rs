@@ -24,6 +24,7 @@
 //!
 //! The run's directory is removed unless the run failed or `keep_dir` was given.
 
+use crate::admin_churn::{self, Churn};
 use crate::checker::{self, Violation, ViolationKind};
 use crate::clients::{ClientSpec, Clients};
 use crate::cluster::{arm, Cluster, ClusterConfig, ProcState};
@@ -71,6 +72,8 @@ pub struct RunConfig {
     pub net: NetMode,
     /// Arm crash points in the servers (the binary must be built with them).
     pub crash_points: bool,
+    /// Administration under the faults ([`crate::admin_churn`]).
+    pub admin: bool,
 }
 
 /// How a sequence of runs ended: the reports of the runs that finished, and what
@@ -229,13 +232,69 @@ struct MasterAccess {
     creds: PathBuf,
 }
 
-/// Connects to the master as the superuser, retrying while it starts.
-async fn connect(m: &MasterAccess) -> Result<Client> {
+/// How long one administrative action under the faults may hold the schedule up (a
+/// master that is down or cut off: the action is dropped).
+const CHURN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Carries out the administration's next action if one is due, noting it in the
+/// steps log; a failed or timed-out one is noted and dropped.
+async fn churn_step(
+    churn: &mut Churn,
+    t0: Instant,
+    access: &MasterAccess,
+    net: &Net,
+    steps_out: &mut std::fs::File,
+    injected: &mut BTreeMap<String, u64>,
+) {
+    use std::io::Write;
+    let Some(act) = churn.next(t0.elapsed()) else {
+        return;
+    };
+    let (m, a) = (access.clone(), act.clone());
+    let done = tokio::time::timeout(
+        CHURN_TIMEOUT,
+        net.admin(move || async move {
+            let admin = tokio::time::timeout(
+                CHURN_TIMEOUT,
+                Client::connect_with(&m.addr, superuser_config(&m)?),
+            )
+            .await
+            .map_err(|_| Error::Timeout {
+                what: "a connection to the master".into(),
+                secs: CHURN_TIMEOUT.as_secs(),
+            })??;
+            Ok(admin_churn::perform(&admin, &a).await?)
+        }),
+    )
+    .await;
+    let said = match done {
+        Ok(Ok(said)) => {
+            *injected.entry(act.name().to_string()).or_default() += 1;
+            said
+        }
+        Ok(Err(e)) => format!("failed: {e}"),
+        Err(_) => "timed out".into(),
+    };
+    let _ = writeln!(
+        steps_out,
+        "{:>8.3}s {} {act:?}: {said}",
+        t0.elapsed().as_secs_f64(),
+        act.name()
+    );
+}
+
+/// The client configuration of the superuser.
+fn superuser_config(m: &MasterAccess) -> Result<stampfs_client::ClientConfig> {
     let creds = stampfs_proto::Credentials::load(&m.creds)?;
-    let config = stampfs_client::ClientConfig {
+    Ok(stampfs_client::ClientConfig {
         credentials: Some(creds),
         ..workload::client_config()
-    };
+    })
+}
+
+/// Connects to the master as the superuser, retrying while it starts.
+async fn connect(m: &MasterAccess) -> Result<Client> {
+    let config = superuser_config(m)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match Client::connect_with(&m.addr, config.clone()).await {
@@ -350,11 +409,24 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     );
     let steps_log = logs.join("nemesis-steps.log");
     let mut steps_out = std::fs::File::create(&steps_log).map_err(Error::io(&steps_log))?;
+    let mut churn = cfg.admin.then(|| {
+        let mut files: Vec<String> = (0..FILES).map(|f| file_path(DIR, f)).collect();
+        files.push(crate::slots::path(DIR));
+        Churn::new(
+            cfg.seed,
+            files,
+            cfg.cluster.replication,
+            cluster.chunkservers.len(),
+        )
+    });
     let t0 = Instant::now();
     // How late the latest step ran (a step waits for the one before it).
     let mut max_lag = Duration::ZERO;
     for step in schedule::steps(&faults) {
         while t0.elapsed() < step.at {
+            if let Some(c) = churn.as_mut() {
+                churn_step(c, t0, &access, &net, &mut steps_out, &mut injected).await;
+            }
             clients.restart_exited().await?;
             restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
             let left = step.at.saturating_sub(t0.elapsed());
@@ -380,6 +452,9 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         }
     }
     while t0.elapsed() < cfg.duration {
+        if let Some(c) = churn.as_mut() {
+            churn_step(c, t0, &access, &net, &mut steps_out, &mut injected).await;
+        }
         clients.restart_exited().await?;
         restart_crashed(&mut cluster, &mut injected, &mut exits).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -411,6 +486,19 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     let (m, n) = (access.clone(), cluster.chunkservers.len());
     net.admin(move || async move { wait_all_live(&connect(&m).await?, n).await })
         .await?;
+    // What the administration changed is undone (the files' factor back, nobody
+    // drained, no balancer, no safe mode) before the final checks.
+    if let Some(c) = &churn {
+        let (m, acts) = (access.clone(), c.undo());
+        net.admin(move || async move {
+            let admin = connect(&m).await?;
+            for act in &acts {
+                admin_churn::perform(&admin, act).await?;
+            }
+            Ok(())
+        })
+        .await?;
+    }
 
     // 5. Drain.
     let stop = clients.stop_file();
