@@ -101,6 +101,14 @@ fn masters_and_chunkservers_serve_metrics_and_count_fenced_writes() {
             "every replica acked packets: {t}"
         );
         assert!(t.contains("stampfs_chunkserver_scrub_bytes_total"), "{t}");
+        assert!(
+            sample(&t, "stampfs_chunkserver_io_in_flight").is_some_and(|v| v >= 0.0),
+            "{t}"
+        );
+        assert!(
+            sample(&t, "stampfs_chunkserver_io_waiting").is_some(),
+            "{t}"
+        );
     }
     assert!(streams >= 1.0, "no write stream counted");
 

@@ -23,6 +23,24 @@ pub static SCRUB_PASSES: AtomicU64 = AtomicU64::new(0);
 /// behind it.
 pub static ACKS_FAILED: AtomicU64 = AtomicU64::new(0);
 
+/// I/O operations the engine has handed to the kernel and not yet seen complete
+/// (io_uring: SQEs in flight; threads: blocking jobs running).
+pub static IO_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// I/O jobs waiting for room before they go to the kernel (io_uring only).
+pub static IO_WAITING: AtomicU64 = AtomicU64::new(0);
+
+/// Sets `c` to `v` (a gauge kept here).
+pub fn set(c: &AtomicU64, v: u64) {
+    c.store(v, Ordering::Relaxed);
+}
+
+/// Subtracts `n` from `c`, stopping at zero.
+pub fn sub(c: &AtomicU64, n: u64) {
+    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
 /// Seconds from a write packet's arrival to its ack going upstream (this replica's
 /// write and every replica's behind it).
 pub fn ack_seconds() -> &'static Histogram {

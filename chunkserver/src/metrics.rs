@@ -5,7 +5,8 @@
 //! fencing gate), bytes written and read, replicas deleted and found corrupt, the
 //! scrub's progress (bytes, replicas, passes) and the pipeline's acks (their latency,
 //! and those reporting a failure) (`counters.rs`), the replicas held, the write
-//! streams open, and the I/O engine in use.
+//! streams open, the I/O engine in use and its queue depths (operations in flight,
+//! jobs waiting for room).
 
 use crate::server::Shared;
 use prometheus_client::metrics::counter::Counter;
@@ -31,6 +32,19 @@ pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Expor
     registry.register("replicas", "Replicas held", replicas.clone());
     let streams = Gauge::<i64>::default();
     registry.register("write_streams", "Write streams open", streams.clone());
+    let in_flight = Gauge::<i64>::default();
+    registry.register(
+        "io_in_flight",
+        "I/O operations handed to the kernel and not yet complete (io_uring SQEs, or \
+         blocking jobs of the threads engine)",
+        in_flight.clone(),
+    );
+    let waiting = Gauge::<i64>::default();
+    registry.register(
+        "io_waiting",
+        "I/O jobs waiting for room in the io_uring ring",
+        waiting.clone(),
+    );
     let engines = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
     registry.register("io_engine", "The I/O engine in use (1)", engines.clone());
     engines.get_or_create(&vec![("engine", engine)]).set(1);
@@ -104,6 +118,9 @@ pub(crate) fn exporter(shared: &Arc<Shared>, engine: &'static str) -> (Arc<Expor
             let now = counters::get(source);
             c.inc_by(now.saturating_sub(last.swap(now, Ordering::Relaxed)));
         }
+        let gauge = |c| i64::try_from(counters::get(c)).unwrap_or(i64::MAX);
+        in_flight.set(gauge(&counters::IO_IN_FLIGHT));
+        waiting.set(gauge(&counters::IO_WAITING));
         if let Some(shared) = weak.upgrade() {
             replicas.set(i64::try_from(shared.store.replica_count()).unwrap_or(i64::MAX));
             streams.set(i64::from(shared.active_streams.load(Ordering::Relaxed)));

@@ -53,6 +53,22 @@ fn joined<T>(r: Result<io::Result<T>, tokio::task::JoinError>) -> io::Result<T> 
     r.map_err(|e| io::Error::other(format!("blocking I/O task failed: {e}")))?
 }
 
+/// Counts a blocking I/O job in flight for the metrics while it lives.
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        crate::counters::add(&crate::counters::IO_IN_FLIGHT, 1);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        crate::counters::sub(&crate::counters::IO_IN_FLIGHT, 1);
+    }
+}
+
 #[async_trait::async_trait]
 impl IoEngine for ThreadsEngine {
     fn name(&self) -> &'static str {
@@ -60,6 +76,7 @@ impl IoEngine for ThreadsEngine {
     }
 
     async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let _counted = InFlight::new();
         joined(
             tokio::task::spawn_blocking(move || {
                 let mut buf = vec![0u8; len];
@@ -97,6 +114,7 @@ impl IoEngine for ThreadsEngine {
             }
             Ok(())
         };
+        let _counted = InFlight::new();
         joined(tokio::task::spawn_blocking(chain).await)
     }
 }

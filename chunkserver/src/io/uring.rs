@@ -635,6 +635,14 @@ impl Ring {
             self.inflight += n;
             self.pending.pop_front();
         }
+        self.publish_depths();
+    }
+
+    /// The queue depths, for the metrics (`counters.rs`).
+    fn publish_depths(&self) {
+        use crate::counters::{set, IO_IN_FLIGHT, IO_WAITING};
+        set(&IO_IN_FLIGHT, self.inflight as u64);
+        set(&IO_WAITING, self.pending.len() as u64);
     }
 
     fn complete(&mut self, user_data: u64, result: i32) {
@@ -648,10 +656,15 @@ impl Ring {
             *slot = Some(result);
         }
         job.inflight = job.inflight.saturating_sub(1);
+        let job_done = job.inflight == 0;
         self.inflight = self.inflight.saturating_sub(1);
-        if job.inflight > 0 {
+        self.publish_depths();
+        if !job_done {
             return;
         }
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
         match job.settle() {
             None => self.pending.push_back(id),
             Some(outcome) => {
