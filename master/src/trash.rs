@@ -53,6 +53,9 @@ pub fn checkpoint_at(name: &str) -> Option<u64> {
 /// the caller's uid `uid`).
 pub fn user_dir(user: Option<&str>, uid: u32) -> String {
     match user {
+        // A name that reads as an entry of the flat layout (`<ms>-<inode>-...`, a
+        // valid user name) would expire as one: `user.` keeps it apart.
+        Some(u) if deleted_at(u).is_some() => format!("user.{u}"),
         Some(u) => u.to_string(),
         None => format!("uid-{uid}"),
     }
@@ -140,6 +143,12 @@ mod tests {
         assert!(n.ends_with(".1700000000000"));
         stampfs_proto::path::components(&format!("/{DIR}/u/{CURRENT}/{n}")).expect("valid");
         assert_eq!(user_dir(Some("alice"), 1000), "alice");
+        assert_eq!(user_dir(Some("1-2-x"), 1000), "user.1-2-x");
+        assert_eq!(deleted_at(&user_dir(Some("1-2-x"), 1000)), None);
+        assert_eq!(
+            deleted_at(&format!("{}.1000", user_dir(Some("1-2-x"), 1000))),
+            None
+        );
         assert_eq!(user_dir(None, 1000), "uid-1000");
     }
 

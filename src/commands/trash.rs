@@ -140,8 +140,8 @@ async fn walk(client: &Client, dir: &str) -> Result<Vec<FileStatus>> {
     Ok(out)
 }
 
-/// The user whose trash a command looks at: `--user`, else the credentials' user.
-/// One path component (a user's name, or `uid-<n>` for a uid no user has).
+/// The trash directory of the user a command looks at (`--user`, else the
+/// credentials' user), as the master names it (`stampfs_master::trash::user_dir`).
 fn trash_user(master: &crate::cli::MasterAddr, user: Option<String>) -> Result<String> {
     let user = match user {
         Some(u) => u,
@@ -150,7 +150,8 @@ fn trash_user(master: &crate::cli::MasterAddr, user: Option<String>) -> Result<S
     if user.is_empty() || user.contains('/') || user == "." || user == ".." {
         return Err(anyhow!("{user:?} is not a user's name"));
     }
-    Ok(user)
+    // The directory the master names after the user.
+    Ok(stampfs_master::trash::user_dir(Some(&user), 0))
 }
 
 /// A time for people: `YYYY-MM-DD HH:MM:SS` UTC.
