@@ -274,6 +274,15 @@ pub struct CountArgs {
     /// Sizes in binary units (KiB, MiB, ...).
     #[arg(short = 'h', long = "human")]
     pub human: bool,
+    /// Quotas first: QUOTA REM_QUOTA SPACE_QUOTA REM_SPACE_QUOTA, then the counts.
+    #[arg(short = 'q')]
+    pub quotas: bool,
+    /// Quotas and their use only (no walk of the tree).
+    #[arg(short = 'u', conflicts_with = "quotas")]
+    pub quota_use: bool,
+    /// A header line naming the columns.
+    #[arg(short = 'v')]
+    pub header: bool,
     #[arg(default_value = "/")]
     pub path: String,
 }
@@ -545,12 +554,60 @@ pub enum AdminCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Directory quotas on names and bytes (set, clear and list: superusers only).
+    #[command(subcommand)]
+    Quota(QuotaCommand),
     /// Users clients authenticate as (superusers only).
     #[command(subcommand)]
     User(UserCommand),
     /// The members of the master group (superusers only; `admin report` shows them).
     #[command(subcommand)]
     Masters(MastersCommand),
+}
+
+/// `stampfs admin quota`: as HDFS's `dfsadmin -setQuota`/`-setSpaceQuota`, a name
+/// quota limits the files, directories and links below a directory (itself
+/// included), a space quota its bytes, counted once per replica (a chunk being
+/// written counts whole).
+#[derive(Subcommand, Debug)]
+pub enum QuotaCommand {
+    /// Set a directory's name quota, space quota, or both (the other stays).
+    Set {
+        #[command(flatten)]
+        master: MasterAddr,
+        path: String,
+        /// Most names below it, itself included (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        names: Option<u64>,
+        /// Most bytes below it, every replica counted (64MiB, 10GiB, ...).
+        #[arg(long, value_parser = stampfs_proto::units::parse_size)]
+        bytes: Option<u64>,
+    },
+    /// Remove a directory's quotas (both unless --names or --bytes says which).
+    Clear {
+        #[command(flatten)]
+        master: MasterAddr,
+        path: String,
+        #[arg(long)]
+        names: bool,
+        #[arg(long)]
+        bytes: bool,
+    },
+    /// A directory's quotas and what is used of them.
+    Get {
+        #[command(flatten)]
+        master: MasterAddr,
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every directory with a quota.
+    List {
+        #[command(flatten)]
+        master: MasterAddr,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// What `stampfs admin safemode` does.

@@ -34,11 +34,13 @@ macro_rules! say {
 }
 
 mod attrs;
+mod quota;
 mod trash;
 mod usage;
 mod view;
 pub use attrs::{chmod, chown};
 use attrs::{mode_string, time_string};
+pub use quota::{quota, quota_columns};
 pub use trash::{setrep, trash};
 pub use usage::{count, du, test, touchz};
 pub use view::{df, tail};
@@ -355,6 +357,10 @@ pub async fn put(args: PutArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot create {}", args.remote))?;
     if let Err(e) = pump(input, &mut writer, total, is_pipe).await {
+        if quota_refused(&e) {
+            drop(writer);
+            return Err(remove_refused(&client, &args.remote, e).await);
+        }
         // A failure of the storage (the writer fenced, a pipeline that cannot go on)
         // leaves the file to lease recovery: it may be another writer's by now, and
         // removing it by name would destroy that writer's data.
@@ -381,8 +387,38 @@ pub async fn put(args: PutArgs) -> Result<()> {
             ))),
         };
     }
-    writer.close().await?;
+    if let Err(e) = writer.close().await {
+        let e = anyhow::Error::from(e);
+        if quota_refused(&e) {
+            return Err(remove_refused(&client, &args.remote, e).await);
+        }
+        return Err(e);
+    }
     Ok(())
+}
+
+/// Whether `e` is a quota's refusal: the master's answer to a writer that still
+/// holds its lease (never a fencing), so the partial file is the writer's to remove.
+fn quota_refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<stampfs_client::Error>(),
+            Some(stampfs_client::Error::Remote(
+                stampfs_proto::RemoteError::QuotaExceeded { .. }
+            ))
+        )
+    })
+}
+
+/// `put` refused by a quota: removes the partial file at `remote` (at once, not into
+/// the trash: it was never stored), as `hdfs dfs -put` does, and says so.
+async fn remove_refused(client: &Client, remote: &str, e: anyhow::Error) -> anyhow::Error {
+    match client.delete_now(remote, false).await {
+        Ok(()) => e.context(format!("{remote} was not stored")),
+        Err(d) => e.context(format!(
+            "{remote} holds a part of the input and could not be removed ({d})"
+        )),
+    }
 }
 
 pub async fn append(args: AppendArgs) -> Result<()> {

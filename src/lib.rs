@@ -12,7 +12,7 @@
 //! [`config_file`] reads the servers' TOML `--config` file (flags and `STAMPFS_*`
 //! variables override it) and [`logging`] sets up their logs (`--log-format`,
 //! `--log-file`). [`admin`] is `stampfs admin decommission|recommission|safemode|
-//! balance`.
+//! balance` (`stampfs admin quota` is with the file commands).
 //! [`tls`] makes a throwaway certificate authority and server certificate for
 //! `stampfs dev --tls` and `stampfs bench pipeline --tls`.
 //! [`FAULT_INJECTION`] tells whether this build has crash points (cargo feature
@@ -155,6 +155,7 @@ async fn dispatch(command: Command) -> u8 {
             health::admin_report(&master, json).await
         }
         Command::Admin(AdminCommand::User(cmd)) => users::run(cmd).await,
+        Command::Admin(AdminCommand::Quota(cmd)) => commands::report(commands::quota(cmd).await),
         Command::Admin(AdminCommand::Masters(cmd)) => users::masters(cmd).await,
         Command::Admin(AdminCommand::Decommission {
             master,

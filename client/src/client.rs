@@ -648,6 +648,37 @@ impl Client {
         self.call(stampfs_proto::BalanceRequest { action }).await
     }
 
+    /// `stampfs admin quota set|clear` (superusers): changes the name and space
+    /// limits of the directory at `path`; answers its quotas after the change.
+    pub async fn set_quota(
+        &self,
+        path: &str,
+        names: stampfs_proto::QuotaChange,
+        bytes: stampfs_proto::QuotaChange,
+    ) -> Result<stampfs_proto::QuotaReport> {
+        self.call(stampfs_proto::SetQuota {
+            path: normalized(path)?,
+            names,
+            bytes,
+        })
+        .await
+    }
+
+    /// The quotas of the entry at `path` and what its subtree uses of them (no
+    /// limits for an entry without a quota).
+    pub async fn quota(&self, path: &str) -> Result<stampfs_proto::QuotaReport> {
+        self.call(stampfs_proto::GetQuota {
+            path: normalized(path)?,
+            caller: self.caller(),
+        })
+        .await
+    }
+
+    /// Every directory with a quota (superusers).
+    pub async fn list_quotas(&self) -> Result<Vec<stampfs_proto::QuotaReport>> {
+        self.call(stampfs_proto::ListQuotas {}).await
+    }
+
     /// Asks about, enters or leaves safe mode (superusers).
     pub async fn safe_mode(
         &self,

@@ -55,6 +55,15 @@ pub enum Error {
         bytes: usize,
         max: usize,
     },
+    /// The request would take a directory past one of its quotas (`EDQUOT`).
+    #[error("{}", stampfs_proto::describe_quota_exceeded(.path, *.resource, *.limit, *.used, *.requested))]
+    QuotaExceeded {
+        path: String,
+        resource: stampfs_proto::QuotaResource,
+        limit: u64,
+        used: u64,
+        requested: u64,
+    },
     #[error("invalid configuration: {field}: {reason}")]
     Config { field: &'static str, reason: String },
     #[error("{what}: {source}")]
@@ -134,6 +143,7 @@ impl Error {
             Error::NotPermitted { .. } => ErrorCode::NotPermitted,
             Error::XattrTooBig { .. } => ErrorCode::XattrTooBig,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Error::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             Error::Config { .. } => ErrorCode::BadRequest,
             Error::Io { .. } => ErrorCode::Io,
             Error::CorruptLog { .. } => ErrorCode::Internal,
@@ -202,6 +212,19 @@ impl Error {
                 path: path.clone(),
                 bytes: *bytes as u64,
                 max: *max as u64,
+            },
+            Error::QuotaExceeded {
+                path,
+                resource,
+                limit,
+                used,
+                requested,
+            } => RemoteError::QuotaExceeded {
+                path: path.clone(),
+                resource: *resource,
+                limit: *limit,
+                used: *used,
+                requested: *requested,
             },
             Error::Io { .. } => RemoteError::Io {
                 reason: self.to_string(),

@@ -747,5 +747,8 @@ async fn dispatch_one(
         MasterRequest::DeleteNow(r) => reply(id, core.delete_now(r).await),
         MasterRequest::RestoreTrash(r) => reply(id, core.restore_trash(r).await),
         MasterRequest::Balance(r) => reply(id, core.balance(r).await),
+        MasterRequest::SetQuota(r) => reply(id, core.set_quota(r).await),
+        MasterRequest::GetQuota(r) => reply(id, core.get_quota(r).await),
+        MasterRequest::ListQuotas(r) => reply(id, core.list_quotas(r).await),
     }
 }

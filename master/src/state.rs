@@ -41,6 +41,7 @@ mod apply;
 mod health;
 mod ops;
 mod owners;
+mod quota;
 mod recovery;
 mod report;
 mod snapshot;
@@ -50,6 +51,7 @@ mod write_checks;
 mod xattr;
 pub use health::{CorruptReport, MAX_FSCK_FILES};
 pub use owners::REQUEST_USER;
+pub use quota::{Quota, QuotaLimits, Usage};
 pub use recovery::{AppendGate, Closing, RecoveryBegin, RecoveryPlan};
 pub use report::{ReportApply, REPORT_BATCH};
 pub use users::User;
@@ -63,8 +65,9 @@ pub use write::{AddChunkPlan, AppendPlan, BumpPlan, ClosePlan, FinalizePlan, Ope
 /// still read and upgraded, as is format 6 (no users: a master that reads it creates
 /// its superuser at start, as on a first start), and format 7 (no client owners: a
 /// restarted master binds the ids of open files' writers to the first user to use
-/// them, as it did), and format 8 (no chunkservers being decommissioned).
-const SNAPSHOT_FORMAT: u32 = 9;
+/// them, as it did), format 8 (no chunkservers being decommissioned) and format 9 (no
+/// directory quotas).
+const SNAPSHOT_FORMAT: u32 = 10;
 
 /// One durable state change. Records carry results (minted ids, versions), never
 /// decisions left to replay. New variants go at the end.
@@ -278,6 +281,9 @@ pub enum Record {
     SetReplication { inode: InodeId, replication: u8 },
     /// Chunkserver `server` starts (`on`) or ends its decommission.
     Decommission { server: ChunkserverId, on: bool },
+    /// The quota limits of the directory `inode` become `limits` (neither set: it
+    /// has no quota any more). See `state/quota.rs`.
+    SetQuota { inode: InodeId, limits: QuotaLimits },
 }
 
 /// The pipeline an open file's last chunk was granted with (see
@@ -404,6 +410,9 @@ pub struct MasterState {
     /// get no new replicas, and their replicas do not count toward a chunk's
     /// replication factor (see `state/admin.rs`).
     pub decommissioning: BTreeSet<ChunkserverId>,
+    /// The directories with a quota: their limits (persisted) and what their
+    /// subtrees use (soft, kept current by every record; see `state/quota.rs`).
+    pub quotas: BTreeMap<InodeId, Quota>,
     /// Soft: safe mode (off until the serving master enters it; see `safe_mode.rs`).
     pub safe_mode: crate::safe_mode::SafeMode,
     /// Soft: the balancer, while asked to run (`health/balance.rs`).
@@ -473,6 +482,7 @@ impl MasterState {
             users: BTreeMap::new(),
             owners: BTreeMap::new(),
             decommissioning: BTreeSet::new(),
+            quotas: BTreeMap::new(),
             safe_mode: Default::default(),
             balancer: None,
             registry: Registry::default(),
@@ -802,6 +812,7 @@ impl MasterState {
             && self.open_chunks == other.open_chunks
             && self.owners() == other.owners()
             && self.decommissioning == other.decommissioning
+            && self.quotas == other.quotas
     }
 
     /// The servers of the granted pipeline of `inode`'s last chunk `handle` at
@@ -863,3 +874,6 @@ mod tests;
 
 #[cfg(test)]
 mod xattr_tests;
+
+#[cfg(test)]
+mod quota_tests;

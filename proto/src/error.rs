@@ -41,6 +41,7 @@ pub enum ErrorCode {
     XattrTooBig = 27,
     Unauthenticated = 28,
     NotLeader = 29,
+    QuotaExceeded = 30,
 }
 
 /// A typed error carried in a reply frame.
@@ -140,6 +141,16 @@ pub enum RemoteError {
     /// known): the request was not served; send it to the leader.
     #[error("not the leader of the master group{}", .leader.as_ref().map(|a| format!(": the leader is at {a}")).unwrap_or_default())]
     NotLeader { leader: Option<String> },
+    /// The request would take a directory past one of its quotas (`EDQUOT`): nothing
+    /// was changed.
+    #[error("{}", crate::msg::describe_quota_exceeded(.path, *.resource, *.limit, *.used, *.requested))]
+    QuotaExceeded {
+        path: String,
+        resource: crate::msg::QuotaResource,
+        limit: u64,
+        used: u64,
+        requested: u64,
+    },
 }
 
 impl RemoteError {
@@ -175,6 +186,7 @@ impl RemoteError {
             RemoteError::XattrTooBig { .. } => ErrorCode::XattrTooBig,
             RemoteError::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             RemoteError::NotLeader { .. } => ErrorCode::NotLeader,
+            RemoteError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
         }
     }
 }

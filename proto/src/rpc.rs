@@ -114,6 +114,9 @@ rpc! {
     MasterRequest::DeleteNow(DeleteNow) -> () [once];
     MasterRequest::RestoreTrash(RestoreTrash) -> FileStatus [once];
     MasterRequest::Balance(BalanceRequest) -> BalanceStatus [resend];
+    MasterRequest::SetQuota(SetQuota) -> QuotaReport [resend];
+    MasterRequest::GetQuota(GetQuota) -> QuotaReport [resend];
+    MasterRequest::ListQuotas(ListQuotas) -> Vec<QuotaReport> [resend];
     ChunkRequest::WriteSetup(WriteSetup) -> WriteSetupReply;
     ChunkRequest::Read(Read) -> ReadReply;
     ChunkRequest::ReplicaInfo(ReplicaInfo) -> ReplicaReport;

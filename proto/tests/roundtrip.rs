@@ -234,6 +234,12 @@ mod rpc {
         }) => arb_file_status();
         balance: Just(BalanceRequest { action: BalanceAction::Start { threshold_pct: 10 } })
             => arb_balance_status();
+        set_quota: (arb_string(), arb_quota_change(), arb_quota_change())
+            .prop_map(|(path, names, bytes)| SetQuota { path, names, bytes })
+            => arb_quota_report();
+        get_quota: arb_string().prop_map(|path| GetQuota { path, caller: None })
+            => arb_quota_report();
+        list_quotas: Just(ListQuotas {}) => prop::collection::vec(arb_quota_report(), 0..4);
     }
 }
 
@@ -253,7 +259,7 @@ fn variants_drawn<T: Debug>(
 fn strategies_cover_every_enum_variant() {
     // The counts are the number of arms in the exhaustive `*_variant` functions.
     let master = variants_drawn(arb_master_request(), master_request_variant, 800);
-    assert_eq!(master.len(), 48, "MasterRequest variants drawn: {master:?}");
+    assert_eq!(master.len(), 51, "MasterRequest variants drawn: {master:?}");
     let chunk = variants_drawn(arb_chunk_request(), chunk_request_variant, 200);
     assert_eq!(chunk.len(), 8, "ChunkRequest variants drawn: {chunk:?}");
     let cmd = variants_drawn(arb_chunk_command(), chunk_command_variant, 200);
@@ -265,7 +271,7 @@ fn strategies_cover_every_enum_variant() {
         "Verification variants drawn: {verification:?}"
     );
     let err = variants_drawn(arb_remote_error(), remote_error_variant, 800);
-    assert_eq!(err.len(), 29, "RemoteError variants drawn: {err:?}");
+    assert_eq!(err.len(), 30, "RemoteError variants drawn: {err:?}");
 }
 
 // ---------------------------------------------------------------- RpcClient

@@ -99,9 +99,43 @@ pub async fn count(args: CountArgs) -> Result<()> {
         .stat(&args.path)
         .await
         .with_context(|| format!("cannot stat {}", args.path))?;
+    let quota = if args.quotas || args.quota_use {
+        Some(
+            client
+                .quota(&st.path)
+                .await
+                .with_context(|| format!("cannot read the quota of {}", st.path))?,
+        )
+    } else {
+        None
+    };
+    let quota_cols = quota
+        .as_ref()
+        .map(|q| format!("{} ", super::quota_columns(&q.names, &q.bytes, args.human)));
+    if args.quota_use {
+        if args.header {
+            outln!("{} PATHNAME", super::quota::quota_header());
+        }
+        outln!("{}{}", quota_cols.unwrap_or_default(), st.path);
+        return Ok(());
+    }
+    if args.header {
+        let q = if args.quotas {
+            format!("{} ", super::quota::quota_header())
+        } else {
+            String::new()
+        };
+        outln!(
+            "{q}{:>12} {:>12} {:>14} PATHNAME",
+            "DIR_COUNT",
+            "FILE_COUNT",
+            "CONTENT_SIZE"
+        );
+    }
     let u = usage(&client, &st).await?;
     outln!(
-        "{:>12} {:>12} {:>14} {}",
+        "{}{:>12} {:>12} {:>14} {}",
+        quota_cols.unwrap_or_default(),
         u.dirs,
         u.files,
         bytes(u.bytes, args.human),

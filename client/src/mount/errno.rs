@@ -23,6 +23,7 @@ pub(crate) fn errno_of_code(code: ErrorCode) -> Errno {
         ErrorCode::Unauthenticated => Errno::EACCES,
         ErrorCode::NotPermitted => Errno::EPERM,
         ErrorCode::XattrTooBig => Errno::E2BIG,
+        ErrorCode::QuotaExceeded => Errno::EDQUOT,
         ErrorCode::Unavailable => Errno::EIO,
         // A master that does not lead its group (the mount follows no leader yet).
         ErrorCode::NotLeader => Errno::EIO,

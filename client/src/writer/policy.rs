@@ -87,6 +87,7 @@ pub(crate) fn head_refusal_is_fatal(e: &RemoteError) -> bool {
         | RemoteError::PermissionDenied { .. }
         | RemoteError::NotPermitted { .. }
         | RemoteError::XattrTooBig { .. }
+        | RemoteError::QuotaExceeded { .. }
         | RemoteError::Unauthenticated { .. } => true,
         RemoteError::StaleToken { .. }
         | RemoteError::ReplicaStale { .. }

@@ -206,7 +206,16 @@ impl Runtime {
                 None
             }
             Action::Fail(e) => {
-                tracing::warn!(error = %e, "writer failed");
+                // A quota's refusal is the caller's to report (it needs no log line
+                // to be understood); anything else is said here too.
+                if matches!(
+                    e,
+                    crate::error::Error::Remote(stampfs_proto::RemoteError::QuotaExceeded { .. })
+                ) {
+                    tracing::info!(error = %e, "writer refused by a quota");
+                } else {
+                    tracing::warn!(error = %e, "writer failed");
+                }
                 None
             }
             Action::FlushDone(res) => {

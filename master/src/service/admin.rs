@@ -4,7 +4,10 @@
 
 use super::Core;
 use crate::error::Result;
-use stampfs_proto::{Decommission, DecommissionState, FileStatus, SetReplication};
+use stampfs_proto::{
+    Decommission, DecommissionState, FileStatus, GetQuota, ListQuotas, QuotaReport, SetQuota,
+    SetReplication,
+};
 
 impl Core {
     #[tracing::instrument(skip_all, fields(path = %req.path, replication = req.replication))]
@@ -31,5 +34,26 @@ impl Core {
             tracing::info!("chunkserver recommissioned: it takes new replicas again");
         }
         Ok(state)
+    }
+
+    /// Sets or clears a directory's quotas (superusers only: the connection handler
+    /// checks).
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn set_quota(&self, req: SetQuota) -> Result<QuotaReport> {
+        let report = self
+            .mutate_durable(|st, now, _| st.set_quota(&req, now))
+            .await?;
+        tracing::info!(names = ?report.names, bytes = ?report.bytes, "directory quota set");
+        Ok(report)
+    }
+
+    #[tracing::instrument(skip_all, fields(path = %req.path))]
+    pub async fn get_quota(&self, req: GetQuota) -> Result<QuotaReport> {
+        self.read(|st, _| st.get_quota(&req)).await
+    }
+
+    #[tracing::instrument(skip_all)]
+    pub async fn list_quotas(&self, _req: ListQuotas) -> Result<Vec<QuotaReport>> {
+        self.read(|st, _| Ok(st.list_quotas())).await
     }
 }

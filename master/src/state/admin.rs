@@ -39,12 +39,15 @@ impl MasterState {
         }
         self.check_access(&path, req.caller.as_ref(), crate::perm::WRITE)?;
         let ino = self.ns.resolve(&comps)?;
-        let current = match self
+        let (current, per_replica) = match self
             .ns
             .get(ino)
             .map(|i| (i.as_file(), i.as_dir().is_some()))
         {
-            Some((Some(f), _)) => f.replication,
+            Some((Some(f), _)) => (
+                f.replication,
+                self.charged_bytes(f) / u64::from(f.replication.max(1)),
+            ),
             Some((None, true)) => return Err(Error::IsADirectory { path }),
             _ => {
                 return Err(Error::NotSupported {
@@ -52,6 +55,10 @@ impl MasterState {
                 })
             }
         };
+        if req.replication > current {
+            let more = u64::from(req.replication - current);
+            self.check_file_growth(ino, per_replica.saturating_mul(more))?;
+        }
         if current != req.replication {
             self.commit(
                 Record::SetReplication {

@@ -22,7 +22,9 @@ impl MasterState {
         if lsn != self.last_lsn + 1 {
             return Err(format!("record {lsn} applied after {}", self.last_lsn));
         }
+        let quota = self.quota_before(rec);
         self.apply_one(rec, now_ms)?;
+        self.quota_after(quota);
         self.last_lsn = lsn;
         Ok(())
     }
@@ -622,6 +624,7 @@ impl MasterState {
                     self.decommissioning.remove(server);
                 }
             }
+            Record::SetQuota { inode, limits } => self.apply_set_quota(*inode, *limits)?,
         }
         Ok(())
     }

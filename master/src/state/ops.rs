@@ -2,7 +2,7 @@
 //! validates, commits its [`Record`] and returns the result. The write path (leases,
 //! chunks, grants) is in `write.rs`.
 
-use super::{MasterState, Record};
+use super::{MasterState, Record, Usage};
 use crate::config::{check_chunk_size, check_replication};
 use crate::error::{Error, Result};
 use crate::lease::Takeover;
@@ -105,6 +105,7 @@ impl MasterState {
         }
         let ino = dirs.last().map(|d| d.1).unwrap_or(ROOT);
         self.require_dir_write(parent, &join(&comps[..parent_len]), who)?;
+        self.check_quota(parent, Usage::names(dirs.len() as u64), None)?;
         let attr = self.creator_attr(parent, &path, req.attr, 0o755, true, who)?;
         let rec = with_attr(
             Record::Mkdir {
@@ -180,6 +181,9 @@ impl MasterState {
                 Some(old)
             }
         };
+        // Replacing a file keeps the count of names.
+        let names = u64::from(replaces.is_none());
+        self.check_quota(parent, Usage::names(names), None)?;
         let inode = self.ns.next_inode();
         let attr = match kept {
             Some(a) => Some(a),
@@ -228,6 +232,7 @@ impl MasterState {
             return Err(Error::AlreadyExists { path });
         }
         self.require_dir_write(parent, &join(&comps[..comps.len() - 1]), who)?;
+        self.check_quota(parent, Usage::names(1), None)?;
         let attr = self.creator_attr(parent, &path, req.attr, 0o777, false, who)?;
         let inode = self.ns.next_inode();
         let rec = with_attr(
@@ -543,6 +548,7 @@ impl MasterState {
                 join(&dst)
             )));
         }
+        self.check_move_quota(ino, dst_parent, replaced)?;
         let rec = match replaced {
             None => Record::Rename {
                 src_parent,

@@ -18,6 +18,7 @@ impl MasterState {
             &self.users,
             &self.owners(),
             &self.decommissioning,
+            &self.quota_limits(),
         );
         bincode::encode_to_vec(snap, codec_config()).map_err(|e| Error::Codec {
             reason: e.to_string(),
@@ -28,6 +29,20 @@ impl MasterState {
     /// start at `now_ms`.
     pub fn decode_snapshot(settings: Settings, bytes: &[u8], now_ms: u64) -> Result<Self> {
         type Snap = (
+            u32,
+            u64,
+            Namespace,
+            ChunkTable,
+            BTreeMap<ChunkserverId, String>,
+            u64,
+            BTreeMap<InodeId, Pipeline>,
+            BTreeMap<InodeId, ChunkHandle>,
+            BTreeMap<String, User>,
+            BTreeMap<ClientId, String>,
+            BTreeSet<ChunkserverId>,
+            BTreeMap<InodeId, QuotaLimits>,
+        );
+        type SnapV9 = (
             u32,
             u64,
             Namespace,
@@ -120,10 +135,23 @@ impl MasterState {
         let mut users = BTreeMap::new();
         let mut owners = BTreeMap::new();
         let mut decommissioning = BTreeSet::new();
+        let mut quotas = BTreeMap::new();
         let (last_lsn, ns, chunks, servers, next_server, pipelines, open_chunks) = match format {
             SNAPSHOT_FORMAT => {
+                let (
+                    (_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o, d, q),
+                    _,
+                ): (Snap, usize) =
+                    bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
+                users = u;
+                owners = o;
+                decommissioning = d;
+                quotas = q;
+                (last_lsn, ns, chunks, servers, next_server, pipelines, open)
+            }
+            9 => {
                 let ((_, last_lsn, ns, chunks, servers, next_server, pipelines, open, u, o, d), _): (
-                    Snap,
+                    SnapV9,
                     usize,
                 ) = bincode::decode_from_slice(bytes, codec_config()).map_err(codec)?;
                 users = u;
@@ -227,6 +255,14 @@ impl MasterState {
         st.users = users;
         st.owners = owners;
         st.decommissioning = decommissioning;
+        st.quotas = quotas
+            .into_iter()
+            .map(|(ino, limits)| {
+                let used = Usage::ZERO;
+                (ino, Quota { limits, used })
+            })
+            .collect();
+        st.rebuild_quota_usage();
         let open: Vec<(InodeId, ClientId)> = st
             .ns
             .iter()
@@ -242,6 +278,13 @@ impl MasterState {
             .map(|(ino, _)| *ino)
             .collect();
         Ok(st)
+    }
+}
+
+impl MasterState {
+    /// The persisted part of the quotas: each quota'd directory's limits.
+    fn quota_limits(&self) -> BTreeMap<InodeId, QuotaLimits> {
+        self.quotas.iter().map(|(i, q)| (*i, q.limits)).collect()
     }
 }
 

@@ -131,6 +131,11 @@ impl MasterState {
         if let Some(holder) = f.writer() {
             return Err(self.conflict(&path, expect, holder, now_ms));
         }
+        // Reopened, its chunks count whole against the quotas above it.
+        let open_charge = (f.chunks.len() as u64)
+            .saturating_mul(f.chunk_size)
+            .saturating_mul(u64::from(f.replication));
+        self.check_file_growth(expect, open_charge.saturating_sub(self.charged_bytes(f)))?;
         let needed = self.settings.needed(f.replication);
         let chunk_size = f.chunk_size;
         let last = match f.chunks.last() {
@@ -202,6 +207,11 @@ impl MasterState {
         self.check_writer(&path, expect, req.client, now_ms)?;
         let (_, f) = self.locked_file(&req.path, expect)?;
         let retried = self.retried_add(expect, f, req);
+        if retried.is_none() {
+            // The new chunk counts whole against the quotas above the file.
+            let growth = f.chunk_size.saturating_mul(u64::from(f.replication));
+            self.check_file_growth(expect, growth)?;
+        }
         if let Some(last) = retried {
             tracing::info!(path = %path, chunk = %last, client = %req.client, "a new chunk asked for again (the answer to the first ask was lost): the empty chunk added then is dropped for a new one");
             self.commit(

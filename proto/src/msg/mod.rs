@@ -21,6 +21,7 @@ mod chunkserver;
 mod client;
 mod health;
 mod peer;
+mod quota;
 mod shared;
 mod trash;
 mod users;
@@ -31,6 +32,7 @@ pub use chunkserver::*;
 pub use client::*;
 pub use health::*;
 pub use peer::*;
+pub use quota::*;
 pub use shared::*;
 pub use trash::*;
 pub use users::*;
@@ -119,6 +121,12 @@ pub enum MasterRequest {
     RestoreTrash(RestoreTrash),
     /// After every older variant, so that each keeps its wire index.
     Balance(BalanceRequest),
+    /// After every older variant, so that each keeps its wire index.
+    SetQuota(SetQuota),
+    /// After every older variant, so that each keeps its wire index.
+    GetQuota(GetQuota),
+    /// After every older variant, so that each keeps its wire index.
+    ListQuotas(ListQuotas),
 }
 
 /// A client's namespace request under a call id of its own, so that the master of a
@@ -240,6 +248,9 @@ impl MasterRequest {
             R::DeleteNow(_) => "delete_now",
             R::RestoreTrash(_) => "restore_trash",
             R::Balance(_) => "balance",
+            R::SetQuota(_) => "set_quota",
+            R::GetQuota(_) => "get_quota",
+            R::ListQuotas(_) => "list_quotas",
         }
     }
 
@@ -265,7 +276,9 @@ impl MasterRequest {
             | R::TransferLeader(_)
             | R::Decommission(_)
             | R::SafeMode(_)
-            | R::Balance(_) => RequestClass::Admin,
+            | R::Balance(_)
+            | R::SetQuota(_)
+            | R::ListQuotas(_) => RequestClass::Admin,
             R::Mkdir(_)
             | R::Create(_)
             | R::Append(_)
@@ -291,7 +304,8 @@ impl MasterRequest {
             | R::SetXattr(_)
             | R::SetReplication(_)
             | R::DeleteNow(_)
-            | R::RestoreTrash(_) => RequestClass::Client,
+            | R::RestoreTrash(_)
+            | R::GetQuota(_) => RequestClass::Client,
             // The master refuses to wrap anything but a client's request.
             R::Once(o) => match o.request.class() {
                 RequestClass::Client => RequestClass::Client,
@@ -324,6 +338,7 @@ impl MasterRequest {
             R::SetReplication(r) => &mut r.caller,
             R::DeleteNow(r) => &mut r.caller,
             R::RestoreTrash(r) => &mut r.caller,
+            R::GetQuota(r) => &mut r.caller,
             R::Once(o) => return o.request.caller_mut(),
             _ => return None,
         })

@@ -322,6 +322,17 @@ pub fn arb_remote_error() -> BoxedStrategy<RemoteError> {
         proptest::option::of(s())
             .prop_map(|leader| RemoteError::NotLeader { leader })
             .boxed(),
+        (s(), arb_quota_resource(), arb_u64(), arb_u64(), arb_u64())
+            .prop_map(
+                |(path, resource, limit, used, requested)| RemoteError::QuotaExceeded {
+                    path,
+                    resource,
+                    limit,
+                    used,
+                    requested,
+                }
+            )
+            .boxed(),
     ]
     .boxed()
 }
@@ -714,6 +725,30 @@ prop_compose! {
     }
 }
 
+/// Either quota resource.
+pub fn arb_quota_resource() -> impl Strategy<Value = QuotaResource> {
+    prop_oneof![Just(QuotaResource::Names), Just(QuotaResource::Bytes)]
+}
+
+/// Any change of one quota limit.
+pub fn arb_quota_change() -> impl Strategy<Value = QuotaChange> {
+    prop_oneof![
+        Just(QuotaChange::Keep),
+        Just(QuotaChange::Clear),
+        arb_u64().prop_map(QuotaChange::Set),
+    ]
+}
+
+prop_compose! {
+    pub fn arb_quota_report()(path in arb_string(),
+                              names in proptest::option::of((arb_u64(), arb_u64())),
+                              bytes in proptest::option::of((arb_u64(), arb_u64())))
+        -> QuotaReport {
+        let quota = |(limit, used)| QuotaUse { limit, used };
+        QuotaReport { path, names: names.map(quota), bytes: bytes.map(quota) }
+    }
+}
+
 prop_compose! {
     pub fn arb_balance_status()(running in any::<bool>(), threshold_pct in any::<u8>(),
                                 moves_ordered in arb_u64(), average_ppm in arb_u32(),
@@ -977,6 +1012,17 @@ pub fn arb_master_request() -> BoxedStrategy<MasterRequest> {
         ]
         .prop_map(|action| MasterRequest::Balance(BalanceRequest { action }))
         .boxed(),
+        (arb_string(), arb_quota_change(), arb_quota_change())
+            .prop_map(|(path, names, bytes)| MasterRequest::SetQuota(SetQuota {
+                path,
+                names,
+                bytes
+            }))
+            .boxed(),
+        (arb_string(), prop::option::of(arb_caller()))
+            .prop_map(|(path, caller)| MasterRequest::GetQuota(GetQuota { path, caller }))
+            .boxed(),
+        Just(MasterRequest::ListQuotas(ListQuotas {})).boxed(),
         (any::<u64>(), any::<u64>(), arb_mkdir())
             .prop_map(|(client, call, m)| MasterRequest::Once(OnceCall {
                 client: ClientId(client),
@@ -1048,6 +1094,9 @@ pub fn master_request_variant(r: &MasterRequest) -> &'static str {
         MasterRequest::DeleteNow(_) => "DeleteNow",
         MasterRequest::RestoreTrash(_) => "RestoreTrash",
         MasterRequest::Balance(_) => "Balance",
+        MasterRequest::SetQuota(_) => "SetQuota",
+        MasterRequest::GetQuota(_) => "GetQuota",
+        MasterRequest::ListQuotas(_) => "ListQuotas",
     }
 }
 
@@ -1302,5 +1351,6 @@ pub fn remote_error_variant(e: &RemoteError) -> &'static str {
         RemoteError::XattrTooBig { .. } => "XattrTooBig",
         RemoteError::Unauthenticated { .. } => "Unauthenticated",
         RemoteError::NotLeader { .. } => "NotLeader",
+        RemoteError::QuotaExceeded { .. } => "QuotaExceeded",
     }
 }
