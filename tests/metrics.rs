@@ -183,6 +183,9 @@ fn the_master_status_page_shows_the_cluster_in_a_real_browser() {
         ..Opts::default()
     });
     c.put_bytes("/done", &common::pattern(100_000, 4), &[]);
+    c.ok(&["mkdir", "/home"]);
+    c.ok(&["admin", "quota", "set", "/home", "--names", "2"]);
+    c.ok(&["touchz", "/home/x"]);
     let rt = common::runtime();
     // A file open for writing, and a path that needs escaping.
     let (_client, _w) = rt.block_on(async {
@@ -196,6 +199,10 @@ fn the_master_status_page_shows_the_cluster_in_a_real_browser() {
     }
     assert!(html.contains("<td>/open &lt;&amp;&gt; file</td>"), "{html}");
     assert!(html.contains("Chunkservers live</th><td>3 of 3"), "{html}");
+    assert!(
+        html.contains("<tr><td>/home</td><td class=\"bad\">2 of 2</td><td>no limit</td></tr>"),
+        "a full quota stands out: {html}"
+    );
 
     let Some(browser) = chromium() else {
         assert_ne!(
@@ -232,7 +239,7 @@ fn the_master_status_page_shows_the_cluster_in_a_real_browser() {
     };
     // The DOM as the browser built it: the tables are there, with their rows.
     let dom = headless(&["--dump-dom"]);
-    for id in ["summary", "chunkservers", "open-files"] {
+    for id in ["summary", "chunkservers", "open-files", "quotas"] {
         assert!(dom.contains(&format!("id=\"{id}\"")), "no #{id} in:\n{dom}");
     }
     assert!(dom.contains("/open &lt;&amp;&gt; file"), "{dom}");

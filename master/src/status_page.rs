@@ -1,17 +1,21 @@
 //! The master's status page, served at `/` of `--metrics-listen` (in the spirit of the
 //! NameNode's web page and mfscgi): the cluster summary (chunkservers, space, chunks by
 //! health), every chunkserver, the files open for writing with their lease holders and
-//! when the soft limit passes, and the master group. Server-rendered HTML with its
+//! when the soft limit passes, the latest lease recoveries, the directory quotas and
+//! the master group. Server-rendered HTML with its
 //! style inline, no script and no external asset, laid out to read on a phone. Built
 //! from the state at each request, under the state lock once.
 
 use crate::service::Core;
 use stampfs_proto::units::format_size as size;
-use stampfs_proto::{ChunkserverState, ClusterReport, DecommissionState};
+use stampfs_proto::{ChunkserverState, ClusterReport, DecommissionState, QuotaReport, QuotaUse};
 use std::fmt::Write;
 
 /// Files open for writing listed at most.
 pub const MAX_OPEN_FILES: usize = 200;
+
+/// Quota'd directories listed at most.
+pub const MAX_QUOTAS: usize = 200;
 
 /// `s` with the characters HTML gives a meaning escaped.
 pub fn escape(s: &str) -> String {
@@ -49,13 +53,17 @@ pub struct Page {
     pub more_open: usize,
     /// The latest lease recoveries, newest first.
     pub recoveries: Vec<crate::metrics::RecoveryNote>,
+    /// Directories with a quota (the first [`MAX_QUOTAS`] by path).
+    pub quotas: Vec<QuotaReport>,
+    /// Quota'd directories beyond those listed.
+    pub more_quotas: usize,
 }
 
 impl Page {
     /// Gathers the page from the master.
     pub fn gather(core: &Core) -> Page {
         let now = core.clock.now_ms();
-        let (report, open, more_open) = {
+        let (report, open, more_open, quotas, more_quotas) = {
             let st = core.state();
             let report = st.cluster_report(now);
             let limits = st.settings.limits;
@@ -74,7 +82,11 @@ impl Page {
             open.sort_by(|a, b| a.path.cmp(&b.path));
             let more = open.len().saturating_sub(MAX_OPEN_FILES);
             open.truncate(MAX_OPEN_FILES);
-            (report, open, more)
+            let mut quotas = st.list_quotas();
+            quotas.sort_by(|a, b| a.path.cmp(&b.path));
+            let more_quotas = quotas.len().saturating_sub(MAX_QUOTAS);
+            quotas.truncate(MAX_QUOTAS);
+            (report, open, more, quotas, more_quotas)
         };
         let mut report = report;
         report.masters = core.log.group().map(|g| g.status());
@@ -93,6 +105,8 @@ impl Page {
             open,
             more_open,
             recoveries: core.events.recent(),
+            quotas,
+            more_quotas,
         }
     }
 
@@ -241,6 +255,26 @@ impl Page {
             h.push_str("<tr><td colspan=\"5\">none since this master started</td></tr>");
         }
         h.push_str("</tbody></table></div>");
+        if !self.quotas.is_empty() {
+            h.push_str(
+                "<h2>Quotas</h2><div class=\"scroll\"><table id=\"quotas\"><thead><tr>\
+                 <th>Directory</th><th>Names</th><th>Space (every replica)</th></tr></thead>\
+                 <tbody>",
+            );
+            for q in &self.quotas {
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td>{}{}</tr>",
+                    escape(&q.path),
+                    quota_cell(q.names, |n| n.to_string()),
+                    quota_cell(q.bytes, size),
+                );
+            }
+            h.push_str("</tbody></table></div>");
+            if self.more_quotas > 0 {
+                let _ = write!(h, "<p>and {} more</p>", self.more_quotas);
+            }
+        }
         if let Some(g) = &r.masters {
             let _ = write!(
                 h,
@@ -270,6 +304,23 @@ impl Page {
             "<p class=\"foot\">Metrics: <a href=\"/metrics\">/metrics</a></p></body></html>\n",
         );
         h
+    }
+}
+
+/// A quota's cell: `used of limit`, marked from 90% on and past the limit.
+fn quota_cell(q: Option<QuotaUse>, show: impl Fn(u64) -> String) -> String {
+    match q {
+        None => "<td>no limit</td>".into(),
+        Some(q) => {
+            let full = q.used >= q.limit;
+            let near = !full && q.used.saturating_mul(10) >= q.limit.saturating_mul(9);
+            let mark = if full {
+                class(true, "bad")
+            } else {
+                class(near, "warn")
+            };
+            format!("<td{mark}>{} of {}</td>", show(q.used), show(q.limit))
+        }
     }
 }
 
@@ -341,6 +392,22 @@ mod tests {
                 new_version: 5,
                 length: 1000,
             }],
+            quotas: vec![
+                QuotaReport {
+                    path: "/full".into(),
+                    names: Some(QuotaUse { limit: 5, used: 5 }),
+                    bytes: None,
+                },
+                QuotaReport {
+                    path: "/near".into(),
+                    names: None,
+                    bytes: Some(QuotaUse {
+                        limit: 10 << 20,
+                        used: 9 << 20,
+                    }),
+                },
+            ],
+            more_quotas: 0,
         }
     }
 
@@ -363,6 +430,16 @@ mod tests {
         );
         assert!(h.contains("<td class=\"warn\">decommissioning: 4 chunks waiting</td>"));
         assert!(!h.contains("Master group"), "no group, no section");
+        assert!(
+            h.contains("<tr><td>/full</td><td class=\"bad\">5 of 5</td><td>no limit</td></tr>"),
+            "{h}"
+        );
+        assert!(
+            h.contains(
+                "<td>/near</td><td>no limit</td><td class=\"warn\">9.0 MiB of 10.0 MiB</td>"
+            ),
+            "{h}"
+        );
         assert!(!h.contains("<script"));
     }
 }
