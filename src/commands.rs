@@ -401,12 +401,8 @@ pub async fn put(args: PutArgs) -> Result<()> {
 /// holds its lease (never a fencing), so the partial file is the writer's to remove.
 fn quota_refused(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<stampfs_client::Error>(),
-            Some(stampfs_client::Error::Remote(
-                stampfs_proto::RemoteError::QuotaExceeded { .. }
-            ))
-        )
+        c.downcast_ref::<stampfs_client::Error>()
+            .is_some_and(stampfs_client::Error::is_quota_exceeded)
     })
 }
 

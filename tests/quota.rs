@@ -81,6 +81,27 @@ fn quotas_refuse_what_would_pass_them_and_free_what_leaves() {
     assert!(!c.run(&["test", "-e", "/q/b"]).status.success(), "{said}");
     assert_eq!(quota(&c, "/q")["bytes"]["used"], 9 * MIB / 2);
 
+    // An append that needs a new chunk past the limit keeps what fit in the last one,
+    // and the file is closed, not left open.
+    let c_part = pattern(MIB as usize / 4, 3);
+    // 0.5 MiB in use at two replicas, 2 MiB open (one chunk whole), then 2 more.
+    c.put_bytes(
+        "/c",
+        &c_part,
+        &["--chunk-size", "1MiB", "--replication", "2"],
+    );
+    c.ok(&["mv", "/c", "/q/c"]);
+    let more = c.dir.path().join("more");
+    std::fs::write(&more, pattern(MIB as usize, 4)).expect("write local");
+    let said = refused(&c, &["append", &more.display().to_string(), "/q/c"], "/q");
+    assert!(said.contains("space quota"), "{said}");
+    let st = c.stat_json("/q/c");
+    assert_eq!(st["state"], "closed", "{st}");
+    let kept = st["length"].as_u64().expect("length");
+    assert!((c_part.len() as u64..=MIB).contains(&kept), "{st}");
+    assert_eq!(c.cat("/q/c")[..c_part.len()], c_part[..]);
+    c.ok(&["rm", "--skip-trash", "/q/c"]);
+
     // Names: the directory counts itself.
     c.ok(&["mkdir", "/q/d"]);
     c.ok(&["touchz", "/q/d/x"]);
@@ -209,6 +230,18 @@ fn the_mount_says_disk_quota_exceeded() {
         std::fs::read(q.join("small")).expect("read small").len(),
         100_000,
         "what fit is kept"
+    );
+    // The refused file is closed at once (not left open until its lease's hard limit),
+    // keeping what fit before the refusal: at most its first chunk.
+    let big = c.stat_json("/q/big");
+    assert_eq!(big["state"], "closed", "{big}");
+    let kept = big["length"].as_u64().expect("length");
+    assert!(kept <= 64 * MIB, "{big}");
+    let use_now = quota(&c, "/q")["bytes"]["used"].as_u64();
+    assert_eq!(
+        use_now,
+        Some(3 * (100_000 + kept)),
+        "closed files count their length"
     );
     // Removing frees the room, through the mount too.
     std::fs::remove_file(q.join("big")).expect("rm big");

@@ -102,6 +102,15 @@ impl Error {
         matches!(self, Error::Fenced { .. })
     }
 
+    /// Whether a directory quota refused this (`EDQUOT`): a writer refused so has its
+    /// file closed at what fit (see the writer's runtime).
+    pub fn is_quota_exceeded(&self) -> bool {
+        matches!(
+            self,
+            Error::Remote(stampfs_proto::RemoteError::QuotaExceeded { .. })
+        )
+    }
+
     /// Recovers a library error carried inside an `std::io::Error` (from the
     /// `AsyncWrite`/`AsyncRead` impls), or wraps the I/O error.
     pub fn from_io(e: std::io::Error) -> Self {

@@ -1,19 +1,27 @@
 //! Administration under the faults (`stampfs nemesis --admin`): while the schedule
 //! injects its faults, the run also changes the shared files' replication factor
 //! (`setrep`), starts and stops the balancer, decommissions a chunkserver and
-//! recommissions it, and enters and leaves safe mode, every few seconds, seeded. These
+//! recommissions it, and enters and leaves safe mode, every few seconds, seeded. Its
+//! first action sets a quota on the run's directory (limits far above what the run
+//! writes), kept to the end: the master keeps its use record by record through every
+//! fault that follows (restarts replay it, crash points cut records short), and the
+//! run compares it with a walk of the directory after the heal. These
 //! are the master's paths that delete replicas on purpose (surplus after a setrep down
 //! or a balancer move, a drained chunkserver's chunks copied away), so the checker's
 //! verdicts (no acknowledged record lost, replicas identical) cover them too. After
-//! the heal everything is undone ([`undo`]) before the final checks.
+//! the heal everything is undone ([`Churn::undo`]) before the final checks, except the
+//! quota, which is set for the final comparison.
 //!
 //! The decisions are pure ([`Churn::next`]); [`perform`] carries one out with the
 //! client library. An action that fails (the master down or cut off) is only noted.
 
+use crate::checker::{Violation, ViolationKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampfs_client::Client;
-use stampfs_proto::{BalanceAction, ChunkserverId, SafeModeAction};
+use stampfs_proto::{
+    BalanceAction, ChunkserverId, FileKind, FileState, QuotaChange, SafeModeAction,
+};
 use std::time::Duration;
 
 /// Time between two actions.
@@ -31,7 +39,15 @@ pub enum Act {
     Decommission { index: usize, on: bool },
     /// Enter or leave safe mode.
     SafeMode { enter: bool },
+    /// Set ([`QUOTA_NAMES`], [`QUOTA_BYTES`]) or clear the quota of the directory
+    /// `path` (the churn only sets it).
+    Quota { path: String, on: bool },
 }
+
+/// The name quota the churn sets: far above what a run creates.
+pub const QUOTA_NAMES: u64 = 1 << 40;
+/// The space quota the churn sets: far above what a run writes.
+pub const QUOTA_BYTES: u64 = 1 << 60;
 
 impl Act {
     /// The steps log's name of the action.
@@ -42,6 +58,7 @@ impl Act {
             Act::Decommission { on: true, .. } => "admin_decommission",
             Act::Decommission { on: false, .. } => "admin_recommission",
             Act::SafeMode { .. } => "admin_safemode",
+            Act::Quota { .. } => "admin_quota",
         }
     }
 }
@@ -57,12 +74,21 @@ pub struct Churn {
     balancing: bool,
     decommissioned: Option<usize>,
     safe_mode: bool,
+    /// The directory whose quota the first action sets, and whether it did.
+    quota_dir: String,
+    quota_set: bool,
     /// When the next action is due (since the faults started).
     next_at: Duration,
 }
 
 impl Churn {
-    pub fn new(seed: u64, files: Vec<String>, replication: u8, chunkservers: usize) -> Self {
+    pub fn new(
+        seed: u64,
+        files: Vec<String>,
+        quota_dir: String,
+        replication: u8,
+        chunkservers: usize,
+    ) -> Self {
         Self {
             rng: StdRng::seed_from_u64(seed ^ 0xad31_c4a5),
             files,
@@ -71,6 +97,8 @@ impl Churn {
             balancing: false,
             decommissioned: None,
             safe_mode: false,
+            quota_dir,
+            quota_set: false,
             next_at: EVERY,
         }
     }
@@ -84,6 +112,13 @@ impl Churn {
             return None;
         }
         self.next_at = elapsed + EVERY;
+        if !self.quota_set {
+            self.quota_set = true;
+            return Some(Act::Quota {
+                path: self.quota_dir.clone(),
+                on: true,
+            });
+        }
         if self.safe_mode {
             self.safe_mode = false;
             return Some(Act::SafeMode { enter: false });
@@ -121,7 +156,9 @@ impl Churn {
         Some(act)
     }
 
-    /// What undoes everything in effect, then the run's factor on every file.
+    /// What undoes everything in effect, then the run's factor on every file; the
+    /// quota stays (set here if the run was too short to set it) for the final
+    /// comparison of its use with a walk.
     pub fn undo(&self) -> Vec<Act> {
         let mut acts = vec![
             Act::SafeMode { enter: false },
@@ -134,6 +171,10 @@ impl Churn {
             path: path.clone(),
             replication: self.replication,
         }));
+        acts.push(Act::Quota {
+            path: self.quota_dir.clone(),
+            on: true,
+        });
         acts
     }
 }
@@ -172,7 +213,76 @@ pub async fn perform(admin: &Client, act: &Act) -> stampfs_client::Result<String
             };
             admin.safe_mode(action).await?.describe()
         }
+        Act::Quota { path, on } => {
+            let (names, bytes) = if *on {
+                (QuotaChange::Set(QUOTA_NAMES), QuotaChange::Set(QUOTA_BYTES))
+            } else {
+                (QuotaChange::Clear, QuotaChange::Clear)
+            };
+            let r = admin.set_quota(path, names, bytes).await?;
+            match (r.names, r.bytes) {
+                (Some(n), Some(b)) => {
+                    format!(
+                        "{path}: quota set, {} names and {} bytes in use",
+                        n.used, b.used
+                    )
+                }
+                _ => format!("{path}: no quota"),
+            }
+        }
     })
+}
+
+/// After the heal, with every file closed: whether the use the master keeps for the
+/// quota of `dir` equals what a walk of `dir` counts (names: every entry, `dir`
+/// included; bytes: each file's length times its replication factor). Answers what
+/// was compared, for the report, and the violation if they differ. No quota, or a
+/// file still open (it counts its chunks whole, which a walk cannot see), is no
+/// verdict.
+pub async fn quota_use_check(
+    admin: &Client,
+    dir: &str,
+) -> crate::Result<(String, Option<Violation>)> {
+    let report = admin.quota(dir).await?;
+    let (Some(names), Some(bytes)) = (report.names, report.bytes) else {
+        return Ok((format!("{dir} has no quota: not compared"), None));
+    };
+    let (mut walked_names, mut walked_bytes) = (0u64, 0u64);
+    let mut todo = vec![admin.stat(dir).await?];
+    while let Some(e) = todo.pop() {
+        walked_names += 1;
+        match e.kind {
+            FileKind::Directory => todo.extend(admin.list(&e.path).await?),
+            FileKind::File if e.state != FileState::Closed => {
+                return Ok((format!("{} is still open: not compared", e.path), None));
+            }
+            FileKind::File => {
+                walked_bytes += e.length.saturating_mul(u64::from(e.replication));
+            }
+            FileKind::Symlink => {}
+        }
+    }
+    let kept = format!("{} names and {} bytes", names.used, bytes.used);
+    if (names.used, bytes.used) == (walked_names, walked_bytes) {
+        return Ok((
+            format!("the use of {dir}'s quota, {kept}, equals a walk"),
+            None,
+        ));
+    }
+    let message = format!(
+        "the quota of {dir} counts {kept} in use; a walk finds {walked_names} and {walked_bytes}"
+    );
+    Ok((
+        message.clone(),
+        Some(Violation {
+            kind: ViolationKind::QuotaUse,
+            file: None,
+            offset: None,
+            session: None,
+            seq: None,
+            message,
+        }),
+    ))
 }
 
 #[cfg(test)]
@@ -182,7 +292,7 @@ mod tests {
     #[test]
     fn actions_come_every_few_seconds_and_everything_is_undone() {
         let files = vec!["/n/a".to_string(), "/n/b".to_string()];
-        let mut c = Churn::new(7, files, 3, 4);
+        let mut c = Churn::new(7, files, "/n".into(), 3, 4);
         assert_eq!(c.next(Duration::from_secs(1)), None, "not due yet");
         let mut acts = Vec::new();
         for s in 1..200u64 {
@@ -191,6 +301,15 @@ mod tests {
             }
         }
         assert_eq!(acts.len(), 199);
+        assert_eq!(
+            acts[0],
+            Act::Quota {
+                path: "/n".into(),
+                on: true
+            },
+            "the quota first, kept to the end"
+        );
+        assert_eq!(acts.iter().filter(|a| a.name() == "admin_quota").count(), 1);
         // Safe mode never lasts past the next action; at most one drained at a time.
         for w in acts.windows(2) {
             if w[0] == (Act::SafeMode { enter: true }) {
@@ -212,6 +331,7 @@ mod tests {
             "admin_balance",
             "admin_decommission",
             "admin_safemode",
+            "admin_quota",
         ] {
             assert!(acts.iter().any(|a| a.name() == kind), "{kind}");
         }
@@ -222,5 +342,12 @@ mod tests {
             path: "/n/a".into(),
             replication: 3
         }));
+        assert_eq!(
+            undo.last(),
+            Some(&Act::Quota {
+                path: "/n".into(),
+                on: true
+            })
+        );
     }
 }

@@ -59,6 +59,9 @@ pub enum ViolationKind {
     Unavailable,
     /// A server exited by itself, not at a crash point (found by the run).
     ServerExited,
+    /// The master's kept use of a directory's quota differs from what a walk of the
+    /// directory counts (found by the run, `--admin` only).
+    QuotaUse,
 }
 
 /// One broken rule, with where it was seen.

@@ -10,7 +10,7 @@
 //! partitioned. Chunkservers' data dirs can be small file systems ([`disk`]) that the
 //! run fills up. The run injects the faults of a seeded [`schedule`] (SIGKILL and
 //! restart, SIGSTOP and SIGCONT, partitions, full disks), heals everything, lets the
-//! writers finish, recovers what is still open, reads the final files and hands them
+//! writers finish, recovers what is still open ([`finish`]), reads the final files and hands them
 //! with the clients' [`history`] to the pure [`checker`], which returns
 //! [`checker::Violation`]s. `fsck` must be healthy after the heal and no process log
 //! may contain a panic. The result is a [`report::RunReport`].
@@ -29,7 +29,9 @@
 //!
 //! With `--admin`, [`admin_churn`] also changes replication factors, balances,
 //! decommissions and enters safe mode while the faults run, and undoes it all after
-//! the heal.
+//! the heal; it also sets a quota on the run's directory first and keeps it, and the
+//! use the master kept through the faults must equal what a walk of the directory
+//! counts ([`checker::ViolationKind::QuotaUse`]).
 //!
 //! In a binary built with crash points (`fault-injection`), the servers are also
 //! started with seeded [`crash`] points armed: they kill themselves in the middle of
@@ -47,6 +49,7 @@ pub mod clients;
 pub mod cluster;
 pub mod crash;
 pub mod disk;
+pub mod finish;
 pub mod history;
 pub mod mount_workload;
 pub mod net;

@@ -52,6 +52,10 @@ pub struct RunReport {
     pub fsck_healthy: bool,
     /// Client processes that exited without being killed (restarted), with status.
     pub unexpected_exits: Vec<String>,
+    /// With `--admin`: what the comparison of the run directory's quota use with a
+    /// walk found.
+    #[serde(default)]
+    pub quota_check: Option<String>,
     pub violations: Vec<Violation>,
     /// The kept data dir and logs (always for a failing run).
     pub dir: Option<PathBuf>,
@@ -108,6 +112,9 @@ impl RunReport {
                 "\n  note: the schedule ran up to {:.1} s late",
                 self.max_step_lag_ms as f64 / 1000.0
             );
+        }
+        if let Some(q) = &self.quota_check {
+            s += &format!("\n  quota: {q}");
         }
         for note in &self.unexpected_exits {
             s += &format!("\n  note: {note}");

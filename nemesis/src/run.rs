@@ -28,6 +28,9 @@ use crate::admin_churn::{self, Churn};
 use crate::checker::{self, Violation, ViolationKind};
 use crate::clients::{ClientSpec, Clients};
 use crate::cluster::{arm, Cluster, ClusterConfig, ProcState};
+use crate::finish::{
+    read_final, recover, scan_logs, wait_all_live, wait_fsck_healthy, FSCK_TIMEOUT,
+};
 use crate::history::History;
 use crate::net::{Net, NetMode};
 use crate::replicas::check_replicas;
@@ -36,7 +39,6 @@ use crate::schedule::{self, Action, ScheduleConfig, Target};
 use crate::workload::{self, file_path};
 use crate::{Error, Result};
 use stampfs_client::{Client, CreateOptions};
-use stampfs_proto::{ChunkserverState, FileState};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -47,13 +49,6 @@ const DIR: &str = "/nemesis";
 const FILES: u32 = 2;
 /// How long the writers get to finish after the heal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(45);
-/// How long recovery of a still-open file may take after the heal.
-const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the chunkservers may take to be live after the heal, and a final read to
-/// find a replica.
-const LIVE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long `fsck` may take to turn healthy after the heal (re-replication, GC).
-const FSCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -227,9 +222,9 @@ async fn apply(
 /// The master's address and the superuser's credentials file: what the run's own
 /// client needs.
 #[derive(Clone, Debug)]
-struct MasterAccess {
-    addr: String,
-    creds: PathBuf,
+pub(crate) struct MasterAccess {
+    pub(crate) addr: String,
+    pub(crate) creds: PathBuf,
 }
 
 /// How long one administrative action under the faults may hold the schedule up (a
@@ -415,6 +410,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         Churn::new(
             cfg.seed,
             files,
+            DIR.to_string(),
             cfg.cluster.replication,
             cluster.chunkservers.len(),
         )
@@ -572,6 +568,21 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         }
     };
 
+    // 6b. The quota the administration left on the run's directory: the use the
+    // master kept through the faults (replayed by restarted masters, carried across
+    // failovers) equals what a walk of the directory counts.
+    let mut quota_check = None;
+    if cfg.admin {
+        let m = access.clone();
+        let (said, found) = net
+            .admin(
+                move || async move { admin_churn::quota_use_check(&connect(&m).await?, DIR).await },
+            )
+            .await?;
+        quota_check = Some(said);
+        violations.extend(found);
+    }
+
     // 7. Check.
     let history = History::load_dir(&clients.history_dir())?;
     let acks: Vec<_> = history
@@ -697,6 +708,7 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         file_lengths: files.iter().map(|(&k, v)| (k, v.len() as u64)).collect(),
         fsck_healthy,
         unexpected_exits,
+        quota_check,
         violations,
         dir: None,
     })
@@ -742,159 +754,4 @@ async fn restart_crashed(
         p.start().await?;
     }
     Ok(())
-}
-
-/// Waits until the master counts `n` chunkservers live and registered since it started.
-async fn wait_all_live(admin: &Client, n: usize) -> Result<()> {
-    let deadline = Instant::now() + LIVE_TIMEOUT;
-    loop {
-        let live = match admin.cluster_report().await {
-            Ok(r) => r
-                .chunkservers
-                .iter()
-                .filter(|c| c.state == ChunkserverState::Live && c.last_heartbeat_ms_ago.is_some())
-                .count(),
-            Err(_) => 0,
-        };
-        if live >= n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: format!("{n} chunkservers live after the heal ({live} are)"),
-                secs: LIVE_TIMEOUT.as_secs(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Reads a closed file, retrying a read that finds no replica for a bounded time (a
-/// replica's chunkserver may still be reporting it).
-async fn read_final(admin: &Client, path: &str) -> Result<Vec<u8>> {
-    let deadline = Instant::now() + LIVE_TIMEOUT;
-    loop {
-        match workload::read_file(admin, path).await {
-            Ok(b) => return Ok(b),
-            Err(e) if Instant::now() > deadline => return Err(e.into()),
-            Err(e) => {
-                tracing::info!(%path, error = %e, "final read failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
-/// Recovers `path`'s lease until the file is closed.
-async fn recover(admin: &Client, path: &str) -> Result<()> {
-    let deadline = Instant::now() + RECOVER_TIMEOUT;
-    loop {
-        let closed = matches!(admin.stat(path).await, Ok(s) if s.state == FileState::Closed);
-        if closed {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: format!("{path} closed by lease recovery"),
-                secs: RECOVER_TIMEOUT.as_secs(),
-            });
-        }
-        match admin.recover_lease(path).await {
-            Ok(out) if out.closed => return Ok(()),
-            Ok(_) => {}
-            Err(e) => tracing::info!(%path, error = %e, "recover_lease failed; retrying"),
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-/// Runs `stampfs fsck --json` until it reports healthy; the last answer otherwise.
-async fn wait_fsck_healthy(bin: &Path, master: &MasterAccess, net: &Net) -> Result<(), String> {
-    let deadline = Instant::now() + FSCK_TIMEOUT;
-    loop {
-        let mut cmd = std::process::Command::new(bin);
-        cmd.args(["fsck", "--json"])
-            .env("STAMPFS_MASTER", &master.addr)
-            .env(stampfs_proto::credentials::CREDENTIALS_ENV, &master.creds)
-            .env("RUST_LOG", "warn");
-        if let Some(ns) = net.runner_netns() {
-            crate::net::enter_on_exec(&mut cmd, &ns).map_err(|e| e.to_string())?;
-        }
-        let out = tokio::process::Command::from(cmd).output().await;
-        let last = match out {
-            Ok(o) => match fsck_verdict(&o.stdout) {
-                Some(true) => return Ok(()),
-                Some(false) => String::from_utf8_lossy(&o.stdout).into_owned(),
-                None => format!(
-                    "no fsck JSON ({}): {}",
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-            },
-            Err(e) => format!("cannot run fsck: {e}"),
-        };
-        if Instant::now() > deadline {
-            return Err(last);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// `Some(healthy)` from `fsck --json` output, `None` when it is not such JSON.
-pub fn fsck_verdict(stdout: &[u8]) -> Option<bool> {
-    let v: serde_json::Value = serde_json::from_slice(stdout).ok()?;
-    v.get("healthy")?.as_bool()
-}
-
-/// The lines of a log that report a panic.
-pub fn panic_lines(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains("panicked")).collect()
-}
-
-/// A [`ViolationKind::Panic`] per log line with "panicked" in any log under `logs`.
-fn scan_logs(logs: &Path) -> Result<Vec<Violation>> {
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(logs).map_err(Error::io(logs))?;
-    for e in entries.flatten() {
-        let path = e.path();
-        let text = std::fs::read(&path).map_err(Error::io(&path))?;
-        let text = String::from_utf8_lossy(&text);
-        for line in panic_lines(&text) {
-            out.push(Violation {
-                kind: ViolationKind::Panic,
-                file: None,
-                offset: None,
-                session: None,
-                seq: None,
-                message: format!("{}: {line}", path.display()),
-            });
-        }
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fsck_verdict_reads_the_healthy_field() {
-        assert_eq!(
-            fsck_verdict(br#"{"healthy": true, "files": []}"#),
-            Some(true)
-        );
-        assert_eq!(fsck_verdict(br#"{"healthy": false}"#), Some(false));
-        assert_eq!(fsck_verdict(b"error: cannot reach"), None);
-        assert_eq!(fsck_verdict(br#"{"files": []}"#), None);
-    }
-
-    #[test]
-    fn panic_lines_finds_a_panic_among_ordinary_lines() {
-        let log = "INFO started\nthread 'main' panicked at src/x.rs:1:2:\nboom\nINFO ok\n";
-        assert_eq!(
-            panic_lines(log),
-            vec!["thread 'main' panicked at src/x.rs:1:2:"]
-        );
-        assert!(panic_lines("INFO all good\n").is_empty());
-    }
 }

@@ -110,21 +110,25 @@ pub fn quota_header() -> String {
 }
 
 /// `count -q`'s first four columns, as HDFS prints them: `none` and `inf` where
-/// there is no limit.
+/// there is no limit, and what is left negative past a limit (which a limit set below
+/// the use allows).
 pub fn quota_columns(names: &Option<QuotaUse>, bytes: &Option<QuotaUse>, human: bool) -> String {
-    let size = |n: u64| {
+    let left = |u: &QuotaUse| i128::from(u.limit) - i128::from(u.used);
+    let size = |n: i128| {
+        let abs = u64::try_from(n.unsigned_abs()).unwrap_or(u64::MAX);
+        let sign = if n < 0 { "-" } else { "" };
         if human {
-            format_size(n)
+            format!("{sign}{}", format_size(abs))
         } else {
-            n.to_string()
+            format!("{sign}{abs}")
         }
     };
     let (q, rq) = match names {
-        Some(u) => (u.limit.to_string(), u.remaining().to_string()),
+        Some(u) => (u.limit.to_string(), left(u).to_string()),
         None => ("none".into(), "inf".into()),
     };
     let (s, rs) = match bytes {
-        Some(u) => (size(u.limit), size(u.remaining())),
+        Some(u) => (size(i128::from(u.limit)), size(left(u))),
         None => ("none".into(), "inf".into()),
     };
     format!("{q:>12} {rq:>12} {s:>14} {rs:>14}")
@@ -150,8 +154,8 @@ mod tests {
         });
         let line = quota_columns(&names, &bytes, true);
         let cols: Vec<&str> = line.split_whitespace().collect();
-        // Past its limit, nothing is left (never a negative).
-        assert_eq!(cols, ["10", "6", "3.0", "MiB", "0", "B"]);
+        // Past its limit, what is left is negative, as HDFS shows it.
+        assert_eq!(cols, ["10", "6", "3.0", "MiB", "-1.0", "MiB"]);
     }
 
     #[test]

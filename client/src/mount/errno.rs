@@ -111,6 +111,16 @@ mod tests {
                 },
                 Errno::EOPNOTSUPP,
             ),
+            (
+                RemoteError::QuotaExceeded {
+                    path: "/q".into(),
+                    resource: stampfs_proto::QuotaResource::Bytes,
+                    limit: 10,
+                    used: 9,
+                    requested: 3,
+                },
+                Errno::EDQUOT,
+            ),
         ];
         for (remote, want) in cases {
             assert_eq!(errno_for(&Error::Remote(remote), "test", "/x"), want);

@@ -206,13 +206,8 @@ impl Runtime {
                 None
             }
             Action::Fail(e) => {
-                // A quota's refusal is the caller's to report (it needs no log line
-                // to be understood); anything else is said here too.
-                if matches!(
-                    e,
-                    crate::error::Error::Remote(stampfs_proto::RemoteError::QuotaExceeded { .. })
-                ) {
-                    tracing::info!(error = %e, "writer refused by a quota");
+                if e.is_quota_exceeded() {
+                    self.close_refused(&e).await;
                 } else {
                     tracing::warn!(error = %e, "writer failed");
                 }
@@ -283,5 +278,29 @@ async fn watch_stream(
                 reason: "the pipeline closed the stream".into(),
             }),
         }),
+    }
+}
+
+impl Runtime {
+    /// A quota refused this writer more room (a new chunk): the refusal came while it
+    /// held the lease, so what it wrote is its to keep. Its file is closed now, at
+    /// what its replicas acknowledged, by lease recovery (as a program writing through
+    /// MooseFS keeps what fit before `EDQUOT`), rather than left open, counting its
+    /// chunks whole against the quota, until the lease's hard limit. The refusal is
+    /// the caller's to report: it is logged at info only.
+    async fn close_refused(&mut self, e: &crate::error::Error) {
+        tracing::info!(error = %e, path = %self.path, "writer refused by a quota: its file is closed at what its replicas acknowledged");
+        if let Some(stream) = self.stream.take() {
+            stream.finish().await;
+        }
+        match self.client.recover_lease(&self.path).await {
+            Ok(o) if o.closed => {}
+            Ok(_) => {
+                tracing::info!(path = %self.path, "lease recovery of the refused file goes on in the background")
+            }
+            Err(err) => {
+                tracing::warn!(path = %self.path, error = %err, "the file refused by a quota could not be closed; it stays open until its lease is recovered (`stampfs recover`)")
+            }
+        }
     }
 }

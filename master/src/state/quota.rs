@@ -101,6 +101,8 @@ pub(super) struct QuotaEffect {
     removed: Vec<(InodeId, Usage)>,
     /// A subtree moved from under the first directory to under the second.
     moved: Option<(InodeId, InodeId, Usage)>,
+    /// Entries are removed: quotas of removed directories go.
+    prune: bool,
 }
 
 impl MasterState {
@@ -192,6 +194,8 @@ impl MasterState {
                 }
             }
             Record::Delete { parent, name, .. } => {
+                // Whatever is above it: the subtree may hold quota'd directories.
+                e.prune = true;
                 if !self.quota_dirs(*parent).is_empty() {
                     e.removed.push((*parent, usage_of(*parent, name)));
                 }
@@ -210,6 +214,8 @@ impl MasterState {
                 ..
             } => {
                 e.moved = self.quota_move(*src_parent, src_name, *dst_parent);
+                // The replaced entry may be an empty quota'd directory.
+                e.prune = true;
                 if !self.quota_dirs(*dst_parent).is_empty() {
                     e.removed.push((*dst_parent, self.subtree_usage(*replaced)));
                 }
@@ -282,12 +288,12 @@ impl MasterState {
             self.charge(to, u, Usage::ZERO);
             self.charge(from, Usage::ZERO, u);
         }
-        let removed = !e.removed.is_empty();
         for (dir, u) in e.removed {
             self.charge(dir, Usage::ZERO, u);
         }
-        if removed || e.moved.is_some() {
-            // A removed subtree takes its quotas with it.
+        if e.prune {
+            // A removed subtree takes its quotas with it (a replaced entry is a file
+            // or an empty directory; a `Create` replaces only files).
             let ns = &self.ns;
             self.quotas.retain(|ino, _| ns.get(*ino).is_some());
         }

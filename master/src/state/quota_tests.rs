@@ -12,24 +12,9 @@ use stampfs_proto::{
 const A: ClientId = ClientId(0xa);
 const MIB: u64 = 1 << 20;
 
+/// Three chunkservers, the unit tests' settings.
 fn state() -> MasterState {
-    let mut st = MasterState::new(Settings::for_tests());
-    for i in 0..3 {
-        st.register(
-            &Register {
-                id: None,
-                addr: format!("127.0.0.1:{}", 9000 + i),
-                capacity: 1 << 40,
-                used: 0,
-                replicas: vec![],
-                session: 0,
-            },
-            0,
-            st.ack_mark(),
-        )
-        .expect("register");
-    }
-    st
+    super::tests::state_with_servers(3)
 }
 
 fn mkdir(st: &mut MasterState, path: &str) -> Result<FileStatus> {
@@ -339,6 +324,50 @@ fn the_nearest_quota_that_would_pass_is_named_and_every_ancestor_counts() {
 }
 
 #[test]
+fn a_removed_quotad_directory_takes_its_quota_with_it_wherever_it_was() {
+    // At the top, with nothing quota'd above it; and below a directory without one.
+    let mut st = state();
+    mkdir(&mut st, "/q").expect("mkdir");
+    mkdir(&mut st, "/a/q").expect("mkdir");
+    mkdir(&mut st, "/r").expect("mkdir");
+    set_quota(&mut st, "/q", Some(5), None);
+    set_quota(&mut st, "/a/q", Some(5), None);
+    set_quota(&mut st, "/r", Some(5), None);
+    rm(&mut st, "/q").expect("rm");
+    rm(&mut st, "/a").expect("rm");
+    // Replaced by a rename over it (an empty directory).
+    mkdir(&mut st, "/s").expect("mkdir");
+    rename(&mut st, "/s", "/r", true).expect("rename over");
+    assert!(st.quotas.is_empty(), "{:?}", st.quotas);
+    let snap = st.encode_snapshot().expect("encode");
+    let back = MasterState::decode_snapshot(Settings::for_tests(), &snap, 0).expect("decode");
+    assert!(back.same_persisted(&st));
+
+    // Into the trash it keeps its quota (it still exists); deleted from there, it goes.
+    let mut st = MasterState::new(Settings {
+        trash_ms: 3_600_000,
+        ..Settings::for_tests()
+    });
+    mkdir(&mut st, "/q").expect("mkdir");
+    set_quota(&mut st, "/q", Some(5), None);
+    rm(&mut st, "/q").expect("rm into the trash");
+    assert_eq!(st.quotas.len(), 1);
+    let in_trash = st.list_quotas().pop().expect("listed").path;
+    assert!(in_trash.starts_with("/.trash/"), "{in_trash}");
+    st.delete_now(
+        &stampfs_proto::DeleteNow {
+            path: "/.trash".into(),
+            recursive: true,
+            caller: None,
+        },
+        0,
+        1,
+    )
+    .expect("empty the trash");
+    assert!(st.quotas.is_empty(), "{:?}", st.quotas);
+}
+
+#[test]
 fn renames_into_a_quota_are_checked_and_renames_within_or_out_are_not() {
     let mut st = state();
     mkdir(&mut st, "/q/in").expect("mkdir");
@@ -521,6 +550,12 @@ fn kept_use_always_equals_a_walk_through_random_changes_replay_and_checkpoints()
                     Some((p, ino)) => close(&mut st, &p, ino, rng.gen_range(0..=MIB)),
                     None => Ok(()),
                 },
+                7 if rng.gen_bool(0.1) => {
+                    // A quota'd directory (perhaps) removed, then made again empty.
+                    let d = dirs[rng.gen_range(1..dirs.len())];
+                    let r = rm(&mut st, d);
+                    mkdir(&mut st, d).map(|_| ()).and(r)
+                }
                 7 => rm(&mut st, &name),
                 8 => {
                     let to = dirs[rng.gen_range(0..dirs.len())];
@@ -558,6 +593,10 @@ fn kept_use_always_equals_a_walk_through_random_changes_replay_and_checkpoints()
             open.retain(|(_, ino)| st.ns.file(*ino).is_some_and(|f| f.writer() == Some(A)));
             log.extend(st.take_outbox());
             assert_consistent(&st, &format!("seed {seed} step {step} (op {what})"));
+            assert!(
+                st.quotas.keys().all(|ino| st.ns.get(*ino).is_some()),
+                "seed {seed} step {step}: a quota of a removed directory"
+            );
             if step == 200 {
                 half = Some((st.encode_snapshot().expect("snapshot"), log.len()));
             }

@@ -18,7 +18,7 @@ fn settings() -> Settings {
     }
 }
 
-fn state_with_servers(n: u64) -> MasterState {
+pub(super) fn state_with_servers(n: u64) -> MasterState {
     let mut st = MasterState::new(settings());
     for i in 0..n {
         st.register(

@@ -404,6 +404,11 @@ impl Shared {
             Ok(status) => {
                 tracing::debug!(length = status.length, "closed");
             }
+            Err(e) if e.is_quota_exceeded() => {
+                // The writer closed it at what fit; the program saw EDQUOT already.
+                tracing::info!(error = %e, path = %h.path, "a quota refused the file more room: closed at what fit");
+                self.page_cache_dropped(self.drop_page_cache(h.ino)).await;
+            }
             Err(e) => {
                 tracing::warn!(
                     error = %e,
