@@ -729,6 +729,8 @@ struct ReplicaJson {
     addr: String,
     version: u64,
     state: stampfs_proto::ReplicaState,
+    /// On a chunkserver being decommissioned (not counted toward the factor).
+    decommissioning: bool,
 }
 
 pub async fn stat(args: StatArgs) -> Result<()> {
@@ -768,6 +770,7 @@ pub async fn stat(args: StatArgs) -> Result<()> {
                         addr: r.addr.clone(),
                         version: r.version.0,
                         state: r.state,
+                        decommissioning: r.decommissioning,
                     })
                     .collect(),
             })
@@ -797,7 +800,14 @@ pub async fn stat(args: StatArgs) -> Result<()> {
             let replicas: Vec<String> = c
                 .replicas
                 .iter()
-                .map(|r| format!("cs{}@{} v{}", r.chunkserver, r.addr, r.version))
+                .map(|r| {
+                    let draining = if r.decommissioning {
+                        " (decommissioning)"
+                    } else {
+                        ""
+                    };
+                    format!("cs{}@{} v{}{draining}", r.chunkserver, r.addr, r.version)
+                })
                 .collect();
             outln!(
                 "chunk {i:<4} {} v{} {:>12} B  [{}]",

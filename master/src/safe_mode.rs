@@ -41,6 +41,9 @@ pub struct SafeMode {
     /// What the last whole pass found: chunks examined, and with a replica reported.
     chunks: u64,
     reported: u64,
+    /// A whole pass ran since automatic safe mode was entered (until then `chunks`
+    /// and `reported` say nothing).
+    passed: bool,
     /// The leadership the automatic safe mode was entered for (`None`: a master
     /// without a group, or none yet).
     lead: Option<u64>,
@@ -69,6 +72,7 @@ impl SafeMode {
         self.met_since_ms = None;
         self.chunks = 0;
         self.reported = 0;
+        self.passed = false;
         self.lead = lead;
     }
 
@@ -101,6 +105,7 @@ impl SafeMode {
     ) -> Transition {
         self.chunks = chunks;
         self.reported = reported;
+        self.passed = true;
         if !self.auto {
             return Transition::Stay;
         }
@@ -133,6 +138,7 @@ impl SafeMode {
             reported: self.reported,
             threshold_ppm: t.ppm,
             extension_left_ms: left_ms,
+            first_pass_pending: self.auto && !self.passed,
         }
     }
 }
@@ -157,7 +163,16 @@ mod tests {
         assert!(!s.is_on(), "off until a master enters it");
         s.enter_auto(None);
         assert!(s.is_on());
+        let first = s.status(T, 0);
+        assert!(first.first_pass_pending, "no pass yet: nothing counted");
+        assert!(
+            first.describe().contains("waiting for the first"),
+            "{}",
+            first.describe()
+        );
         assert_eq!(s.after_pass(1000, 500, 0, T), Transition::Stay);
+        assert!(!s.status(T, 0).first_pass_pending);
+        assert!(s.status(T, 0).describe().contains("500 of 1000"));
         assert_eq!(s.after_pass(1000, 999, 1_000, T), Transition::Met);
         assert_eq!(s.status(T, 2_000).extension_left_ms, Some(4_000));
         // A pass below the threshold starts the extension over.

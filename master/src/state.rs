@@ -642,6 +642,7 @@ impl MasterState {
                     addr: addr.to_string(),
                     version: r.version,
                     state: r.state,
+                    decommissioning: self.decommissioning.contains(&r.server_id()),
                 })
             })
             .collect()

@@ -230,6 +230,7 @@ fn located(replicas: usize) -> LocatedChunk {
                 addr: String::new(),
                 version: ChunkVersion(0),
                 state: ReplicaState::Writing,
+                decommissioning: false,
             };
             replicas
         ],

@@ -62,10 +62,12 @@ pub async fn setrep(args: SetrepArgs) -> Result<()> {
                 .locations(f)
                 .await
                 .with_context(|| format!("cannot see the replicas of {f}"))?;
+            // Replicas on a chunkserver being decommissioned do not count (the master
+            // copies them elsewhere and keeps them until it is stopped).
             if locs
                 .chunks
                 .iter()
-                .all(|c| c.replicas.len() == usize::from(n))
+                .all(|c| c.replicas.iter().filter(|r| !r.decommissioning).count() == usize::from(n))
             {
                 break;
             }

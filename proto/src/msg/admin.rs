@@ -95,6 +95,10 @@ pub struct SafeModeStatus {
     /// The threshold is met: automatic safe mode ends after this many more
     /// milliseconds.
     pub extension_left_ms: Option<u64>,
+    /// Automatic safe mode whose first health pass has not run yet (`--dead-after`
+    /// after the start or the new lead): `chunks` and `reported` count nothing yet.
+    /// After every older field, so that each keeps its place.
+    pub first_pass_pending: bool,
 }
 
 impl SafeModeStatus {
@@ -115,6 +119,14 @@ impl SafeModeStatus {
             }
         };
         let threshold = f64::from(self.threshold_ppm) / 10_000.0;
+        if self.first_pass_pending {
+            return format!(
+                "Safe mode is ON: waiting for the first health pass, which counts the chunks \
+                 with a replica reported once the chunkservers have registered (--dead-after \
+                 after the start); it ends on its own at {threshold}% \
+                 (`stampfs admin safemode leave` ends it now)"
+            );
+        }
         match self.extension_left_ms {
             Some(ms) => format!(
                 "Safe mode is ON: {} of {} chunks reported ({:.2}%, threshold {threshold}%); it ends in {:.1} s",

@@ -203,6 +203,10 @@ pub struct ReplicaLocation {
     pub addr: String,
     pub version: ChunkVersion,
     pub state: ReplicaState,
+    /// Its chunkserver is being decommissioned: readable, but it does not count
+    /// toward the chunk's replication factor (`setrep -w` leaves it out). After
+    /// every older field, so that each keeps its place.
+    pub decommissioning: bool,
 }
 
 /// A chunk of a file with the replicas a reader may use.

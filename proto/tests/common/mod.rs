@@ -391,9 +391,10 @@ prop_compose! {
 
 prop_compose! {
     pub fn arb_replica_location()(chunkserver in arb_cs(), addr in arb_string(),
-                                  version in arb_version(), state in arb_replica_state())
+                                  version in arb_version(), state in arb_replica_state(),
+                                  decommissioning in any::<bool>())
         -> ReplicaLocation {
-        ReplicaLocation { chunkserver, addr, version, state }
+        ReplicaLocation { chunkserver, addr, version, state, decommissioning }
     }
 }
 
@@ -765,9 +766,12 @@ prop_compose! {
     pub fn arb_safe_mode_status()(on in any::<bool>(), manual in any::<bool>(),
                                   chunks in arb_u64(), reported in arb_u64(),
                                   threshold_ppm in arb_u32(),
-                                  extension_left_ms in proptest::option::of(arb_u64()))
+                                  extension_left_ms in proptest::option::of(arb_u64()),
+                                  first_pass_pending in any::<bool>())
         -> SafeModeStatus {
-        SafeModeStatus { on, manual, chunks, reported, threshold_ppm, extension_left_ms }
+        SafeModeStatus {
+            on, manual, chunks, reported, threshold_ppm, extension_left_ms, first_pass_pending,
+        }
     }
 }
 
