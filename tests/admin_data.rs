@@ -412,4 +412,22 @@ fn each_users_trash_is_their_own() {
     let back = as_user(&alice, &["trash", "restore", "/tmp/a"]);
     assert!(back.status.success(), "{}", text(&back));
     assert!(c.run(&["stat", "/tmp/a"]).status.success());
+
+    // Bob removed and added again under another uid: his old directory is the old
+    // uid's, so the new bob's entries go to `bob.<uid>`, which `trash list` finds.
+    assert!(as_user(&bob, &["touchz", "/tmp/old"]).status.success());
+    assert!(as_user(&bob, &["rm", "/tmp/old"]).status.success());
+    c.ok(&["admin", "user", "remove", "bob"]);
+    let again = c.dir.path().join("bob-again.credentials");
+    let p = again.display().to_string();
+    c.ok(&["admin", "user", "add", "bob", "--uid", "1005", "-o", &p]);
+    assert!(as_user(&again, &["touchz", "/tmp/new"]).status.success());
+    assert!(as_user(&again, &["rm", "/tmp/new"]).status.success());
+    let listed = text(&as_user(&again, &["trash", "list"]));
+    assert!(listed.contains("/tmp/new\t0\tCurrent"), "{listed}");
+    assert!(!listed.contains("/tmp/old"), "{listed}");
+    let theirs = text(&c.run(&["trash", "list", "--user", "bob"]));
+    assert!(theirs.contains("/tmp/new"), "{theirs}");
+    let back = as_user(&again, &["trash", "restore", "/tmp/new"]);
+    assert!(back.status.success(), "{}", text(&back));
 }

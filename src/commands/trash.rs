@@ -143,17 +143,37 @@ async fn walk(client: &Client, dir: &str) -> Result<Vec<FileStatus>> {
 }
 
 /// The trash directory of the user a command looks at (`--user`, else the
-/// credentials' user), as the master names it (`stampfs_master::trash::user_dir`).
-fn trash_user(master: &crate::cli::MasterAddr, user: Option<String>) -> Result<String> {
-    let user = match user {
-        Some(u) => u,
-        None => crate::users::credentials(master)?.user,
+/// connection's user), as the master names it: `stampfs_master::trash::user_dir`, or
+/// that with `.<uid>` appended when the name is taken by another uid's directory (a
+/// user removed and added again under another uid).
+async fn trash_user(
+    client: &Client,
+    master: &crate::cli::MasterAddr,
+    user: Option<String>,
+) -> Result<String> {
+    let (name, uid) = match user {
+        None => (client.identity().name.clone(), client.identity().uid),
+        Some(u) => {
+            if u.is_empty() || u.contains('/') || u == "." || u == ".." {
+                return Err(anyhow!("{u:?} is not a user's name"));
+            }
+            let users = crate::users::ask(master, stampfs_proto::ListUsers {})
+                .await
+                .context("another user's trash needs a superuser (to look up their uid)")?;
+            let uid = users
+                .iter()
+                .find(|i| i.name == u)
+                .map(|i| i.uid)
+                .ok_or_else(|| anyhow!("no user is called {u:?}"))?;
+            (u, uid)
+        }
     };
-    if user.is_empty() || user.contains('/') || user == "." || user == ".." {
-        return Err(anyhow!("{user:?} is not a user's name"));
+    let dir = stampfs_master::trash::user_dir(Some(&name), uid);
+    match client.stat(&format!("{TRASH}/{dir}")).await {
+        Ok(st) if st.kind == FileKind::Directory && st.attr.uid == uid => Ok(dir),
+        Ok(_) => Ok(format!("{dir}.{uid}")),
+        Err(_) => Ok(dir),
     }
-    // The directory the master names after the user.
-    Ok(stampfs_master::trash::user_dir(Some(&user), 0))
 }
 
 /// A time for people: `YYYY-MM-DD HH:MM:SS` UTC.
@@ -171,8 +191,8 @@ fn when(ms: u64) -> String {
 pub async fn trash(cmd: TrashCommand) -> Result<()> {
     match cmd {
         TrashCommand::List { master, user, json } => {
-            let user = trash_user(&master, user)?;
             let client = connect(&master).await?;
+            let user = trash_user(&client, &master, user).await?;
             let mut kept = Vec::new();
             for (bucket, at) in buckets(&client, &user).await? {
                 let root = format!("{TRASH}/{user}/{bucket}");
@@ -223,8 +243,8 @@ pub async fn trash(cmd: TrashCommand) -> Result<()> {
             to,
             user,
         } => {
-            let user = trash_user(&master, user)?;
             let client = connect(&master).await?;
+            let user = trash_user(&client, &master, user).await?;
             let (trash_path, original) = if path.starts_with(&format!("{TRASH}/")) {
                 let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
                 if parts.len() < 4 {
