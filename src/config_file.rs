@@ -789,6 +789,7 @@ mod tests {
             ("log-format", "STAMPFS_LOG_FORMAT"),
             ("log-file", "STAMPFS_LOG_FILE"),
             ("metrics-listen", "STAMPFS_METRICS_LISTEN"),
+            ("metrics-token-file", "STAMPFS_METRICS_TOKEN_FILE"),
         ];
         let cmd = command();
         for (name, prefix, own) in [

@@ -4,7 +4,9 @@
 //! its requests and replicas and names its I/O engine. A writer fenced by a lease
 //! recovery shows as a fenced refusal on the chunkservers. The master's status page at
 //! `/` lists the chunkservers and the files open for writing, and loads in headless
-//! Chromium (its DOM checked, a phone-sized screenshot taken).
+//! Chromium (its DOM checked, a phone-sized screenshot taken). With
+//! `--metrics-token-file`, master and chunkservers answer only requests that present
+//! the token.
 
 mod common;
 
@@ -24,6 +26,66 @@ fn scrape(dir: &Path) -> String {
     s.read_to_string(&mut out).expect("read");
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     out
+}
+
+/// `GET PATH` with the extra header lines `headers` from the server whose directory
+/// is `dir`: the whole answer.
+fn get(dir: &Path, path: &str, headers: &str) -> String {
+    let addr = std::fs::read_to_string(dir.join("metrics-addr")).expect("DIR/metrics-addr");
+    let mut s = std::net::TcpStream::connect(addr.trim()).expect("connect to the metrics port");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
+}
+
+#[test]
+fn with_a_token_file_the_metrics_ports_answer_only_who_presents_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("metrics.token");
+    std::fs::write(&token_file, "the-operators-scrape-token\n").expect("token file");
+    let args = |more: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["--metrics-listen", "127.0.0.1:0", "--metrics-token-file"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(token_file.display().to_string());
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let c = TestCluster::with(Opts {
+        master_args: args(&[]),
+        chunkserver_args: args(&["--heartbeat", "200ms"]),
+        ..Opts::default()
+    });
+    let bearer = "Authorization: Bearer the-operators-scrape-token\r\n";
+    // base64("prometheus:the-operators-scrape-token")
+    let basic = "Authorization: Basic cHJvbWV0aGV1czp0aGUtb3BlcmF0b3JzLXNjcmFwZS10b2tlbg==\r\n";
+    let servers = std::iter::once(&c.master).chain(c.chunkservers.iter());
+    for p in servers {
+        for path in ["/metrics", "/"] {
+            let refused = get(&p.dir, path, "");
+            assert!(refused.starts_with("HTTP/1.1 401"), "{path}: {refused}");
+            assert!(!refused.contains("stampfs_"), "{path}: {refused}");
+            let wrong = get(
+                &p.dir,
+                path,
+                "Authorization: Bearer not-the-token-at-all\r\n",
+            );
+            assert!(wrong.starts_with("HTTP/1.1 401"), "{path}: {wrong}");
+        }
+        let ok = get(&p.dir, "/metrics", bearer);
+        assert!(
+            ok.starts_with("HTTP/1.1 200") && ok.contains("# EOF"),
+            "{ok}"
+        );
+        assert!(get(&p.dir, "/", basic).starts_with("HTTP/1.1 200"));
+    }
+    let page = get(&c.master.dir, "/", basic);
+    assert!(page.contains("stampfs master"), "{page}");
 }
 
 /// The value of the sample named exactly `name` (with its labels), if any.

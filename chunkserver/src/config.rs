@@ -131,6 +131,12 @@ pub struct ChunkserverConfig {
     /// any free port, written to DIR/metrics-addr). None without it.
     #[arg(long, env = "STAMPFS_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// With it, the metrics port answers only requests that present the token in this
+    /// file (`Authorization: Bearer TOKEN`, or as the password of HTTP basic
+    /// authentication); others get 401. Without it, anyone who reaches the port may
+    /// read the metrics (and the master's status page, which names paths and clients).
+    #[arg(long, env = "STAMPFS_METRICS_TOKEN_FILE", requires = "metrics_listen")]
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 impl ChunkserverConfig {
@@ -158,6 +164,7 @@ impl ChunkserverConfig {
             write_behind: crate::store::DEFAULT_WRITE_BEHIND,
             max_open_files: 0,
             metrics_listen: None,
+            metrics_token_file: None,
         }
     }
 

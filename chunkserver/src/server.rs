@@ -362,16 +362,23 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
             let (_, source) = e.into_parts();
             Error::io("serve metrics on", &at, source)
         })?;
+        let token = match &shared.config.metrics_token_file {
+            Some(path) => Some(stampfs_metrics::Token::read(path).map_err(|e| {
+                let (_, source) = e.into_parts();
+                Error::io("read the metrics token file", path, source)
+            })?),
+            None => None,
+        };
         let (exporter, requests) = crate::metrics::exporter(&shared, engine_name);
         let _ = shared.metrics.set(requests);
         let stop = shared.cancel.clone();
         shared.tracker.spawn(async move {
             tokio::select! {
-                () = stampfs_metrics::serve(listener, exporter) => {}
+                () = stampfs_metrics::serve(listener, exporter, token) => {}
                 () = stop.cancelled() => {}
             }
         });
-        tracing::info!(addr = %at, "serving metrics at /metrics");
+        tracing::info!(addr = %at, token = shared.config.metrics_token_file.is_some(), "serving metrics at /metrics");
     }
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     shared

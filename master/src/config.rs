@@ -136,6 +136,12 @@ pub struct MasterConfig {
     /// any free port, written to DIR/metrics-addr). None without it.
     #[arg(long, env = "STAMPFS_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// With it, the metrics port answers only requests that present the token in this
+    /// file (`Authorization: Bearer TOKEN`, or as the password of HTTP basic
+    /// authentication); others get 401. Without it, anyone who reaches the port may
+    /// read the metrics (and the master's status page, which names paths and clients).
+    #[arg(long, env = "STAMPFS_METRICS_TOKEN_FILE", requires = "metrics_listen")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Entries of the group's log kept behind each snapshot, for members that fall
     /// behind; a member further behind is sent the leader's snapshot instead.
     #[arg(long, env = "STAMPFS_MASTER_GROUP_LOG_KEEP", default_value_t = DEFAULT_GROUP_LOG_KEEP)]
@@ -234,6 +240,7 @@ impl MasterConfig {
             group_log_keep: DEFAULT_GROUP_LOG_KEEP,
             join: false,
             metrics_listen: None,
+            metrics_token_file: None,
         }
     }
 

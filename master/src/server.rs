@@ -262,16 +262,23 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
             let (what, source) = e.into_parts();
             Error::io(what, source)
         })?;
+        let token = match &core.config.metrics_token_file {
+            Some(path) => Some(stampfs_metrics::Token::read(path).map_err(|e| {
+                let (what, source) = e.into_parts();
+                Error::io(what, source)
+            })?),
+            None => None,
+        };
         let (exporter, requests) = crate::metrics::exporter(&core);
         let _ = core.metrics.set(requests);
         let stop = shutdown.clone();
         tasks.spawn(async move {
             tokio::select! {
-                () = stampfs_metrics::serve(listener, exporter) => {}
+                () = stampfs_metrics::serve(listener, exporter, token) => {}
                 () = stop.cancelled() => {}
             }
         });
-        tracing::info!(%addr, "serving metrics at /metrics");
+        tracing::info!(%addr, token = core.config.metrics_token_file.is_some(), "serving metrics at /metrics");
     }
     let limit = Arc::new(Semaphore::new(max_connections));
     tasks.spawn(accept_loop(

@@ -11,8 +11,11 @@
 //! [`IDLE`] without one.
 //!
 //! [`Requests`] is the family every server has: requests served and their latency, by
-//! operation.
+//! operation. With a [`Token`] (`--metrics-token-file`, see [`auth`]) every request
+//! must present it, or gets `401`.
 
+pub mod auth;
+pub use auth::Token;
 pub use prometheus_client;
 
 use bytes::Bytes;
@@ -50,6 +53,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("metrics token file {path}: {reason}")]
+    TokenFile { path: String, reason: String },
 }
 
 impl Error {
@@ -58,6 +63,10 @@ impl Error {
         match self {
             Error::Listen { addr, source } => (format!("listen for metrics on {addr}"), source),
             Error::AddrFile { path, source } => (format!("write {path}"), source),
+            Error::TokenFile { path, reason } => (
+                format!("read the metrics token file {path}"),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+            ),
         }
     }
 }
@@ -146,7 +155,25 @@ impl Exporter {
         out
     }
 
-    fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    fn respond(&self, req: &Request<Incoming>, token: Option<&Token>) -> Response<Full<Bytes>> {
+        let presented = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if token.is_some_and(|t| !t.admits(presented)) {
+            let mut resp = Response::new(Full::new(Bytes::from_static(
+                b"credentials needed: the token of --metrics-token-file, as \
+                  `Authorization: Bearer TOKEN` or as the password of basic authentication\n",
+            )));
+            *resp.status_mut() = StatusCode::UNAUTHORIZED;
+            resp.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static(
+                    "Basic realm=\"stampfs metrics\", charset=\"UTF-8\"",
+                ),
+            );
+            return resp;
+        }
         let (status, content_type, body) = match (req.method(), req.uri().path()) {
             (&Method::GET, "/metrics") => (StatusCode::OK, CONTENT_TYPE, self.render()),
             (&Method::GET, "/") => match &self.page {
@@ -203,8 +230,14 @@ pub async fn bind(addr: &str, addr_file: &Path) -> Result<tokio::net::TcpListene
     Ok(listener)
 }
 
-/// Serves `exporter` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
+/// Serves `exporter` on `listener` until the task is dropped; with `token`, only to
+/// requests that present it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    exporter: Arc<Exporter>,
+    token: Option<Token>,
+) {
+    let token = token.map(Arc::new);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -215,9 +248,10 @@ pub async fn serve(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
             }
         };
         let exporter = exporter.clone();
+        let token = token.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = exporter.respond(&req);
+                let resp = exporter.respond(&req, token.as_deref());
                 async move { Ok::<_, std::convert::Infallible>(resp) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -267,7 +301,7 @@ mod tests {
             seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }));
         r.observe("list", Duration::from_micros(10));
-        let server = tokio::spawn(serve(listener, exporter));
+        let server = tokio::spawn(serve(listener, exporter, None));
         let get = |path: &'static str, method: &'static str| {
             let addr = addr.trim().to_string();
             async move {
@@ -305,6 +339,56 @@ mod tests {
             let _ = s.read_to_end(&mut out).await;
         }
         assert!(get("/metrics", "GET").await.starts_with("HTTP/1.1 200"));
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn with_a_token_only_requests_that_present_it_are_answered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("metrics-addr");
+        let listener = bind("127.0.0.1:0", &file).await.expect("bind");
+        let addr = std::fs::read_to_string(&file).expect("addr file");
+        let registry = Registry::with_prefix("stampfs_test");
+        let exporter = Arc::new(Exporter::new("test", registry, || {}));
+        let token = Token::new("a-token-of-the-operator").expect("token");
+        let server = tokio::spawn(serve(listener, exporter, Some(token)));
+        let get = |auth: &'static str| {
+            let addr = addr.trim().to_string();
+            async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .expect("connect");
+                s.write_all(
+                    format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await
+                .expect("send");
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.expect("read");
+                out
+            }
+        };
+        let refused = get("").await;
+        assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+        assert!(
+            refused
+                .to_ascii_lowercase()
+                .contains("www-authenticate: basic"),
+            "{refused}"
+        );
+        assert!(
+            !refused.contains("# EOF"),
+            "nothing of the metrics: {refused}"
+        );
+        let wrong = get("Authorization: Bearer a-token-of-the-operatoR\r\n").await;
+        assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+        let ok = get("Authorization: Bearer a-token-of-the-operator\r\n").await;
+        assert!(
+            ok.starts_with("HTTP/1.1 200") && ok.contains("# EOF"),
+            "{ok}"
+        );
         server.abort();
     }
 }
