@@ -397,8 +397,8 @@ pub async fn put(args: PutArgs) -> Result<()> {
     Ok(())
 }
 
-/// Whether `e` is a quota's refusal: the master's answer to a writer that still
-/// holds its lease (never a fencing), so the partial file is the writer's to remove.
+/// Whether `e` is a quota's refusal: the master's answer to a writer that held its
+/// lease (never a fencing), which has closed the file at what fit.
 fn quota_refused(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<stampfs_client::Error>()
@@ -406,10 +406,11 @@ fn quota_refused(e: &anyhow::Error) -> bool {
     })
 }
 
-/// `put` refused by a quota: removes the partial file at `remote` (at once, not into
-/// the trash: it was never stored), as `hdfs dfs -put` does, and says so.
+/// `put` refused by a quota: removes the partial file at `remote`, as `hdfs dfs -put`
+/// does, and says so. Into the trash: the writer closed the file before the refusal
+/// reached here, so in between another client may have appended to it.
 async fn remove_refused(client: &Client, remote: &str, e: anyhow::Error) -> anyhow::Error {
-    match client.delete_now(remote, false).await {
+    match client.delete(remote, false).await {
         Ok(()) => e.context(format!("{remote} was not stored")),
         Err(d) => e.context(format!(
             "{remote} holds a part of the input and could not be removed ({d})"

@@ -139,11 +139,14 @@ fn a_decommissioned_chunkserver_is_drained_then_can_be_killed_without_loss() {
     // Its replicas are listed as on a chunkserver being decommissioned, and `setrep
     // -w` does not count them: three others each, so it returns at once.
     let st = c.stat_json("/f");
+    let mut draining = 0;
     for ch in st["chunks"].as_array().expect("chunks") {
         for r in ch["replicas"].as_array().expect("replicas") {
             assert_eq!(r["decommissioning"], r["chunkserver"] == victim, "{r}");
+            draining += usize::from(r["chunkserver"] == victim);
         }
     }
+    assert!(draining > 0, "the victim's replicas are still listed: {st}");
     c.ok(&["setrep", "-w", "3", "/f"]);
     let shown = String::from_utf8_lossy(&c.ok(&["admin", "report"])).to_string();
     assert!(shown.contains("decommissioned"), "{shown}");

@@ -357,11 +357,7 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
         format!("{addr}\n").as_bytes(),
     )?;
     if let Some(at) = shared.config.metrics_listen.clone() {
-        let file = shared.config.dir.join("metrics-addr");
-        let listener = stampfs_metrics::bind(&at, &file).await.map_err(|e| {
-            let (_, source) = e.into_parts();
-            Error::io("serve metrics on", &at, source)
-        })?;
+        // Read first: a bad token file fails before anything is bound.
         let token = match &shared.config.metrics_token_file {
             Some(path) => Some(stampfs_metrics::Token::read(path).map_err(|e| {
                 let (_, source) = e.into_parts();
@@ -369,6 +365,11 @@ pub async fn start(config: ChunkserverConfig) -> Result<ChunkserverHandle> {
             })?),
             None => None,
         };
+        let file = shared.config.dir.join("metrics-addr");
+        let listener = stampfs_metrics::bind(&at, &file).await.map_err(|e| {
+            let (_, source) = e.into_parts();
+            Error::io("serve metrics on", &at, source)
+        })?;
         let (exporter, requests) = crate::metrics::exporter(&shared, engine_name);
         let _ = shared.metrics.set(requests);
         let stop = shared.cancel.clone();

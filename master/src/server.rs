@@ -257,11 +257,7 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
         tasks.spawn(bootstrap_when_leading(core.clone(), shutdown.clone()));
     }
     if let Some(addr) = core.config.metrics_listen.clone() {
-        let file = core.config.dir.join("metrics-addr");
-        let listener = stampfs_metrics::bind(&addr, &file).await.map_err(|e| {
-            let (what, source) = e.into_parts();
-            Error::io(what, source)
-        })?;
+        // Read first: a bad token file fails before anything is bound.
         let token = match &core.config.metrics_token_file {
             Some(path) => Some(stampfs_metrics::Token::read(path).map_err(|e| {
                 let (what, source) = e.into_parts();
@@ -269,6 +265,11 @@ pub async fn start(config: MasterConfig) -> Result<MasterHandle> {
             })?),
             None => None,
         };
+        let file = core.config.dir.join("metrics-addr");
+        let listener = stampfs_metrics::bind(&addr, &file).await.map_err(|e| {
+            let (what, source) = e.into_parts();
+            Error::io(what, source)
+        })?;
         let (exporter, requests) = crate::metrics::exporter(&core);
         let _ = core.metrics.set(requests);
         let stop = shutdown.clone();

@@ -1,16 +1,15 @@
 //! Administration under the faults (`stampfs nemesis --admin`): while the schedule
 //! injects its faults, the run also changes the shared files' replication factor
 //! (`setrep`), starts and stops the balancer, decommissions a chunkserver and
-//! recommissions it, and enters and leaves safe mode, every few seconds, seeded. Its
-//! first action sets a quota on the run's directory (limits far above what the run
-//! writes), kept to the end: the master keeps its use record by record through every
-//! fault that follows (restarts replay it, crash points cut records short), and the
-//! run compares it with a walk of the directory after the heal. These
+//! recommissions it, and enters and leaves safe mode, every few seconds, seeded. The
+//! run also sets a quota on its directory before anything is in it ([`Act::Quota`],
+//! limits far above what the run writes), kept to the end: the master keeps its use
+//! record by record through every fault (restarts replay it, crash points cut records
+//! short), and [`quota_use_check`] compares it with a walk after the heal. These
 //! are the master's paths that delete replicas on purpose (surplus after a setrep down
 //! or a balancer move, a drained chunkserver's chunks copied away), so the checker's
 //! verdicts (no acknowledged record lost, replicas identical) cover them too. After
-//! the heal everything is undone ([`Churn::undo`]) before the final checks, except the
-//! quota, which is set for the final comparison.
+//! the heal everything is undone ([`Churn::undo`]) before the final checks.
 //!
 //! The decisions are pure ([`Churn::next`]); [`perform`] carries one out with the
 //! client library. An action that fails (the master down or cut off) is only noted.
@@ -40,7 +39,7 @@ pub enum Act {
     /// Enter or leave safe mode.
     SafeMode { enter: bool },
     /// Set ([`QUOTA_NAMES`], [`QUOTA_BYTES`]) or clear the quota of the directory
-    /// `path` (the churn only sets it).
+    /// `path` (the run sets it before the faults; the churn never changes it).
     Quota { path: String, on: bool },
 }
 
@@ -74,21 +73,12 @@ pub struct Churn {
     balancing: bool,
     decommissioned: Option<usize>,
     safe_mode: bool,
-    /// The directory whose quota the first action sets, and whether it did.
-    quota_dir: String,
-    quota_set: bool,
     /// When the next action is due (since the faults started).
     next_at: Duration,
 }
 
 impl Churn {
-    pub fn new(
-        seed: u64,
-        files: Vec<String>,
-        quota_dir: String,
-        replication: u8,
-        chunkservers: usize,
-    ) -> Self {
+    pub fn new(seed: u64, files: Vec<String>, replication: u8, chunkservers: usize) -> Self {
         Self {
             rng: StdRng::seed_from_u64(seed ^ 0xad31_c4a5),
             files,
@@ -97,8 +87,6 @@ impl Churn {
             balancing: false,
             decommissioned: None,
             safe_mode: false,
-            quota_dir,
-            quota_set: false,
             next_at: EVERY,
         }
     }
@@ -112,13 +100,6 @@ impl Churn {
             return None;
         }
         self.next_at = elapsed + EVERY;
-        if !self.quota_set {
-            self.quota_set = true;
-            return Some(Act::Quota {
-                path: self.quota_dir.clone(),
-                on: true,
-            });
-        }
         if self.safe_mode {
             self.safe_mode = false;
             return Some(Act::SafeMode { enter: false });
@@ -156,9 +137,7 @@ impl Churn {
         Some(act)
     }
 
-    /// What undoes everything in effect, then the run's factor on every file; the
-    /// quota stays (set here if the run was too short to set it) for the final
-    /// comparison of its use with a walk.
+    /// What undoes everything in effect, then the run's factor on every file.
     pub fn undo(&self) -> Vec<Act> {
         let mut acts = vec![
             Act::SafeMode { enter: false },
@@ -171,10 +150,6 @@ impl Churn {
             path: path.clone(),
             replication: self.replication,
         }));
-        acts.push(Act::Quota {
-            path: self.quota_dir.clone(),
-            on: true,
-        });
         acts
     }
 }
@@ -292,7 +267,7 @@ mod tests {
     #[test]
     fn actions_come_every_few_seconds_and_everything_is_undone() {
         let files = vec!["/n/a".to_string(), "/n/b".to_string()];
-        let mut c = Churn::new(7, files, "/n".into(), 3, 4);
+        let mut c = Churn::new(7, files, 3, 4);
         assert_eq!(c.next(Duration::from_secs(1)), None, "not due yet");
         let mut acts = Vec::new();
         for s in 1..200u64 {
@@ -301,15 +276,10 @@ mod tests {
             }
         }
         assert_eq!(acts.len(), 199);
-        assert_eq!(
-            acts[0],
-            Act::Quota {
-                path: "/n".into(),
-                on: true
-            },
-            "the quota first, kept to the end"
+        assert!(
+            acts.iter().all(|a| a.name() != "admin_quota"),
+            "the quota is the run's, never churned"
         );
-        assert_eq!(acts.iter().filter(|a| a.name() == "admin_quota").count(), 1);
         // Safe mode never lasts past the next action; at most one drained at a time.
         for w in acts.windows(2) {
             if w[0] == (Act::SafeMode { enter: true }) {
@@ -331,7 +301,6 @@ mod tests {
             "admin_balance",
             "admin_decommission",
             "admin_safemode",
-            "admin_quota",
         ] {
             assert!(acts.iter().any(|a| a.name() == kind), "{kind}");
         }
@@ -342,12 +311,5 @@ mod tests {
             path: "/n/a".into(),
             replication: 3
         }));
-        assert_eq!(
-            undo.last(),
-            Some(&Act::Quota {
-                path: "/n".into(),
-                on: true
-            })
-        );
     }
 }

@@ -29,7 +29,7 @@
 //!
 //! With `--admin`, [`admin_churn`] also changes replication factors, balances,
 //! decommissions and enters safe mode while the faults run, and undoes it all after
-//! the heal; it also sets a quota on the run's directory first and keeps it, and the
+//! the heal; the run's directory also gets a quota before anything is in it, and the
 //! use the master kept through the faults must equal what a walk of the directory
 //! counts ([`checker::ViolationKind::QuotaUse`]).
 //!

@@ -325,11 +325,19 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
     };
     tracing::info!(seed = cfg.seed, %master, dir = %root.display(), net = ?net.mode(), "nemesis run starting");
 
-    // 1. The shared files, created empty and closed.
-    let (m, replication) = (access.clone(), cfg.cluster.replication);
+    // 1. The shared files, created empty and closed; with `--admin`, under a quota
+    // set first, whose use the master keeps through everything that follows.
+    let (m, replication, quota) = (access.clone(), cfg.cluster.replication, cfg.admin);
     net.admin(move || async move {
         let admin = connect(&m).await?;
         admin.mkdir(DIR, true).await?;
+        if quota {
+            let act = admin_churn::Act::Quota {
+                path: DIR.to_string(),
+                on: true,
+            };
+            admin_churn::perform(&admin, &act).await?;
+        }
         for f in 0..FILES {
             let mut w = admin
                 .create(
@@ -410,7 +418,6 @@ async fn run_in(cfg: &RunConfig, root: &Path) -> Result<RunReport> {
         Churn::new(
             cfg.seed,
             files,
-            DIR.to_string(),
             cfg.cluster.replication,
             cluster.chunkservers.len(),
         )

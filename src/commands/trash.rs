@@ -39,6 +39,9 @@ async fn files_under(client: &Client, path: &str) -> Result<Vec<String>> {
 }
 
 /// `stampfs setrep [-R] [-w] N PATH`.
+/// Polls of `setrep -w` (one a second) before it says why it may still be waiting.
+const HINT_AFTER: u32 = 10;
+
 pub async fn setrep(args: SetrepArgs) -> Result<()> {
     let client = connect(&args.master).await?;
     let n = args.replication;
@@ -57,6 +60,7 @@ pub async fn setrep(args: SetrepArgs) -> Result<()> {
     for f in &files {
         write!(out, "Waiting for {f} ...").map_err(output_error)?;
         out.flush().map_err(output_error)?;
+        let mut waited = 0u32;
         loop {
             let locs = client
                 .locations(f)
@@ -72,6 +76,16 @@ pub async fn setrep(args: SetrepArgs) -> Result<()> {
                 break;
             }
             write!(out, ".").map_err(output_error)?;
+            waited += 1;
+            if waited == HINT_AFTER {
+                write!(
+                    out,
+                    " (still short of {n} replicas per chunk; replicas on chunkservers being \
+                     decommissioned do not count, and `stampfs admin report` shows how many \
+                     chunkservers are live) "
+                )
+                .map_err(output_error)?;
+            }
             out.flush().map_err(output_error)?;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -151,8 +165,10 @@ async fn trash_user(
     master: &crate::cli::MasterAddr,
     user: Option<String>,
 ) -> Result<String> {
+    let me = client.identity();
     let (name, uid) = match user {
-        None => (client.identity().name.clone(), client.identity().uid),
+        None => (me.name.clone(), me.uid),
+        Some(u) if u == me.name => (u, me.uid),
         Some(u) => {
             if u.is_empty() || u.contains('/') || u == "." || u == ".." {
                 return Err(anyhow!("{u:?} is not a user's name"));
@@ -169,10 +185,12 @@ async fn trash_user(
         }
     };
     let dir = stampfs_master::trash::user_dir(Some(&name), uid);
-    match client.stat(&format!("{TRASH}/{dir}")).await {
+    let path = format!("{TRASH}/{dir}");
+    match client.stat(&path).await {
         Ok(st) if st.kind == FileKind::Directory && st.attr.uid == uid => Ok(dir),
         Ok(_) => Ok(format!("{dir}.{uid}")),
-        Err(_) => Ok(dir),
+        Err(stampfs_client::Error::Remote(stampfs_proto::RemoteError::NotFound { .. })) => Ok(dir),
+        Err(e) => Err(anyhow::Error::from(e).context(format!("cannot stat {path}"))),
     }
 }
 
@@ -244,7 +262,6 @@ pub async fn trash(cmd: TrashCommand) -> Result<()> {
             user,
         } => {
             let client = connect(&master).await?;
-            let user = trash_user(&client, &master, user).await?;
             let (trash_path, original) = if path.starts_with(&format!("{TRASH}/")) {
                 let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
                 if parts.len() < 4 {
@@ -255,6 +272,7 @@ pub async fn trash(cmd: TrashCommand) -> Result<()> {
                 (path.clone(), format!("/{}", parts[3..].join("/")))
             } else {
                 let original = format!("/{}", path.trim_matches('/'));
+                let user = trash_user(&client, &master, user).await?;
                 let mut found = None;
                 for (bucket, _) in buckets(&client, &user).await? {
                     let p = format!("{TRASH}/{user}/{bucket}{original}");

@@ -361,6 +361,11 @@ impl Engine {
                     }
                     Err(e) => {
                         let e = self.master_error(e);
+                        if e.is_quota_exceeded() {
+                            // Closed before the caller hears of the refusal (a CLI
+                            // exits on it).
+                            self.close_refused();
+                        }
                         self.raise(e, Then::Return);
                     }
                 }
@@ -443,6 +448,22 @@ impl Engine {
         } else {
             self.fail(e);
         }
+    }
+
+    /// A quota refused the next chunk (asked only once everything sent was
+    /// acknowledged, with the chunk written in complete): the file is closed at what
+    /// fit, as a program writing through MooseFS keeps the bytes before `EDQUOT`,
+    /// instead of staying open, its chunks counted whole, until its lease expires.
+    fn close_refused(&mut self) {
+        let last = self.chunk.as_ref().map(Chunk::commit);
+        self.finish_stream();
+        self.output
+            .push_back(Action::CloseRefused(stampfs_proto::Close {
+                path: self.path.clone(),
+                client: self.client,
+                last,
+                keep_mtime: false,
+            }));
     }
 
     fn close_done(&mut self, res: Result<FileStatus>) {

@@ -166,6 +166,11 @@ pub(crate) enum Action {
     UpdatePipeline(UpdatePipeline),
     /// Answer: [`Event::FileClosed`].
     CloseFile(Close),
+    /// Close the file at what the writer's replicas acknowledged, after a directory
+    /// quota refused it a new chunk: the refusal came while it held the lease and
+    /// had every byte it sent acknowledged, so what fit is kept (the master checks
+    /// the lease is still this writer's). No answer: the writer has failed already.
+    CloseRefused(Close),
     /// Lower the last chunk's committed length before cutting its replicas. Answer:
     /// [`Event::ChunkCut`].
     CutLastChunk(CutLastChunk),

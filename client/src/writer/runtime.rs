@@ -207,9 +207,21 @@ impl Runtime {
             }
             Action::Fail(e) => {
                 if e.is_quota_exceeded() {
-                    self.close_refused(&e).await;
+                    // The caller reports it; no log line needed to understand it.
+                    tracing::info!(error = %e, "writer refused by a quota");
                 } else {
                     tracing::warn!(error = %e, "writer failed");
+                }
+                None
+            }
+            Action::CloseRefused(req) => {
+                match self.client.call(req).await {
+                    Ok(st) => {
+                        tracing::info!(path = %st.path, length = st.length, "refused by a quota: the file is closed at what fit")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %self.path, error = %e, "refused by a quota, and the file could not be closed; it stays open until its lease is recovered (`stampfs recover`)")
+                    }
                 }
                 None
             }
@@ -278,29 +290,5 @@ async fn watch_stream(
                 reason: "the pipeline closed the stream".into(),
             }),
         }),
-    }
-}
-
-impl Runtime {
-    /// A quota refused this writer more room (a new chunk): the refusal came while it
-    /// held the lease, so what it wrote is its to keep. Its file is closed now, at
-    /// what its replicas acknowledged, by lease recovery (as a program writing through
-    /// MooseFS keeps what fit before `EDQUOT`), rather than left open, counting its
-    /// chunks whole against the quota, until the lease's hard limit. The refusal is
-    /// the caller's to report: it is logged at info only.
-    async fn close_refused(&mut self, e: &crate::error::Error) {
-        tracing::info!(error = %e, path = %self.path, "writer refused by a quota: its file is closed at what its replicas acknowledged");
-        if let Some(stream) = self.stream.take() {
-            stream.finish().await;
-        }
-        match self.client.recover_lease(&self.path).await {
-            Ok(o) if o.closed => {}
-            Ok(_) => {
-                tracing::info!(path = %self.path, "lease recovery of the refused file goes on in the background")
-            }
-            Err(err) => {
-                tracing::warn!(path = %self.path, error = %err, "the file refused by a quota could not be closed; it stays open until its lease is recovered (`stampfs recover`)")
-            }
-        }
     }
 }

@@ -141,6 +141,7 @@ fn asks_anything(actions: &[Action]) -> bool {
                 | Action::AddChunk(_)
                 | Action::UpdatePipeline(_)
                 | Action::CloseFile(_)
+                | Action::CloseRefused(_)
         )
     })
 }
@@ -523,6 +524,47 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
         [Action::Queued { seq: 1 }, Action::AskReplicaLength { .. }]
     ));
     assert_eq!(e.offsets(), Some((0, 10)));
+}
+
+#[test]
+fn a_quota_refusing_the_next_chunk_closes_the_file_at_what_fit_before_the_caller_hears() {
+    // The chunk is full (1000 of 1000 acknowledged); the next write needs a new one.
+    let mut e = Engine::new(
+        "/f".into(),
+        ClientId(5),
+        WINDOW,
+        Some(grant(4, &[1], 890)),
+        false,
+    );
+    step(
+        &mut e,
+        Event::Write {
+            offset: END,
+            data: bytes(120),
+        },
+    );
+    answer_open(&mut e, &[890]);
+    step(&mut e, Event::Flushed(Ok(())));
+    let a = step(&mut e, Event::Ack(ack(0, &[1])));
+    assert!(matches!(&a[..], [.., Action::AddChunk(_)]), "{a:?}");
+    let a = step(&mut e, Event::Close { keep_mtime: false });
+    assert!(a.is_empty(), "the close waits for the chunk: {a:?}");
+    let refusal = RemoteError::QuotaExceeded {
+        path: "/".into(),
+        resource: stampfs_proto::QuotaResource::Bytes,
+        limit: 1000,
+        used: 1000,
+        requested: 1000,
+    };
+    let a = step(&mut e, Event::Granted(Err(Error::Remote(refusal))));
+    let [Action::CloseRefused(req), Action::Fail(f), Action::CloseDone(Err(g))] = &a[..] else {
+        panic!("{a:?}")
+    };
+    // Closed with the chunk written in complete, everything in it acknowledged.
+    assert_eq!(req.client, ClientId(5));
+    assert_eq!(req.last.map(|c| (c.handle, c.length)), Some((HANDLE, 1000)));
+    assert!(f.is_quota_exceeded() && g.is_quota_exceeded(), "{f} / {g}");
+    assert!(!asks_anything(&step(&mut e, Event::IdleTimeout)));
 }
 
 /// Answers the sync packet `seq` a move to another chunk sends on the chunk it

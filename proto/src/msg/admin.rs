@@ -97,7 +97,8 @@ pub struct SafeModeStatus {
     pub extension_left_ms: Option<u64>,
     /// Automatic safe mode whose first health pass has not run yet (`--dead-after`
     /// after the start or the new lead): `chunks` and `reported` count nothing yet.
-    /// After every older field, so that each keeps its place.
+    /// Last, but it changes the encoding of the cluster report: clients and servers
+    /// are upgraded together.
     pub first_pass_pending: bool,
 }
 

@@ -204,8 +204,9 @@ pub struct ReplicaLocation {
     pub version: ChunkVersion,
     pub state: ReplicaState,
     /// Its chunkserver is being decommissioned: readable, but it does not count
-    /// toward the chunk's replication factor (`setrep -w` leaves it out). After
-    /// every older field, so that each keeps its place.
+    /// toward the chunk's replication factor (`setrep -w` leaves it out). Last, but
+    /// it changes the encoding of every reply listing replicas: clients and servers
+    /// are upgraded together.
     pub decommissioning: bool,
 }
 
