@@ -269,6 +269,24 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// `METHOD PATH` with the extra header lines `headers` to the server at `addr`
+    /// (as the addr file holds it): the whole answer.
+    async fn http(addr: &str, method: &str, path: &str, headers: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr.trim())
+            .await
+            .expect("connect");
+        s.write_all(
+            format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("send");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    }
+
     #[test]
     fn requests_are_counted_and_timed_by_operation() {
         let mut registry = Registry::with_prefix("stampfs_test");
@@ -302,24 +320,7 @@ mod tests {
         }));
         r.observe("list", Duration::from_micros(10));
         let server = tokio::spawn(serve(listener, exporter, None));
-        let get = |path: &'static str, method: &'static str| {
-            let addr = addr.trim().to_string();
-            async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut s = tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .expect("connect");
-                s.write_all(
-                    format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                        .as_bytes(),
-                )
-                .await
-                .expect("send");
-                let mut out = String::new();
-                s.read_to_string(&mut out).await.expect("read");
-                out
-            }
-        };
+        let get = |path: &'static str, method: &'static str| http(&addr, method, path, "");
         let metrics = get("/metrics", "GET").await;
         assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
         assert!(metrics.contains(CONTENT_TYPE), "{metrics}");
@@ -352,24 +353,7 @@ mod tests {
         let exporter = Arc::new(Exporter::new("test", registry, || {}));
         let token = Token::new("a-token-of-the-operator").expect("token");
         let server = tokio::spawn(serve(listener, exporter, Some(token)));
-        let get = |auth: &'static str| {
-            let addr = addr.trim().to_string();
-            async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut s = tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .expect("connect");
-                s.write_all(
-                    format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
-                        .as_bytes(),
-                )
-                .await
-                .expect("send");
-                let mut out = String::new();
-                s.read_to_string(&mut out).await.expect("read");
-                out
-            }
-        };
+        let get = |auth: &'static str| http(&addr, "GET", "/metrics", auth);
         let refused = get("").await;
         assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
         assert!(

@@ -470,9 +470,10 @@ fn an_ack_out_of_order_excludes_the_head() {
 
 // ------------------------------------------------------------------ chunks, close
 
-#[test]
-fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
-    // 890 of the chunk's 1000 bytes are written; 120 more cross the boundary.
+/// A writer with 890 of its chunk's 1000 bytes written that is given 120 more: the
+/// first 110 fill the chunk, are acknowledged, and it asks for the next chunk (the
+/// `AddChunk` it sends is returned).
+fn crossing_the_chunk_end() -> (Engine, stampfs_proto::AddChunk) {
     let mut e = Engine::new(
         "/f".into(),
         ClientId(5),
@@ -505,6 +506,13 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
     let [Action::Acked(_), Action::FinishStream, Action::AddChunk(req)] = &a[..] else {
         panic!("{a:?}")
     };
+    let req = req.clone();
+    (e, req)
+}
+
+#[test]
+fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
+    let (mut e, req) = crossing_the_chunk_end();
     assert_eq!(
         req.previous.map(|c| (c.handle, c.length)),
         Some((HANDLE, 1000))
@@ -529,24 +537,7 @@ fn a_chunk_boundary_drains_commits_and_adds_the_next_chunk() {
 #[test]
 fn a_quota_refusing_the_next_chunk_closes_the_file_at_what_fit_before_the_caller_hears() {
     // The chunk is full (1000 of 1000 acknowledged); the next write needs a new one.
-    let mut e = Engine::new(
-        "/f".into(),
-        ClientId(5),
-        WINDOW,
-        Some(grant(4, &[1], 890)),
-        false,
-    );
-    step(
-        &mut e,
-        Event::Write {
-            offset: END,
-            data: bytes(120),
-        },
-    );
-    answer_open(&mut e, &[890]);
-    step(&mut e, Event::Flushed(Ok(())));
-    let a = step(&mut e, Event::Ack(ack(0, &[1])));
-    assert!(matches!(&a[..], [.., Action::AddChunk(_)]), "{a:?}");
+    let (mut e, _) = crossing_the_chunk_end();
     let a = step(&mut e, Event::Close { keep_mtime: false });
     assert!(a.is_empty(), "the close waits for the chunk: {a:?}");
     let refusal = RemoteError::QuotaExceeded {
